@@ -1,0 +1,102 @@
+"""memd's command line and its frozen configuration."""
+
+import argparse
+import os
+from dataclasses import dataclass
+
+from memd import defaults
+
+
+@dataclass(frozen=True)
+class MemdConfig:
+    device: str = "cpu"  # cpu: POSIX shared memory; cuda: CuPy + CUDA IPC
+    device_id: int = 0
+    target_model: str = ""
+    draft_model: str | None = None  # None: plain decoding, no draft pool
+    draft_kv_ratio: float = 1.0
+    draft_window: int | None = None
+    num_draft_tokens: int | None = None  # overrides the draft's block size
+    draft_eviction_interval: int = 8  # scheduler steps between out-of-window frees
+    page_size: int = 1
+    max_running_requests: int = 16
+    chunked_prefill_size: int = 2048
+    context_length: int | None = None  # default: the target's max_position_embeddings
+    kv_cache_dtype: str = "auto"  # auto: the target's config dtype
+    kv_budget_bytes: int | None = None
+    mem_fraction: float | None = None
+    max_total_tokens: int | None = None
+    listen: str = ""
+    strict: bool = False
+    log_level: str = "INFO"
+
+    def __post_init__(self):
+        budgets = [self.kv_budget_bytes, self.mem_fraction, self.max_total_tokens]
+        if sum(b is not None for b in budgets) > 1:
+            raise ValueError("give at most one of --kv-budget-bytes, --mem-fraction, --max-total-tokens")
+        checks = [
+            (self.device in ("cpu", "cuda"), f"--device must be cpu or cuda, got {self.device!r}"),
+            (self.page_size >= 1, "--page-size must be >= 1"),
+            (self.max_running_requests >= 1, "--max-running-requests must be >= 1"),
+            (self.chunked_prefill_size >= 1, "--chunked-prefill-size must be >= 1"),
+            (self.draft_eviction_interval >= 0, "--draft-eviction-interval must be >= 0"),
+            (self.kv_budget_bytes is None or self.kv_budget_bytes > 0, "--kv-budget-bytes must be > 0"),
+            (self.mem_fraction is None or 0 < self.mem_fraction < 1, "--mem-fraction must be in (0, 1)"),
+            (self.max_total_tokens is None or self.max_total_tokens > 0, "--max-total-tokens must be > 0"),
+            (self.draft_window is None or self.draft_window > 0, "--draft-window must be > 0"),
+            (self.num_draft_tokens is None or self.num_draft_tokens > 0, "--num-draft-tokens must be > 0"),
+            (self.kv_cache_dtype in ("auto", "bfloat16", "float16", "float32"), "bad --kv-cache-dtype"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="memd", description="KV-memory manager daemon")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device-id", type=int, default=0)
+    p.add_argument("--target-model", help="Hugging Face folder (default: the project's SmolLM2-135M-Instruct)")
+    p.add_argument("--draft-model", help="DFLASH draft folder (default: the project's draft; 'none' for no draft)")
+    p.add_argument("--draft-kv-ratio", type=float, default=1.0, help="draft KV pool as a fraction of the target's tokens")
+    p.add_argument("--draft-window", type=int, help="draft KV window in tokens (required below ratio 1)")
+    p.add_argument("--num-draft-tokens", type=int, help="draft block size (default: the draft's block_size)")
+    p.add_argument("--draft-eviction-interval", type=int, default=8, help="steps between out-of-window draft frees")
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--max-running-requests", type=int, default=16)
+    p.add_argument("--chunked-prefill-size", type=int, default=2048)
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--kv-budget-bytes", type=int, help="bytes for both KV pools")
+    budget.add_argument("--mem-fraction", type=float, help="fraction of the device's free memory for the KV pools")
+    budget.add_argument("--max-total-tokens", type=int, help="target pool size in tokens")
+    p.add_argument("--listen", help="unix:///path or 127.0.0.1:PORT (default: an owner-only Unix socket)")
+    p.add_argument("--strict", action="store_true", help="check the leak invariant after every mutating call")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def config_from_args(argv: list[str] | None = None) -> MemdConfig:
+    args = build_parser().parse_args(argv)
+    draft = args.draft_model if args.draft_model is not None else str(defaults.default_draft_dir())
+    return MemdConfig(
+        device=args.device,
+        device_id=args.device_id,
+        target_model=args.target_model or str(defaults.default_target_dir()),
+        draft_model=None if draft.lower() == "none" else draft,
+        draft_kv_ratio=args.draft_kv_ratio,
+        draft_window=args.draft_window,
+        num_draft_tokens=args.num_draft_tokens,
+        draft_eviction_interval=args.draft_eviction_interval,
+        page_size=args.page_size,
+        max_running_requests=args.max_running_requests,
+        chunked_prefill_size=args.chunked_prefill_size,
+        context_length=args.context_length,
+        kv_cache_dtype=args.kv_cache_dtype,
+        kv_budget_bytes=args.kv_budget_bytes,
+        mem_fraction=args.mem_fraction,
+        max_total_tokens=args.max_total_tokens,
+        listen=args.listen or defaults.default_memd_address(),
+        strict=args.strict or os.environ.get("MEMD_STRICT", "") not in ("", "0"),
+        log_level=args.log_level,
+    )

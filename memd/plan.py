@@ -1,0 +1,124 @@
+"""From a MemdConfig to the pool plan: geometry, validation, budget and sizes."""
+
+import logging
+import os
+from dataclasses import dataclass
+
+from memd.config import MemdConfig
+from memd.geometry import GeometryError, ModelGeometry, read_config, read_geometry
+from memd.sizing import DraftShape, PoolSizes, SizingError, request_cap, size_from_budget, size_from_tokens, validate_ratio
+
+log = logging.getLogger("memd")
+
+DEFAULT_MEM_FRACTION = {"cuda": 0.4, "cpu": 0.05}
+
+
+class ConfigError(ValueError):
+    """A configuration memd refuses to start with."""
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    target: ModelGeometry
+    draft: ModelGeometry | None
+    kv_dtype: str
+    sizes: PoolSizes
+    page_size: int
+    block_size: int  # 0 without a draft
+    window: int  # 0 unless ratio < 1 or given
+    eviction_interval: int
+    max_running_requests: int
+    context_len: int
+
+    @property
+    def bounded_draft(self) -> bool:
+        return self.draft is not None and self.sizes.ratio < 1
+
+
+def validate(cfg: MemdConfig, target: ModelGeometry, draft: ModelGeometry | None, block: int) -> None:
+    """The upstream change's checks, each with its own message."""
+    validate_ratio(cfg.draft_kv_ratio)
+    if cfg.draft_kv_ratio == 1:
+        return
+    if draft is None:
+        raise ConfigError("--draft-kv-ratio below 1 needs a DFLASH draft (--draft-model)")
+    if cfg.draft_window is None:
+        raise ConfigError("--draft-kv-ratio below 1 requires --draft-window")
+    if cfg.draft_window < block:
+        raise ConfigError(f"--draft-window {cfg.draft_window} is smaller than the draft block size {block}")
+    if not draft.all_sliding:
+        raise ConfigError(
+            "--draft-kv-ratio below 1 requires every draft layer to be sliding_attention, "
+            f"got layer_types={list(draft.layer_types)}"
+        )
+    if target.has_sliding_layers:
+        raise ConfigError("--draft-kv-ratio below 1 is not supported on a target with sliding-window layers of its own")
+
+
+def device_free_bytes(cfg: MemdConfig) -> int:
+    if cfg.device == "cuda":
+        import cupy
+
+        with cupy.cuda.Device(cfg.device_id):
+            free, _ = cupy.cuda.runtime.memGetInfo()
+        return int(free)
+    shm = os.statvfs("/dev/shm")
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    return min(available, shm.f_bavail * shm.f_frsize)
+
+
+def make_plan(cfg: MemdConfig) -> PoolPlan:
+    try:
+        target = read_geometry(cfg.target_model)
+        draft = read_geometry(cfg.draft_model, draft=True) if cfg.draft_model else None
+    except GeometryError as exc:
+        raise ConfigError(str(exc)) from None
+    block = (cfg.num_draft_tokens or draft.block_size) if draft else 0
+    validate(cfg, target, draft, block)
+    kv_dtype = target.dtype if cfg.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
+    shape = None
+    cap = 0
+    if draft is not None:
+        window = cfg.draft_window or 0
+        shape = DraftShape(draft.kv_bytes_per_token(kv_dtype), block, window, cfg.draft_eviction_interval)
+        if cfg.draft_kv_ratio < 1:
+            cap = request_cap(shape, cfg.page_size, cfg.max_running_requests, cfg.chunked_prefill_size)
+    target_cost = target.kv_bytes_per_token(kv_dtype)
+    try:
+        if cfg.max_total_tokens is not None:
+            sizes = size_from_tokens(cfg.max_total_tokens, target_cost, shape, cfg.draft_kv_ratio, cfg.page_size, cap)
+        else:
+            budget = cfg.kv_budget_bytes
+            if budget is None:
+                fraction = cfg.mem_fraction or DEFAULT_MEM_FRACTION[cfg.device]
+                budget = int(device_free_bytes(cfg) * fraction)
+            sizes = size_from_budget(budget, target_cost, shape, cfg.draft_kv_ratio, cfg.page_size, cap)
+    except SizingError as exc:
+        raise ConfigError(str(exc)) from None
+    context = cfg.context_length or read_config(cfg.target_model).get("max_position_embeddings")
+    if not isinstance(context, int) or context <= 0:
+        raise ConfigError("the target's config.json has no max_position_embeddings; pass --context-length")
+    return PoolPlan(
+        target=target,
+        draft=draft,
+        kv_dtype=kv_dtype,
+        sizes=sizes,
+        page_size=cfg.page_size,
+        block_size=block,
+        window=cfg.draft_window or 0,
+        eviction_interval=cfg.draft_eviction_interval,
+        max_running_requests=cfg.max_running_requests,
+        context_len=min(context, sizes.target_tokens),
+    )
+
+
+def log_plan(plan: PoolPlan) -> None:
+    target_bytes, draft_bytes = plan.sizes.kv_bytes()
+    log.info(
+        "target KV pool: tokens=%d, bytes=%d (%d per token, %s, %d layers)",
+        plan.sizes.target_tokens, target_bytes, plan.sizes.target_bytes_per_token, plan.kv_dtype, plan.target.layers,
+    )
+    if plan.draft is not None:
+        log.info(plan.sizes.log_line(plan.window))
+        log.info("draft KV pool bytes=%d (%d per token)", draft_bytes, plan.sizes.draft_bytes_per_token)

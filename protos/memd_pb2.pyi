@@ -1,0 +1,262 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class BufferDesc(_message.Message):
+    __slots__ = ("name", "backend", "ipc_handle", "shm_name", "dtype", "shape", "strides", "offset_bytes", "size_bytes", "device_id", "device_uuid")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    STRIDES_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    backend: str
+    ipc_handle: bytes
+    shm_name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    strides: _containers.RepeatedScalarFieldContainer[int]
+    offset_bytes: int
+    size_bytes: int
+    device_id: int
+    device_uuid: str
+    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., ipc_handle: _Optional[bytes] = ..., shm_name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., offset_bytes: _Optional[int] = ..., size_bytes: _Optional[int] = ..., device_id: _Optional[int] = ..., device_uuid: _Optional[str] = ...) -> None: ...
+
+class PoolGeometry(_message.Message):
+    __slots__ = ("layers", "kv_heads", "head_dim", "tokens", "rows", "bytes", "bytes_per_token")
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    layers: int
+    kv_heads: int
+    head_dim: int
+    tokens: int
+    rows: int
+    bytes: int
+    bytes_per_token: int
+    def __init__(self, layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., tokens: _Optional[int] = ..., rows: _Optional[int] = ..., bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ...) -> None: ...
+
+class Layout(_message.Message):
+    __slots__ = ("epoch", "kv_dtype", "page_size", "target", "has_draft", "draft", "draft_kv_ratio", "draft_window", "draft_block_size", "max_running_requests", "context_len", "request_cap", "buffers", "target_model", "draft_model")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    HAS_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_KV_RATIO_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LEN_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_CAP_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODEL_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    kv_dtype: str
+    page_size: int
+    target: PoolGeometry
+    has_draft: bool
+    draft: PoolGeometry
+    draft_kv_ratio: float
+    draft_window: int
+    draft_block_size: int
+    max_running_requests: int
+    context_len: int
+    request_cap: int
+    buffers: _containers.RepeatedCompositeFieldContainer[BufferDesc]
+    target_model: str
+    draft_model: str
+    def __init__(self, epoch: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., page_size: _Optional[int] = ..., target: _Optional[_Union[PoolGeometry, _Mapping]] = ..., has_draft: _Optional[bool] = ..., draft: _Optional[_Union[PoolGeometry, _Mapping]] = ..., draft_kv_ratio: _Optional[float] = ..., draft_window: _Optional[int] = ..., draft_block_size: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., context_len: _Optional[int] = ..., request_cap: _Optional[int] = ..., buffers: _Optional[_Iterable[_Union[BufferDesc, _Mapping]]] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ...) -> None: ...
+
+class AttachRequest(_message.Message):
+    __slots__ = ("client_name",)
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    client_name: str
+    def __init__(self, client_name: _Optional[str] = ...) -> None: ...
+
+class Attached(_message.Message):
+    __slots__ = ("session_id", "layout")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    layout: Layout
+    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ...) -> None: ...
+
+class ShuttingDown(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("attached", "shutting_down")
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    SHUTTING_DOWN_FIELD_NUMBER: _ClassVar[int]
+    attached: Attached
+    shutting_down: ShuttingDown
+    def __init__(self, attached: _Optional[_Union[Attached, _Mapping]] = ..., shutting_down: _Optional[_Union[ShuttingDown, _Mapping]] = ...) -> None: ...
+
+class CommitOp(_message.Message):
+    __slots__ = ("rid", "length")
+    RID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    rid: str
+    length: int
+    def __init__(self, rid: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
+
+class FreeRequest(_message.Message):
+    __slots__ = ("session_id", "commits", "trim_draft", "finish")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITS_FIELD_NUMBER: _ClassVar[int]
+    TRIM_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    commits: _containers.RepeatedCompositeFieldContainer[CommitOp]
+    trim_draft: _containers.RepeatedScalarFieldContainer[str]
+    finish: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., commits: _Optional[_Iterable[_Union[CommitOp, _Mapping]]] = ..., trim_draft: _Optional[_Iterable[str]] = ..., finish: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ExtendOp(_message.Message):
+    __slots__ = ("rid", "prefix_len", "num_tokens")
+    RID_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    rid: str
+    prefix_len: int
+    num_tokens: int
+    def __init__(self, rid: _Optional[str] = ..., prefix_len: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class GrowOp(_message.Message):
+    __slots__ = ("rid", "num_tokens")
+    RID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    rid: str
+    num_tokens: int
+    def __init__(self, rid: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class AllocRequest(_message.Message):
+    __slots__ = ("session_id", "release", "extends", "grows")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    EXTENDS_FIELD_NUMBER: _ClassVar[int]
+    GROWS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    release: FreeRequest
+    extends: _containers.RepeatedCompositeFieldContainer[ExtendOp]
+    grows: _containers.RepeatedCompositeFieldContainer[GrowOp]
+    def __init__(self, session_id: _Optional[str] = ..., release: _Optional[_Union[FreeRequest, _Mapping]] = ..., extends: _Optional[_Iterable[_Union[ExtendOp, _Mapping]]] = ..., grows: _Optional[_Iterable[_Union[GrowOp, _Mapping]]] = ...) -> None: ...
+
+class RequestSlots(_message.Message):
+    __slots__ = ("rid", "row", "start", "target_slots", "draft_slots")
+    RID_FIELD_NUMBER: _ClassVar[int]
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    TARGET_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    rid: str
+    row: int
+    start: int
+    target_slots: _containers.RepeatedScalarFieldContainer[int]
+    draft_slots: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, rid: _Optional[str] = ..., row: _Optional[int] = ..., start: _Optional[int] = ..., target_slots: _Optional[_Iterable[int]] = ..., draft_slots: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AllocResponse(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[RequestSlots]
+    def __init__(self, requests: _Optional[_Iterable[_Union[RequestSlots, _Mapping]]] = ...) -> None: ...
+
+class FreeResponse(_message.Message):
+    __slots__ = ("target_freed", "draft_freed")
+    TARGET_FREED_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FREED_FIELD_NUMBER: _ClassVar[int]
+    target_freed: int
+    draft_freed: int
+    def __init__(self, target_freed: _Optional[int] = ..., draft_freed: _Optional[int] = ...) -> None: ...
+
+class TranslateRequest(_message.Message):
+    __slots__ = ("target_slots",)
+    TARGET_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    target_slots: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, target_slots: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TranslateResponse(_message.Message):
+    __slots__ = ("draft_slots",)
+    DRAFT_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    draft_slots: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, draft_slots: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CapacityRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PoolCapacity(_message.Message):
+    __slots__ = ("total", "free", "used", "held_by_requests", "evictable", "protected", "bytes", "held_per_session")
+    class HeldPerSessionEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FREE_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    HELD_BY_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    EVICTABLE_FIELD_NUMBER: _ClassVar[int]
+    PROTECTED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    HELD_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    total: int
+    free: int
+    used: int
+    held_by_requests: int
+    evictable: int
+    protected: int
+    bytes: int
+    held_per_session: _containers.ScalarMap[str, int]
+    def __init__(self, total: _Optional[int] = ..., free: _Optional[int] = ..., used: _Optional[int] = ..., held_by_requests: _Optional[int] = ..., evictable: _Optional[int] = ..., protected: _Optional[int] = ..., bytes: _Optional[int] = ..., held_per_session: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class CapacityResponse(_message.Message):
+    __slots__ = ("target", "draft", "has_draft", "draft_kv_ratio", "draft_window", "page_size", "request_cap", "max_running_requests", "running_requests", "sessions", "context_len", "epoch")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
+    HAS_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_KV_RATIO_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_CAP_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LEN_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    target: PoolCapacity
+    draft: PoolCapacity
+    has_draft: bool
+    draft_kv_ratio: float
+    draft_window: int
+    page_size: int
+    request_cap: int
+    max_running_requests: int
+    running_requests: int
+    sessions: int
+    context_len: int
+    epoch: int
+    def __init__(self, target: _Optional[_Union[PoolCapacity, _Mapping]] = ..., draft: _Optional[_Union[PoolCapacity, _Mapping]] = ..., has_draft: _Optional[bool] = ..., draft_kv_ratio: _Optional[float] = ..., draft_window: _Optional[int] = ..., page_size: _Optional[int] = ..., request_cap: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., sessions: _Optional[int] = ..., context_len: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
