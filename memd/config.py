@@ -53,7 +53,7 @@ class MemdConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memd", description="KV-memory manager daemon")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when a GPU is visible")
     p.add_argument("--device-id", type=int, default=0)
     p.add_argument("--target-model", help="Hugging Face folder (default: the project's SmolLM2-135M-Instruct)")
     p.add_argument("--draft-model", help="DFLASH draft folder (default: the project's draft; 'none' for no draft)")
@@ -76,11 +76,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    try:
+        import cupy
+
+        return "cuda" if cupy.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
 def config_from_args(argv: list[str] | None = None) -> MemdConfig:
     args = build_parser().parse_args(argv)
     draft = args.draft_model if args.draft_model is not None else str(defaults.default_draft_dir())
     return MemdConfig(
-        device=args.device,
+        device=resolve_device(args.device),
         device_id=args.device_id,
         target_model=args.target_model or str(defaults.default_target_dir()),
         draft_model=None if draft.lower() == "none" else draft,

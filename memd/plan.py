@@ -37,7 +37,10 @@ class PoolPlan:
 
 def validate(cfg: MemdConfig, target: ModelGeometry, draft: ModelGeometry | None, block: int) -> None:
     """The upstream change's checks, each with its own message."""
-    validate_ratio(cfg.draft_kv_ratio)
+    try:
+        validate_ratio(cfg.draft_kv_ratio)
+    except SizingError as exc:
+        raise ConfigError(str(exc)) from None
     if cfg.draft_kv_ratio == 1:
         return
     if draft is None:

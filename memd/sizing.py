@@ -156,4 +156,5 @@ def _smallest_working_ratio(size, below: Fraction, cap: int) -> Fraction:
         # Jump close to the answer: draft tokens grow about linearly with the ratio.
         guess = Fraction(cap, max(1, sizes.target_tokens))
         candidate = max(candidate + MIN_RATIO_STEP, (guess // MIN_RATIO_STEP) * MIN_RATIO_STEP)
+    size(Fraction(1))  # raises when the budget holds no pools at any ratio
     return Fraction(1)

@@ -1,0 +1,3 @@
+from memd.server import main
+
+main()

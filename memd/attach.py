@@ -1,0 +1,114 @@
+"""Client side of memd: open a session (a lease) and map memd's buffers into torch tensors.
+
+    with MemdSession("unix:///run/memd.sock", "modeld") as session:
+        pools = session.map()            # name -> torch.Tensor, no copy
+        k0 = pools["target_kv"][0, 0]    # layer 0 K rows: [rows, kv_heads, head_dim]
+
+The session lives as long as the Attach stream: close it (or exit, or crash) and memd
+frees everything the session held.
+"""
+
+import threading
+
+import grpc
+import torch
+
+from protos import memd_pb2, memd_pb2_grpc
+
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "int32": torch.int32}
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
+
+
+def map_buffer(desc: memd_pb2.BufferDesc) -> torch.Tensor:
+    """A zero-copy torch view of one shared buffer described by memd."""
+    dtype = TORCH_DTYPES[desc.dtype]
+    element = torch.empty((), dtype=dtype).element_size()
+    if desc.backend == "shm":
+        flat = torch.from_file(f"/dev/shm/{desc.shm_name}", shared=True, size=desc.size_bytes // element, dtype=dtype)
+    elif desc.backend == "cuda_ipc":
+        flat = _map_cuda(desc).view(dtype)
+    else:
+        raise ValueError(f"unknown buffer backend {desc.backend!r}")
+    return flat.as_strided(tuple(desc.shape), tuple(desc.strides), desc.offset_bytes // element)
+
+
+def _cuda_device_for(desc: memd_pb2.BufferDesc) -> int:
+    """Match by UUID: device ordinals differ between processes with different CUDA_VISIBLE_DEVICES."""
+    import cupy
+
+    for index in range(cupy.cuda.runtime.getDeviceCount()):
+        uuid = cupy.cuda.runtime.getDeviceProperties(index).get("uuid", b"")
+        if desc.device_uuid and (uuid.hex() if isinstance(uuid, bytes) else str(uuid)) == desc.device_uuid:
+            return index
+    return desc.device_id
+
+
+def _map_cuda(desc: memd_pb2.BufferDesc) -> torch.Tensor:
+    import cupy
+
+    device = _cuda_device_for(desc)
+    with cupy.cuda.Device(device):
+        ptr = cupy.cuda.runtime.ipcOpenMemHandle(desc.ipc_handle)
+        memory = cupy.cuda.UnownedMemory(ptr, desc.size_bytes, None, device)
+        raw = cupy.ndarray((desc.size_bytes,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0))
+    return torch.from_dlpack(raw)
+
+
+class MemdSession:
+    """An attached session: `stub`, `session_id`, `layout`, and `map()` for the buffers."""
+
+    def __init__(self, address: str, client_name: str = "", connect_timeout: float = 10.0):
+        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        grpc.channel_ready_future(self.channel).result(timeout=connect_timeout)
+        self.stub = memd_pb2_grpc.MemdStub(self.channel)
+        self._events = self.stub.Attach(memd_pb2.AttachRequest(client_name=client_name))
+        first = next(self._events)
+        self.session_id = first.attached.session_id
+        self.layout = first.attached.layout
+        self.lost = threading.Event()  # set when memd ends the session (shutdown or connection loss)
+        self.shutdown_reason = ""
+        threading.Thread(target=self._watch, daemon=True, name="memd-lease").start()
+
+    def _watch(self) -> None:
+        try:
+            for event in self._events:
+                if event.HasField("shutting_down"):
+                    self.shutdown_reason = event.shutting_down.reason
+        except grpc.RpcError:
+            pass
+        self.lost.set()
+
+    def map(self) -> dict[str, torch.Tensor]:
+        return {desc.name: map_buffer(desc) for desc in self.layout.buffers}
+
+    def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), timeout: float = 10.0):
+        """One scheduler step: extends [(rid, prefix_len, n)], grows [(rid, n)], then the releases."""
+        request = memd_pb2.AllocRequest(
+            session_id=self.session_id,
+            release=self._release(commits, trims, finishes),
+            extends=[memd_pb2.ExtendOp(rid=r, prefix_len=p, num_tokens=n) for r, p, n in extends],
+            grows=[memd_pb2.GrowOp(rid=r, num_tokens=n) for r, n in grows],
+        )
+        return self.stub.Alloc(request, timeout=timeout)
+
+    def free(self, commits=(), trims=(), finishes=(), timeout: float = 10.0):
+        return self.stub.Free(self._release(commits, trims, finishes), timeout=timeout)
+
+    def _release(self, commits, trims, finishes) -> memd_pb2.FreeRequest:
+        return memd_pb2.FreeRequest(
+            session_id=self.session_id,
+            commits=[memd_pb2.CommitOp(rid=r, length=n) for r, n in commits],
+            trim_draft=list(trims),
+            finish=list(finishes),
+        )
+
+    def close(self) -> None:
+        """End the lease; memd frees what this session held."""
+        self._events.cancel()
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,178 @@
+"""Shared buffers that memd owns and clients map without copying.
+
+Two backends: POSIX shared memory files under /dev/shm (CPU) and cudaMalloc'd device
+memory exported as legacy CUDA IPC handles (GPU). memd writes only the int32 tables
+(target->draft mapping, req_to_token); it never touches KV bytes after zeroing them.
+"""
+
+import abc
+import os
+import pathlib
+import re
+
+import numpy as np
+
+from protos import memd_pb2
+
+SHM_DIR = pathlib.Path("/dev/shm")
+SHM_PATTERN = re.compile(r"^memd-(\d+)-[0-9a-f]+-[a-z_]+$")
+ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
+
+
+def contiguous_strides(shape) -> list[int]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return strides[::-1]
+
+
+def remove_stale_segments(shm_dir: pathlib.Path = SHM_DIR) -> list[str]:
+    """Unlink segments left by a memd that died without cleaning up (its pid is gone)."""
+    removed = []
+    for entry in shm_dir.iterdir() if shm_dir.exists() else []:
+        match = SHM_PATTERN.match(entry.name)
+        if not match:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+            continue  # owner alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # another user's live process
+        entry.unlink(missing_ok=True)
+        removed.append(entry.name)
+    return removed
+
+
+class SharedBuffers(abc.ABC):
+    backend: str
+
+    def __init__(self):
+        self.descs: list[memd_pb2.BufferDesc] = []
+        self.tables: dict[str, np.ndarray] = {}
+
+    def create_kv(self, name: str, dtype: str, shape: list[int]) -> None:
+        """A KV buffer, zero-filled. memd keeps no view of it."""
+        self._allocate(name, dtype, shape)
+
+    def create_table(self, name: str, shape: list[int]) -> np.ndarray:
+        """An int32 table memd writes; returns the host array the allocator updates."""
+        self.tables[name] = self._allocate(name, "int32", shape)
+        return self.tables[name]
+
+    def _desc(self, name, dtype, shape, size, **backend_fields) -> memd_pb2.BufferDesc:
+        desc = memd_pb2.BufferDesc(
+            name=name, backend=self.backend, dtype=dtype, shape=shape,
+            strides=contiguous_strides(shape), offset_bytes=0, size_bytes=size, **backend_fields,
+        )
+        self.descs.append(desc)
+        return desc
+
+    @abc.abstractmethod
+    def _allocate(self, name: str, dtype: str, shape: list[int]) -> np.ndarray | None: ...
+
+    @abc.abstractmethod
+    def write(self, name: str, flat_idx: np.ndarray, values: np.ndarray) -> None:
+        """Make a host-side table write visible in the shared buffer."""
+
+    def sync(self) -> None:
+        """Block until every write is visible to clients."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release every buffer; for shm, unlink the segments."""
+
+
+class ShmBuffers(SharedBuffers):
+    """Owner-only files in /dev/shm; the tables memd writes are the shared memory itself."""
+
+    backend = "shm"
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+        self.paths: list[pathlib.Path] = []
+
+    def _allocate(self, name, dtype, shape):
+        size = int(np.prod(shape)) * ELEMENT_BYTES[dtype]
+        shm_name = f"{self.prefix}-{name}"
+        path = SHM_DIR / shm_name
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        self.paths.append(path)
+        try:
+            os.posix_fallocate(fd, 0, max(size, 1))  # commit the memory now, not at first touch
+        except OSError as exc:
+            raise MemoryError(f"/dev/shm cannot hold {size} bytes for {name}: {exc}") from None
+        finally:
+            os.close(fd)
+        self._desc(name, dtype, shape, size, shm_name=shm_name)
+        if dtype == "int32":
+            return np.memmap(path, dtype=np.int32, mode="r+", shape=tuple(shape))
+        return None
+
+    def write(self, name, flat_idx, values):
+        pass  # the host table is the shared segment
+
+    def close(self):
+        for table in self.tables.values():
+            table._mmap.close()
+        self.tables.clear()
+        for path in self.paths:
+            path.unlink(missing_ok=True)
+        self.paths.clear()
+
+
+class CudaBuffers(SharedBuffers):
+    """One cudaMalloc per buffer (legacy IPC shares whole allocations); host mirrors of tables."""
+
+    backend = "cuda_ipc"
+
+    def __init__(self, device_id: int):
+        super().__init__()
+        import cupy
+
+        self.cupy = cupy
+        self.device_id = device_id
+        self.device = cupy.cuda.Device(device_id)
+        props = cupy.cuda.runtime.getDeviceProperties(device_id)
+        uuid = props.get("uuid", b"")
+        self.uuid = uuid.hex() if isinstance(uuid, bytes) else str(uuid)
+        self.memory: dict[str, object] = {}
+        self.device_tables: dict[str, object] = {}
+        self.dirty: dict[str, list[np.ndarray]] = {}
+
+    def _allocate(self, name, dtype, shape):
+        cupy = self.cupy
+        size = int(np.prod(shape)) * ELEMENT_BYTES[dtype]
+        with self.device:
+            mem = cupy.cuda.Memory(max(size, 1))
+            cupy.cuda.runtime.memset(mem.ptr, 0, max(size, 1))
+            handle = cupy.cuda.runtime.ipcGetMemHandle(mem.ptr)
+        self.memory[name] = mem
+        self._desc(name, dtype, shape, size, ipc_handle=bytes(handle), device_id=self.device_id, device_uuid=self.uuid)
+        if dtype != "int32":
+            return None
+        self.device_tables[name] = cupy.ndarray(tuple(shape), cupy.int32, cupy.cuda.MemoryPointer(mem, 0))
+        return np.zeros(shape, np.int32)
+
+    def write(self, name, flat_idx, values):
+        self.dirty.setdefault(name, []).append(flat_idx)
+
+    def sync(self):
+        """One scatter per table per call. The host mirror holds the final value of every
+        index, so an index written twice in one call (freed, then reused) ends right."""
+        cupy = self.cupy
+        with self.device:
+            for name, parts in self.dirty.items():
+                idx = np.unique(np.concatenate(parts))
+                values = self.tables[name].reshape(-1)[idx]
+                self.device_tables[name].reshape(-1)[cupy.asarray(idx)] = cupy.asarray(values)
+            self.dirty.clear()
+            cupy.cuda.runtime.deviceSynchronize()
+
+    def close(self):
+        self.sync()
+        self.device_tables.clear()
+        self.memory.clear()  # cudaFree; importers' mappings keep nothing alive by contract

@@ -1,0 +1,128 @@
+"""memd's process: plan the pools, create them, serve gRPC, and clean up on SIGTERM/SIGINT."""
+
+import asyncio
+import logging
+import os
+import pathlib
+import secrets
+import signal
+import socket
+import sys
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from memd.buffers import CudaBuffers, ShmBuffers, remove_stale_segments
+from memd.config import MemdConfig, config_from_args
+from memd.plan import ConfigError, PoolPlan, log_plan, make_plan
+from memd.pools import build_pools
+from memd.service import MemdService
+from protos import memd_pb2, memd_pb2_grpc
+
+log = logging.getLogger("memd")
+SERVICE_NAME = memd_pb2.DESCRIPTOR.services_by_name["Memd"].full_name
+EXIT_INVARIANT = 70
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.max_send_message_length", 256 << 20),
+    # Find a silent dead peer (no FIN, e.g. a frozen host) within ~2 s so its lease ends.
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+def unix_path(address: str) -> pathlib.Path | None:
+    if address.startswith("unix://"):
+        return pathlib.Path(address[len("unix://"):])
+    if address.startswith("unix:"):
+        return pathlib.Path(address[len("unix:"):])
+    return None
+
+
+def prepare_socket(path: pathlib.Path) -> None:
+    """Owner-only parent folder; a leftover socket of a dead memd is removed, a live one refused."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        path.unlink()
+        return
+    finally:
+        probe.close()
+    raise ConfigError(f"another process listens on {path}")
+
+
+def make_buffers(cfg: MemdConfig, epoch: int):
+    if cfg.device == "cuda":
+        return CudaBuffers(cfg.device_id)
+    return ShmBuffers(f"memd-{os.getpid()}-{epoch:016x}")
+
+
+async def serve(cfg: MemdConfig, plan: PoolPlan) -> int:
+    epoch = secrets.randbits(63)
+    buffers = make_buffers(cfg, epoch)
+    sock = unix_path(cfg.listen)
+    stop = asyncio.Event()
+    exit_code = 0
+
+    def fatal(message: str) -> None:
+        nonlocal exit_code
+        exit_code = EXIT_INVARIANT
+        stop.set()
+
+    try:
+        mgr, layout = build_pools(plan, buffers, epoch)
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        service = MemdService(mgr, buffers, layout, cfg.strict, fatal)
+        memd_pb2_grpc.add_MemdServicer_to_server(service, server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        if sock is not None:
+            prepare_socket(sock)
+        port = server.add_insecure_port(cfg.listen)
+        await server.start()
+        if sock is not None:
+            os.chmod(sock, 0o600)
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        bound = cfg.listen if sock is not None else f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
+        log.info("memd ready: listening on %s (%s, strict=%s)", bound, buffers.backend, cfg.strict)
+        await stop.wait()
+        log.info("memd shutting down")
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        service.notify_shutdown("memd is shutting down" if exit_code == 0 else "memd invariant violated")
+        await server.stop(grace=2.0)
+    finally:
+        buffers.close()
+        if sock is not None:
+            sock.unlink(missing_ok=True)
+    log.info("memd stopped; shared segments released")
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cfg = config_from_args(argv)
+    except ValueError as exc:
+        sys.exit(f"memd: error: {exc}")
+    logging.basicConfig(level=cfg.log_level, format="%(asctime)s memd %(levelname)s %(message)s", stream=sys.stderr)
+    for name in remove_stale_segments():
+        log.warning("removed stale shared segment /dev/shm/%s", name)
+    try:
+        plan = make_plan(cfg)
+        log_plan(plan)
+        code = asyncio.run(serve(cfg, plan))
+    except (ConfigError, MemoryError) as exc:
+        sys.exit(f"memd: error: {exc}")
+    sys.exit(code)

@@ -1,0 +1,144 @@
+"""memd's gRPC servicer. Every handler runs on the one asyncio loop, so allocator state is
+mutated by one thread only; no handler awaits between reading and writing that state."""
+
+import asyncio
+import logging
+import uuid
+
+import grpc
+import numpy as np
+
+from memd.buffers import SharedBuffers
+from memd.errors import InvariantViolation, MemdError
+from memd.invariants import check_structure
+from memd.slots import Release, SlotManager
+from protos import memd_pb2, memd_pb2_grpc
+
+log = logging.getLogger("memd")
+
+
+class MemdService(memd_pb2_grpc.MemdServicer):
+    def __init__(self, mgr: SlotManager, buffers: SharedBuffers, layout: memd_pb2.Layout, strict: bool, on_fatal):
+        self.mgr = mgr
+        self.buffers = buffers
+        self.layout = layout
+        self.strict = strict
+        self.on_fatal = on_fatal  # called with a message when an invariant breaks
+        self.shutting_down = asyncio.Event()
+        self.shutdown_reason = ""
+        self.clients: dict[str, str] = {}
+
+    # ---- sessions -------------------------------------------------------------------
+    async def Attach(self, request, context):
+        if self.shutting_down.is_set():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is shutting down")
+        session = uuid.uuid4().hex
+        self.mgr.open_session(session)
+        self.clients[session] = request.client_name or context.peer()
+        log.info("session %s attached (%s)", session[:8], self.clients[session])
+        try:
+            yield memd_pb2.SessionEvent(attached=memd_pb2.Attached(session_id=session, layout=self.layout))
+            await self.shutting_down.wait()
+            yield memd_pb2.SessionEvent(shutting_down=memd_pb2.ShuttingDown(reason=self.shutdown_reason))
+        finally:
+            self._end_session(session)
+
+    def _end_session(self, session: str) -> None:
+        """The lease is over (stream closed, peer gone, or shutdown): free what it held."""
+        held = self.mgr.held_tokens(session)
+        self.mgr.close_session(session)
+        try:
+            self._after_mutation()
+        except InvariantViolation as exc:
+            self._fatal(exc)
+        log.info("session %s ended; freed %d target / %d draft tokens", session[:8], *held)
+        self.clients.pop(session, None)
+
+    def notify_shutdown(self, reason: str) -> None:
+        self.shutdown_reason = reason
+        self.shutting_down.set()
+
+    # ---- allocation -----------------------------------------------------------------
+    async def Alloc(self, request, context):
+        release = _release(request.release)
+        extends = [(op.rid, op.prefix_len, op.num_tokens) for op in request.extends]
+        grows = [(op.rid, op.num_tokens) for op in request.grows]
+        allocated = await self._run(context, self.mgr.step, request.session_id, release, extends, grows)
+        return memd_pb2.AllocResponse(
+            requests=[
+                memd_pb2.RequestSlots(
+                    rid=a.rid, row=a.row, start=a.start,
+                    target_slots=a.target_slots.tolist(), draft_slots=a.draft_slots.tolist(),
+                )
+                for a in allocated
+            ]
+        )
+
+    async def Free(self, request, context):
+        freed = await self._run(context, self.mgr.apply_release, request.session_id, _release(request))
+        return memd_pb2.FreeResponse(target_freed=freed[0], draft_freed=freed[1])
+
+    async def _run(self, context, op, *args):
+        try:
+            result = op(*args)
+            self._after_mutation()
+            return result
+        except InvariantViolation as exc:
+            self._fatal(exc)
+            await context.abort(grpc.StatusCode.INTERNAL, f"memd invariant violated: {exc}")
+        except MemdError as exc:
+            await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+
+    def _after_mutation(self) -> None:
+        """Publish table writes before answering; in strict mode, check every invariant and
+        stop memd loudly (naming the side and the numbers) when one breaks."""
+        self.buffers.sync()
+        if self.strict:
+            check_structure(self.mgr)
+
+    def _fatal(self, exc: InvariantViolation) -> None:
+        log.critical("memd invariant violated: %s", exc)
+        self.on_fatal(str(exc))
+
+    # ---- queries --------------------------------------------------------------------
+    async def Translate(self, request, context):
+        try:
+            draft = self.mgr.translate(np.asarray(request.target_slots, np.int64))
+        except MemdError as exc:
+            await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+        return memd_pb2.TranslateResponse(draft_slots=draft.tolist())
+
+    async def Capacity(self, request, context):
+        mgr, layout = self.mgr, self.layout
+        target = _pool(mgr.target.total_tokens, mgr.target.free_tokens, layout.target.bytes)
+        draft = memd_pb2.PoolCapacity()
+        if layout.has_draft:
+            total = mgr.draft.total_tokens if mgr.draft else mgr.target.total_tokens
+            free = mgr.draft.free_tokens if mgr.draft else mgr.target.free_tokens
+            draft = _pool(total, free, layout.draft.bytes)
+        for session in mgr.sessions:
+            held_target, held_draft = mgr.held_tokens(session)
+            target.held_per_session[session] = held_target
+            target.held_by_requests += held_target
+            if layout.has_draft:
+                draft.held_per_session[session] = held_draft
+                draft.held_by_requests += held_draft
+        return memd_pb2.CapacityResponse(
+            target=target, draft=draft, has_draft=layout.has_draft, draft_kv_ratio=layout.draft_kv_ratio,
+            draft_window=layout.draft_window, page_size=layout.page_size, request_cap=layout.request_cap,
+            max_running_requests=layout.max_running_requests, running_requests=sum(1 for _ in mgr.requests()),
+            sessions=len(mgr.sessions), context_len=layout.context_len, epoch=layout.epoch,
+        )
+
+
+def _pool(total: int, free: int, nbytes: int) -> memd_pb2.PoolCapacity:
+    # evictable and protected stay 0 until the prefix cache owns slots.
+    return memd_pb2.PoolCapacity(total=total, free=free, used=total - free, bytes=nbytes)
+
+
+def _release(request: memd_pb2.FreeRequest) -> Release:
+    return Release(
+        commits=tuple((op.rid, op.length) for op in request.commits),
+        trims=tuple(request.trim_draft),
+        finishes=tuple(request.finish),
+    )

@@ -1,0 +1,99 @@
+"""Start memd as a separate process for tests, and check its pools are free at the end."""
+
+import contextlib
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+
+from protos import memd_pb2, memd_pb2_grpc
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def cuda_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.is_available()
+    except ImportError:
+        return False
+
+
+class MemdProcess:
+    def __init__(self, proc: subprocess.Popen, address: str, log_path: pathlib.Path):
+        self.proc, self.address, self.log_path = proc, address, log_path
+        self.channel = grpc.insecure_channel(address)
+        self.stub = memd_pb2_grpc.MemdStub(self.channel)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def capacity(self) -> memd_pb2.CapacityResponse:
+        return self.stub.Capacity(memd_pb2.CapacityRequest(), timeout=5)
+
+    def wait_all_free(self, timeout: float = 3.0) -> memd_pb2.CapacityResponse:
+        """Poll until no slot is held (leases end asynchronously); return the last answer."""
+        deadline = time.monotonic() + timeout
+        while True:
+            cap = self.capacity()
+            pools = [cap.target] + ([cap.draft] if cap.has_draft else [])
+            if all(p.free == p.total for p in pools) or time.monotonic() > deadline:
+                return cap
+
+    def shm_entries(self) -> list[str]:
+        return [p.name for p in pathlib.Path("/dev/shm").glob(f"memd-{self.proc.pid}-*")]
+
+
+@contextlib.contextmanager
+def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: bool = True, ready_timeout: float = 60):
+    """memd on a Unix socket in a fresh owner-only folder; stopped with SIGTERM afterwards.
+    Unless check_free is False, the test ends by asserting both pools are fully free."""
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="memd-", dir="/tmp"))
+    address = f"unix://{folder / 'memd.sock'}"
+    log_path = folder / "memd.log"
+    cmd = [sys.executable, "-m", "memd", "--device", device, "--target-model", str(target), "--listen", address, *args]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    memd = MemdProcess(proc, address, log_path)
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while "memd ready" not in memd.log():
+            if proc.poll() is not None:
+                raise RuntimeError(f"memd exited with {proc.returncode}:\n{memd.log()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"memd did not start:\n{memd.log()}")
+            time.sleep(0.05)
+        yield memd
+        if check_free and proc.poll() is None:
+            cap = memd.wait_all_free()
+            assert cap.target.free == cap.target.total, f"target pool not free at test end: {cap}"
+            if cap.has_draft:
+                assert cap.draft.free == cap.draft.total, f"draft pool not free at test end: {cap}"
+    finally:
+        memd.channel.close()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def memd_args(*, draft: pathlib.Path | None = None, ratio: float = 1.0, window: int | None = None, page: int = 1,
+              budget: int = 4_000_000, max_running: int = 4, chunk: int = 64, strict: bool = True) -> list[str]:
+    args = ["--page-size", str(page), "--max-running-requests", str(max_running), "--kv-budget-bytes", str(budget),
+            "--chunked-prefill-size", str(chunk), "--draft-model", str(draft) if draft else "none",
+            "--draft-kv-ratio", str(ratio)]
+    if window is not None:
+        args += ["--draft-window", str(window)]
+    if strict:
+        args.append("--strict")
+    return args
