@@ -109,7 +109,8 @@ def make_plan(cfg: MemdConfig) -> PoolPlan:
         sizes=sizes,
         page_size=cfg.page_size,
         block_size=block,
-        window=cfg.draft_window or 0,
+        # At ratio 1 the window is the draft's own (reported, not enforced by memd).
+        window=cfg.draft_window or (draft.sliding_window or 0 if draft else 0),
         eviction_interval=cfg.draft_eviction_interval,
         max_running_requests=cfg.max_running_requests,
         context_len=min(context, sizes.target_tokens),

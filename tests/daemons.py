@@ -58,7 +58,7 @@ def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: 
     address = f"unix://{folder / 'memd.sock'}"
     log_path = folder / "memd.log"
     cmd = [sys.executable, "-m", "memd", "--device", device, "--target-model", str(target), "--listen", address, *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     memd = MemdProcess(proc, address, log_path)

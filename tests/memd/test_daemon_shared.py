@@ -17,7 +17,7 @@ SCRIPTS = REPO / "tests" / "scripts"
 
 
 def script(name: str, *args: str, **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{SCRIPTS}"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), str(SCRIPTS), os.environ.get("PYTHONPATH")]))}
     return subprocess.Popen([sys.executable, str(SCRIPTS / name), *args], env=env, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
