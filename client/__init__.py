@@ -1,0 +1,36 @@
+"""Python client of modeld (sync and asyncio) and read-only tools for memd."""
+
+from client.aio import AsyncClient, AsyncStreamHandle
+from client.client import Client, StreamHandle
+from client.connection import default_modeld_address
+from client.errors import (
+    Cancelled,
+    ClientError,
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+from client.messages import Chunk, GenerateResult
+
+__all__ = [
+    "AsyncClient",
+    "AsyncStreamHandle",
+    "Cancelled",
+    "Chunk",
+    "Client",
+    "ClientError",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "GenerateResult",
+    "Internal",
+    "InvalidArgument",
+    "NotFound",
+    "ResourceExhausted",
+    "StreamHandle",
+    "Unavailable",
+    "default_modeld_address",
+]

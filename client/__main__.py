@@ -1,44 +1,132 @@
-"""python -m client {capacity,health} [--memd ADDR] [--json]"""
+"""python -m client [--addr MODELD] [--memd MEMD] {generate,health,capacity,info} ...
+
+  generate PROMPT [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
+           [--stop STR ...] [--chat] [--stream] [--json]
+      the text, then a line with finish reason and counts; --stream prints the text as it arrives;
+      --json prints the result as JSON (with --stream: one JSON line per chunk, then the result)
+  health      grpc.health.v1 status of modeld and of memd; exit 0 only if both are SERVING
+  capacity    pools and queues through modeld; with --memd and no --addr, memd's pools directly
+  info        modeld's models, geometry and speculation counters as JSON
+
+Errors print "error: CODE: message" on stderr and exit 1.
+"""
 
 import argparse
 import json
 import sys
 
+import grpc
+
+from client import errors
+from client.cli_output import meta_line, print_capacity, print_chunk_text, print_json, print_modeld_capacity
+from client.client import Client
+from client.connection import default_modeld_address
 from client.memd_admin import health_status, memd_capacity
 from memd.defaults import default_memd_address
 
 
-def print_capacity(cap: dict) -> None:
-    pools = [("target", cap["target"])] + ([("draft", cap["draft"])] if cap["has_draft"] else [])
-    print(f"{'pool':<8}{'total':>10}{'free':>10}{'used':>10}{'held':>10}{'evictable':>11}{'protected':>11}{'bytes':>14}")
-    for name, p in pools:
-        print(f"{name:<8}{p['total']:>10}{p['free']:>10}{p['used']:>10}{p['held_by_requests']:>10}"
-              f"{p['evictable']:>11}{p['protected']:>11}{p['bytes']:>14}")
-    print(f"ratio={cap['draft_kv_ratio']} window={cap['draft_window']} page_size={cap['page_size']} "
-          f"request_cap={cap['request_cap']} running={cap['running_requests']}/{cap['max_running_requests']} "
-          f"sessions={cap['sessions']}")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m client", description="Talk to modeld and memd.")
+    parser.add_argument("--addr", default=None, help="modeld address (default: its owner-only Unix socket)")
+    parser.add_argument("--memd", default=None, help="memd address (default: its owner-only Unix socket)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="deadline of each call, seconds")
+    parser.add_argument("--connect-timeout", type=float, default=5.0, help="wait for a connection, seconds")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate from a text prompt")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-new-tokens", type=int)
+    gen.add_argument("--temperature", type=float)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--top-k", type=int)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--stop", nargs="+", metavar="STR", help="stop strings")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt with the chat template")
+    gen.add_argument("--stream", action="store_true", help="print the text as it is generated")
+    gen.add_argument("--json", action="store_true", help="print the result as JSON")
+    sub.add_parser("health", help="grpc.health.v1 status of modeld and memd")
+    cap = sub.add_parser("capacity", help="KV pools and request queues")
+    cap.add_argument("--json", action="store_true")
+    sub.add_parser("info", help="modeld's models and counters")
+    return parser
+
+
+def modeld_client(args) -> Client:
+    return Client(args.addr or default_modeld_address(), timeout=args.timeout, connect_timeout=args.connect_timeout)
+
+
+def run_generate(args) -> int:
+    params = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                  top_k=args.top_k, seed=args.seed, stop=args.stop, chat=args.chat)
+    with modeld_client(args) as client:
+        if not args.stream:
+            result = client.generate(args.prompt, **params)
+            if args.json:
+                print_json(result)
+            else:
+                print(result.text)
+                print(meta_line(result))
+            return 0
+        with client.stream(args.prompt, **params) as handle:
+            for chunk in handle:
+                if args.json:
+                    print_json(chunk)
+                else:
+                    print_chunk_text(chunk)
+        if args.json:
+            print_json(handle.result)
+        else:
+            print()
+            print(meta_line(handle.result))
+    return 0
+
+
+def run_health(args) -> int:
+    modeld_address = args.addr or default_modeld_address()
+    memd_address = args.memd or default_memd_address()
+    with Client(modeld_address, timeout=args.timeout) as client:
+        modeld_status = client.health()
+    memd_status = health_status(memd_address, timeout=args.timeout)
+    print(f"modeld {modeld_address}: {modeld_status}")
+    print(f"memd {memd_address}: {memd_status}")
+    return 0 if modeld_status == memd_status == "SERVING" else 1
+
+
+def run_capacity(args) -> int:
+    if args.memd and not args.addr:
+        cap = memd_capacity(args.memd, timeout=args.timeout)
+        print_json_or(cap, args.json, print_capacity)
+        return 0
+    with modeld_client(args) as client:
+        print_json_or(client.capacity(), args.json, print_modeld_capacity)
+    return 0
+
+
+def run_info(args) -> int:
+    with modeld_client(args) as client:
+        print(json.dumps(client.info(), indent=2))
+    return 0
+
+
+def print_json_or(value: dict, as_json: bool, print_table) -> None:
+    if as_json:
+        print(json.dumps(value, indent=2))
+    else:
+        print_table(value)
+
+
+COMMANDS = {"generate": run_generate, "health": run_health, "capacity": run_capacity, "info": run_info}
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m client")
-    parser.add_argument("--memd", default=None, help="memd address (default: its owner-only Unix socket)")
-    parser.add_argument("--timeout", type=float, default=5.0)
-    sub = parser.add_subparsers(dest="command", required=True)
-    cap = sub.add_parser("capacity", help="memd's pools: total, free, used, held")
-    cap.add_argument("--json", action="store_true")
-    sub.add_parser("health", help="grpc.health.v1 status of memd")
-    args = parser.parse_args(argv)
-    address = args.memd or default_memd_address()
-    if args.command == "health":
-        status = health_status(address, timeout=args.timeout)
-        print(f"memd {address}: {status}")
-        return 0 if status == "SERVING" else 1
-    result = memd_capacity(address, timeout=args.timeout)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print_capacity(result)
-    return 0
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except grpc.RpcError as exc:
+        error = errors.from_rpc_error(exc)
+    except errors.ClientError as exc:
+        error = exc
+    print(f"error: {error}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

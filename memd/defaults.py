@@ -36,3 +36,7 @@ def runtime_dir() -> pathlib.Path:
 
 def default_memd_address() -> str:
     return f"unix://{runtime_dir() / 'memd.sock'}"
+
+
+def default_modeld_address() -> str:
+    return f"unix://{runtime_dir() / 'modeld.sock'}"

@@ -79,7 +79,8 @@ def make_plan(cfg: MemdConfig) -> PoolPlan:
         raise ConfigError(str(exc)) from None
     block = (cfg.num_draft_tokens or draft.block_size) if draft else 0
     validate(cfg, target, draft, block)
-    kv_dtype = target.dtype if cfg.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
+    # auto: the checkpoint's dtype on CUDA; float32 on CPU, where modeld computes in float32.
+    kv_dtype = cfg.kv_cache_dtype if cfg.kv_cache_dtype != "auto" else (target.dtype if cfg.device == "cuda" else "float32")
     shape = None
     cap = 0
     if draft is not None:

@@ -81,6 +81,7 @@ def memd_config(target, draft, **overrides) -> MemdConfig:
         max_running_requests=2,
         chunked_prefill_size=32,
         kv_budget_bytes=BUDGET,
+        kv_cache_dtype="bfloat16",
     )
     fields.update(overrides)
     return MemdConfig(**fields)
@@ -104,7 +105,7 @@ def test_ratio_below_one_requires_draft_window(target_dir, draft_dir):
 
 def test_ratio_one_needs_no_draft_window(target_dir, draft_dir):
     plan = make_plan(memd_config(target_dir, draft_dir, draft_kv_ratio=1.0, draft_window=None))
-    assert plan.window == 0
+    assert plan.window == plan.draft.sliding_window  # reported: the draft's own window
     assert not plan.bounded_draft
 
 
@@ -297,11 +298,13 @@ def test_num_draft_tokens_overrides_block_size(target_dir, draft_dir):
 @pytest.mark.parametrize("ratio", [0.25, 1.0])
 def test_float32_kv_doubles_bytes_per_token(target_dir, draft_dir, ratio):
     bf16 = make_plan(memd_config(target_dir, draft_dir, draft_kv_ratio=ratio, kv_cache_dtype="bfloat16"))
-    auto = make_plan(memd_config(target_dir, draft_dir, draft_kv_ratio=ratio))
+    auto_cuda = make_plan(memd_config(target_dir, draft_dir, draft_kv_ratio=ratio, device="cuda", kv_cache_dtype="auto"))
+    auto_cpu = make_plan(memd_config(target_dir, draft_dir, draft_kv_ratio=ratio, kv_cache_dtype="auto"))
     fp32 = make_plan(memd_config(target_dir, draft_dir, draft_kv_ratio=ratio, kv_cache_dtype="float32"))
-    assert auto.kv_dtype == bf16.kv_dtype == "bfloat16"
-    assert fp32.kv_dtype == "float32"
-    assert auto.sizes == bf16.sizes
+    # auto: the checkpoint's dtype on CUDA, float32 on CPU (where modeld computes in float32).
+    assert auto_cuda.kv_dtype == bf16.kv_dtype == "bfloat16"
+    assert auto_cpu.kv_dtype == fp32.kv_dtype == "float32"
+    assert auto_cuda.sizes == bf16.sizes and auto_cpu.sizes == fp32.sizes
     assert fp32.sizes.target_bytes_per_token == 2 * bf16.sizes.target_bytes_per_token
     assert fp32.sizes.draft_bytes_per_token == 2 * bf16.sizes.draft_bytes_per_token
     # The same budget holds about half the tokens.
@@ -311,7 +314,7 @@ def test_float32_kv_doubles_bytes_per_token(target_dir, draft_dir, ratio):
 
 def test_auto_kv_dtype_follows_a_float32_target(tmp_path, draft_dir):
     target = write_folder(tmp_path, "t", llama_target(torch_dtype="float32"))
-    plan = make_plan(memd_config(target, draft_dir))
+    plan = make_plan(memd_config(target, draft_dir, device="cuda", kv_cache_dtype="auto"))
     assert plan.kv_dtype == "float32"
     assert plan.sizes.target_bytes_per_token == 2 * TARGET_COST
 

@@ -1,0 +1,27 @@
+"""Where modeld listens by default, how the clients open channels, and how they wait for one."""
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from memd.defaults import runtime_dir
+
+# Prompts and outputs travel as token ids: lift gRPC's 4 MiB receive limit.
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+
+# Sent with wait_for_ready to wait, up to the connect timeout, until the server is reachable.
+CONNECTION_PROBE = health_pb2.HealthCheckRequest()
+
+
+def default_modeld_address() -> str:
+    """modeld's owner-only Unix socket, beside memd's."""
+    return f"unix://{runtime_dir() / 'modeld.sock'}"
+
+
+def probe_reached_server(exc: grpc.RpcError) -> bool:
+    """Whether a failed connection probe still got an answer from the server (e.g. UNIMPLEMENTED)."""
+    return exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+
+
+def no_connection_message(address: str, waited: float) -> str:
+    """The UNAVAILABLE message when the server could not be reached in time."""
+    return f"could not connect to {address} within {waited:.1f} s"

@@ -1,0 +1,147 @@
+"""Request building and reply parsing shared by the sync and async clients."""
+
+import dataclasses
+from collections.abc import Sequence
+
+from grpc_health.v1 import health_pb2
+
+from client import errors
+from protos import modeld_pb2
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """Tokens a Generate stream produced since the previous chunk, and the text they add."""
+
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateResult:
+    """The complete message of a Generate stream.
+
+    finish_reason is "stop", "length" or "abort"; matched_stop is "" when no stop string matched;
+    spec_accept_length is completion_tokens / spec_verify_ct (bonus token included), 0 without speculation.
+    """
+
+    text: str
+    output_ids: tuple[int, ...]
+    finish_reason: str
+    matched_stop: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    spec_verify_ct: int
+    spec_accept_length: float
+    request_id: str
+
+
+def build_generate_request(
+    prompt: str | None = None,
+    *,
+    input_ids: Sequence[int] | None = None,
+    max_new_tokens: int | None = None,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    seed: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    stop_token_ids: Sequence[int] | None = None,
+    ignore_eos: bool = False,
+    chat: bool = False,
+    request_id: str | None = None,
+) -> modeld_pb2.GenerateRequest:
+    """The GenerateRequest for these arguments; unset sampling values take modeld's defaults.
+
+    Give exactly one of `prompt` (text) and `input_ids` (token ids). `max_tokens` is an alias of
+    `max_new_tokens`. `chat` wraps a text prompt as one user turn with the model's chat template.
+    `request_id` empty or None lets modeld assign one. Raises ValueError for argument combinations
+    that no server could accept; value ranges are checked by modeld (INVALID_ARGUMENT).
+    """
+    if (prompt is None) == (input_ids is None):
+        raise ValueError("give exactly one of prompt and input_ids")
+    if max_new_tokens is not None and max_tokens is not None:
+        raise ValueError("max_tokens is an alias of max_new_tokens: give at most one")
+    if chat and prompt is None:
+        raise ValueError("chat applies to a text prompt only")
+    sampling = modeld_pb2.SamplingParams(
+        max_new_tokens=max_new_tokens,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        stop=[stop] if isinstance(stop, str) else stop,
+        stop_token_ids=stop_token_ids,
+        ignore_eos=ignore_eos,
+    )
+    request = modeld_pb2.GenerateRequest(request_id=request_id or "", apply_chat_template=chat, sampling=sampling)
+    if prompt is not None:
+        request.text = prompt
+    else:
+        request.input_ids.CopyFrom(modeld_pb2.TokenIds(ids=input_ids))
+    return request
+
+
+class GenerateProgress:
+    """What one Generate stream has delivered so far: whether anything arrived, its id, its result."""
+
+    def __init__(self):
+        self.started = False
+        self.request_id = ""
+        self.result: GenerateResult | None = None
+
+    def take(self, response: modeld_pb2.GenerateResponse) -> Chunk | None:
+        """Record one stream message; return its Chunk, or None for the complete message."""
+        self.started = True
+        self.request_id = response.request_id
+        if response.HasField("complete"):
+            self.result = result_from_complete(response.request_id, response.complete)
+            return None
+        return Chunk(tuple(response.chunk.token_ids), response.chunk.text)
+
+    def finish(self) -> GenerateResult:
+        """The result, once the stream has ended; INTERNAL if it ended without a complete message."""
+        if self.result is None:
+            raise errors.error_for("INTERNAL", "the Generate stream ended without a complete message")
+        return self.result
+
+
+def result_from_complete(request_id: str, complete: modeld_pb2.GenerateComplete) -> GenerateResult:
+    """The GenerateResult holding a GenerateComplete's fields."""
+    return GenerateResult(
+        text=complete.text,
+        output_ids=tuple(complete.output_ids),
+        finish_reason=modeld_pb2.FinishReason.Name(complete.finish_reason).lower(),
+        matched_stop=complete.matched_stop,
+        prompt_tokens=complete.prompt_tokens,
+        completion_tokens=complete.completion_tokens,
+        cached_tokens=complete.cached_tokens,
+        spec_verify_ct=complete.spec_verify_ct,
+        spec_accept_length=complete.spec_accept_length,
+        request_id=request_id,
+    )
+
+
+def proto_to_dict(message) -> dict:
+    """Every field of a message by its proto name, unset ones included; int64 values stay ints."""
+    return {field.name: field_value(field, getattr(message, field.name)) for field in message.DESCRIPTOR.fields}
+
+
+def field_value(field, value):
+    """A field's value as plain Python: dicts for messages and maps, lists for repeated fields."""
+    if field.message_type is None:
+        return list(value) if field.is_repeated else value
+    if field.message_type.GetOptions().map_entry:
+        value_field = field.message_type.fields_by_name["value"]
+        return {key: field_value(value_field, item) for key, item in value.items()}
+    if field.is_repeated:
+        return [proto_to_dict(item) for item in value]
+    return proto_to_dict(value)
+
+
+def serving_status_name(reply: health_pb2.HealthCheckResponse) -> str:
+    """SERVING, NOT_SERVING, SERVICE_UNKNOWN or UNKNOWN."""
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

@@ -1,0 +1,3 @@
+from modeld.server import main
+
+main()

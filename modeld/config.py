@@ -1,0 +1,68 @@
+"""modeld's command line and its frozen configuration."""
+
+import argparse
+from dataclasses import dataclass
+
+from memd import defaults
+
+
+@dataclass(frozen=True)
+class ModeldConfig:
+    device: str = "cpu"
+    memd: str = ""
+    listen: str = ""
+    target_model: str = ""
+    draft_model: str | None = None
+    speculative_algorithm: str = "none"
+    load_format: str = "auto"
+    dtype: str = "auto"  # auto: memd's KV dtype
+    chunked_prefill_size: int = 512
+    connect_timeout: float = 60.0
+    log_level: str = "INFO"
+
+    def __post_init__(self):
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.speculative_algorithm != "none":
+            raise ValueError("--speculative-algorithm dflash is not available yet: this modeld decodes plainly")
+        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ValueError(f"bad --dtype {self.dtype!r}")
+        if self.chunked_prefill_size < 1:
+            raise ValueError("--chunked-prefill-size must be >= 1")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="modeld", description="model daemon: target forward over memd's KV pools")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--memd", help="memd's address (default: its owner-only Unix socket)")
+    p.add_argument("--listen", help="unix:///path or 127.0.0.1:PORT (default: an owner-only Unix socket)")
+    p.add_argument("--target-model", help="HF folder or .gguf file (default: the project's SmolLM2-135M-Instruct)")
+    p.add_argument("--draft-model", help="DFLASH draft folder")
+    p.add_argument("--speculative-algorithm", choices=["none", "dflash"], default="none")
+    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
+    p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
+                   help="auto: memd's KV dtype (memd's --kv-cache-dtype must match any other choice)")
+    p.add_argument("--chunked-prefill-size", type=int, default=512)
+    p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for memd at start")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def config_from_args(argv=None) -> ModeldConfig:
+    from memd.config import resolve_device
+
+    args = build_parser().parse_args(argv)
+    device = resolve_device(args.device)
+    return ModeldConfig(
+        device=device,
+        memd=args.memd or defaults.default_memd_address(),
+        listen=args.listen or defaults.default_modeld_address(),
+        target_model=args.target_model or str(defaults.default_target_dir()),
+        draft_model=args.draft_model,
+        speculative_algorithm=args.speculative_algorithm,
+        load_format=args.load_format,
+        dtype=args.dtype,
+        chunked_prefill_size=args.chunked_prefill_size,
+        connect_timeout=args.connect_timeout,
+        log_level=args.log_level,
+    )

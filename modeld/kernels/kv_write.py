@@ -1,0 +1,152 @@
+"""Writing new tokens' K/V rows into a paged KV pool (one layer).
+
+Caches are `k_cache, v_cache: [rows, kv_heads, head_dim]`, views of memd's `[layers, 2, rows, kv_heads, head_dim]`
+buffer: every kernel addresses them through their strides. Slot 0 is the padding sink and is never written on
+purpose; a slot < 0 (target padding) or a translated draft slot <= 0 ("no draft slot") means "skip this row".
+Each function comes as a plain-torch reference (`*_torch`, also the CPU serving path), a Triton launcher
+(`*_triton`) and a dispatcher that picks Triton for CUDA tensors. k/v are cast to the cache dtype on store.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+_MAX_TILE = 1024  # elements of one token's row copied by one program
+
+
+@triton.jit
+def _store_kv_kernel(
+    k_cache, v_cache, slots, mapping, commit_lens, k, v,
+    cols, head_dim, row_elems,
+    kc_tok, kc_head, kc_dim, vc_tok, vc_head, vc_dim,
+    k_tok, k_head, k_dim, v_tok, v_head, v_dim,
+    TRANSLATE: tl.constexpr, PREFIX_ONLY: tl.constexpr, TILE: tl.constexpr,
+):
+    """Program (token, tile): copy one tile of token's [kv_heads * head_dim] row into the caches, or do nothing."""
+    token = tl.program_id(0)
+    if PREFIX_ONLY:  # token = b * cols + col; only columns < commit_lens[b] are written
+        if token % cols >= tl.load(commit_lens + token // cols):
+            return
+    slot = tl.load(slots + token).to(tl.int64)
+    if slot < 0:
+        return
+    if TRANSLATE:
+        slot = tl.load(mapping + slot).to(tl.int64)
+        if slot < 0:
+            return
+    offs = tl.program_id(1) * TILE + tl.arange(0, TILE)
+    in_row = offs < row_elems
+    head = offs // head_dim
+    dim = offs % head_dim
+    k_row = tl.load(k + token * k_tok + head * k_head + dim * k_dim, mask=in_row)
+    v_row = tl.load(v + token * v_tok + head * v_head + dim * v_dim, mask=in_row)
+    tl.store(k_cache + slot * kc_tok + head * kc_head + dim * kc_dim, k_row, mask=in_row)
+    tl.store(v_cache + slot * vc_tok + head * vc_head + dim * vc_dim, v_row, mask=in_row)
+
+
+def _launch_store(k_cache, v_cache, slots, k, v, mapping=None, commit_lens=None, cols=1):
+    """Launch `_store_kv_kernel` over tokens of `slots` (flat [N]) and k/v ([N, kv_heads, head_dim])."""
+    n, kv_heads, head_dim = k.shape
+    if n == 0:
+        return
+    row_elems = kv_heads * head_dim
+    tile = min(triton.next_power_of_2(row_elems), _MAX_TILE)
+    grid = (n, triton.cdiv(row_elems, tile))
+    _store_kv_kernel[grid](
+        k_cache, v_cache, slots,
+        slots if mapping is None else mapping,  # unused placeholder pointers when the flag is off
+        slots if commit_lens is None else commit_lens,
+        k, v,
+        cols, head_dim, row_elems,
+        *k_cache.stride(), *v_cache.stride(), *k.stride(), *v.stride(),
+        TRANSLATE=mapping is not None, PREFIX_ONLY=commit_lens is not None, TILE=tile,
+    )
+
+
+# --- 1. store_kv: k_cache[slots[i]] = k[i] -------------------------------------------------------------------------
+
+
+def store_kv_torch(k_cache, v_cache, slots, k, v):
+    """Reference for `store_kv`."""
+    keep = slots >= 0
+    rows = slots[keep].long()
+    k_cache[rows] = k[keep].to(k_cache.dtype)
+    v_cache[rows] = v[keep].to(v_cache.dtype)
+
+
+def store_kv_triton(k_cache, v_cache, slots, k, v):
+    """Triton version of `store_kv`."""
+    _launch_store(k_cache, v_cache, slots, k, v)
+
+
+def store_kv(k_cache, v_cache, slots, k, v):
+    """Write k[i], v[i] into row slots[i] of k_cache, v_cache; rows with slots[i] < 0 are skipped.
+
+    k_cache, v_cache: [rows, kv_heads, head_dim] (any strides); slots: int32/int64 [N], distinct where >= 0;
+    k, v: [N, kv_heads, head_dim] (any strides). In place; returns None.
+    """
+    (store_kv_triton if k_cache.is_cuda else store_kv_torch)(k_cache, v_cache, slots, k, v)
+
+
+# --- 2. store_kv_translated: into the draft cache, at mapping[target slot] ----------------------------------------
+
+
+def store_kv_translated_torch(k_cache, v_cache, target_slots, mapping, k, v):
+    """Reference for `store_kv_translated`."""
+    draft_slots = torch.where(target_slots >= 0, mapping[target_slots.long().clamp(min=0)], 0)
+    store_kv_torch(k_cache, v_cache, torch.where(draft_slots > 0, draft_slots, -1), k, v)
+
+
+def store_kv_translated_triton(k_cache, v_cache, target_slots, mapping, k, v):
+    """Triton version of `store_kv_translated`."""
+    _launch_store(k_cache, v_cache, target_slots, k, v, mapping=mapping)
+
+
+def store_kv_translated(k_cache, v_cache, target_slots, mapping, k, v):
+    """Write k[i], v[i] into the DRAFT cache at row mapping[target_slots[i]].
+
+    k_cache, v_cache: draft caches [draft_rows, kv_heads, head_dim]; target_slots: int32/int64 [N];
+    mapping: int32 [target_rows], target slot -> draft slot, 0 = no draft slot; k, v: [N, kv_heads, head_dim].
+    Skipped: target_slots[i] < 0, and translated slots <= 0 (out of the draft window). In place; returns None.
+    """
+    fn = store_kv_translated_triton if k_cache.is_cuda else store_kv_translated_torch
+    fn(k_cache, v_cache, target_slots, mapping, k, v)
+
+
+# --- 3. store_kv_prefix_valid: a fixed [B, L] block of which only each row's first commit_lens[b] are written -----
+
+
+def _flatten_block(slots_2d, k, v):
+    """slots [B, L] -> [B*L]; k, v [B, L, H, D] or [B*L, H, D] -> [B*L, H, D] (views where possible)."""
+    n = slots_2d.numel()
+    return slots_2d.reshape(n), k.reshape(n, *k.shape[-2:]), v.reshape(n, *v.shape[-2:])
+
+
+def store_kv_prefix_valid_torch(k_cache, v_cache, slots_2d, commit_lens, k, v, mapping=None):
+    """Reference for `store_kv_prefix_valid`."""
+    cols = torch.arange(slots_2d.shape[1], device=slots_2d.device)
+    committed = cols[None, :] < commit_lens[:, None].long()
+    slots, k, v = _flatten_block(torch.where(committed, slots_2d, -1), k, v)
+    if mapping is None:
+        store_kv_torch(k_cache, v_cache, slots, k, v)
+    else:
+        store_kv_translated_torch(k_cache, v_cache, slots, mapping, k, v)
+
+
+def store_kv_prefix_valid_triton(k_cache, v_cache, slots_2d, commit_lens, k, v, mapping=None):
+    """Triton version of `store_kv_prefix_valid`."""
+    cols = slots_2d.shape[1]
+    slots, k, v = _flatten_block(slots_2d, k, v)
+    _launch_store(k_cache, v_cache, slots, k, v, mapping=mapping, commit_lens=commit_lens, cols=cols)
+
+
+def store_kv_prefix_valid(k_cache, v_cache, slots_2d, commit_lens, k, v, mapping=None):
+    """Write the committed prefix of a fixed-shape block of B x L tokens (e.g. accepted draft tokens).
+
+    slots_2d: int32/int64 [B, L] target slots; commit_lens: int [B]; k, v: [B, L, kv_heads, head_dim] or
+    [B*L, kv_heads, head_dim]. Token (b, col) is written iff col < commit_lens[b] and slots_2d[b, col] >= 0, at row
+    slots_2d[b, col], or with `mapping` (int32 [target_rows]) at draft row mapping[slots_2d[b, col]], skipped if
+    that is <= 0. In place; returns None.
+    """
+    fn = store_kv_prefix_valid_triton if k_cache.is_cuda else store_kv_prefix_valid_torch
+    fn(k_cache, v_cache, slots_2d, commit_lens, k, v, mapping)

@@ -1,0 +1,78 @@
+"""Load a target: a Hugging Face folder (config.json + safetensors + tokenizer), a GGUF file
+(through transformers), or random weights built from config.json alone (--load-format dummy)."""
+
+import os
+import pathlib
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from modeld.model import CausalLM
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _from_gguf(path: pathlib.Path):
+    """transformers dequantises the GGUF; we keep its config and state dict."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    cfg = hf.config
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    return cfg, tokenizer, hf.state_dict()
+
+
+def _safetensors_state(folder: pathlib.Path) -> dict:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {folder} (use --load-format dummy for random weights)")
+    state = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def load_target(path: str, dtype: str, device: str, load_format: str = "auto"):
+    """Returns (model, tokenizer or None, hf config)."""
+    location = pathlib.Path(path)
+    state = None
+    tokenizer = None
+    if location.suffix == ".gguf":
+        cfg, tokenizer, state = _from_gguf(location)
+    else:
+        cfg = AutoConfig.from_pretrained(location)
+        if (location / "tokenizer.json").exists() or (location / "tokenizer_config.json").exists():
+            tokenizer = AutoTokenizer.from_pretrained(location)
+        if load_format != "dummy":
+            state = _safetensors_state(location)
+    torch_dtype = DTYPES[dtype]
+    with torch.device(device):
+        model = CausalLM(cfg).to(torch_dtype)
+    if state is None:
+        _random_init(model, cfg)
+    else:
+        _load_state(model, state, cfg)
+    return model.eval(), tokenizer, cfg
+
+
+def _load_state(model: CausalLM, state: dict, cfg) -> None:
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    if tied:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (tied and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not fit the model: missing {missing[:8]}, unexpected {unexpected[:8]}")
+
+
+@torch.no_grad()
+def _random_init(model: CausalLM, cfg) -> None:
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    std = getattr(cfg, "initializer_range", 0.02)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.copy_(torch.randn(p.shape, generator=gen) * std)

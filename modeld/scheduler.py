@@ -1,0 +1,131 @@
+"""Continuous batching over memd's pools.
+
+Each step asks memd once (Alloc) for every request in the batch: decodes grow by one
+token, prompts are prefilled in chunks under a token budget, and the releases of
+requests that finished (or were preempted) since the last call ride along. When memd
+answers RESOURCE_EXHAUSTED nothing changed there, and the step is planned again:
+first without new admissions and prefill chunks (they wait), then by preempting the
+newest running request (its slots are released and it is recomputed later from its
+prompt and the tokens it already produced, so its greedy output does not change).
+"""
+
+from collections import deque
+from dataclasses import dataclass
+
+import grpc
+
+from memd.attach import MemdSession
+from modeld.request import Finish, Request
+
+
+@dataclass
+class StepItem:
+    req: Request
+    num_tokens: int
+    row: int
+    slots: list[int]  # target slots of the new positions
+
+
+class Scheduler:
+    def __init__(self, session: MemdSession, max_running: int, chunk_tokens: int):
+        self.session = session
+        self.max_running = max_running
+        self.chunk_tokens = chunk_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.releases: list[str] = []  # rids memd still holds slots for, to free on the next call
+        self.preemptions = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def remove(self, req: Request) -> None:
+        """A request is done (finished, aborted, failed): its slots go back on the next call."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        if req.in_memd:
+            self.releases.append(req.rid)
+            req.in_memd = False
+
+    def flush_releases(self) -> None:
+        """Idle: nothing to batch the releases with, so free them now."""
+        if self.releases:
+            self.session.free(finishes=self.releases)
+            self.releases.clear()
+
+    def next_step(self) -> tuple[list[StepItem], list[Request]]:
+        """The batch of this step, and requests that can never fit (to be failed).
+
+        Levels of ambition: 0 admits waiting requests, 1 serves only running requests
+        (decodes and prefill chunks), 2 only decodes; below that, preemption."""
+        level, hopeless = 0, []
+        while True:
+            plan, admitted = self._plan(level)
+            if plan:
+                try:
+                    answer = self.session.alloc(
+                        extends=[(r.rid, r.computed, n) for r, n in plan if not r.in_memd or n > 1],
+                        grows=[(r.rid, n) for r, n in plan if r.in_memd and n == 1],
+                        finishes=self.releases,
+                    )
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        raise
+                    self.waiting.extendleft(reversed(admitted))
+                else:
+                    self.releases.clear()
+                    return self._commit(plan, admitted, answer), hopeless
+            elif level == 0 or not self.running:
+                return [], hopeless
+            if level < 2:
+                level += 1
+            elif len(self.running) > 1:
+                self._preempt(self.running[-1])
+            else:
+                hopeless.append(self._give_up(self.running[0]))
+
+    def _plan(self, level: int) -> tuple[list[tuple[Request, int]], list[Request]]:
+        plan = [(r, 1) for r in self.running if r.pending == 1]
+        if level == 2:
+            return plan, []
+        budget = self.chunk_tokens
+        for r in self.running:
+            if r.pending > 1 and budget > 0:
+                take = min(r.pending, budget)
+                plan.append((r, take))
+                budget -= take
+        admitted = []
+        while level == 0 and self.waiting and len(self.running) + len(admitted) < self.max_running and budget > 0:
+            if self.waiting[0].rid in self.releases:
+                break  # preempted this step: memd frees its old slots first
+            r = self.waiting.popleft()
+            take = min(r.pending, budget)
+            plan.append((r, take))
+            admitted.append(r)
+            budget -= take
+        return plan, admitted
+
+    def _commit(self, plan, admitted, answer) -> list[StepItem]:
+        slots = {a.rid: a for a in answer.requests}
+        for r in admitted:
+            r.in_memd = True
+            self.running.append(r)
+        return [StepItem(r, n, slots[r.rid].row, list(slots[r.rid].target_slots)) for r, n in plan]
+
+    def _preempt(self, victim: Request) -> None:
+        """Release the victim's slots; it is recomputed from its tokens when it is admitted again."""
+        self.running.remove(victim)
+        self.releases.append(victim.rid)
+        victim.in_memd = False
+        victim.computed = 0
+        self.waiting.appendleft(victim)
+        self.preemptions += 1
+
+    def _give_up(self, req: Request) -> Request:
+        """The pool cannot hold this request even alone."""
+        req.finish = Finish("abort", error_code="RESOURCE_EXHAUSTED",
+                            error=f"the request needs {req.computed + req.pending} tokens of KV and the pool cannot hold them")
+        self.remove(req)
+        return req

@@ -1,0 +1,126 @@
+"""modeld's process: attach to memd, load the target, serve Generate; stop cleanly on SIGTERM/SIGINT."""
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from memd.attach import MemdSession
+from modeld.config import ModeldConfig, config_from_args
+from modeld.engine import Engine
+from modeld.loader import load_target
+from modeld.runner import ModelRunner
+from modeld.scheduler import Scheduler
+from modeld.service import ModeldService, eos_token_ids
+from protos import modeld_pb2, modeld_pb2_grpc
+
+log = logging.getLogger("modeld")
+SERVICE_NAME = modeld_pb2.DESCRIPTOR.services_by_name["Modeld"].full_name
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+def attach(cfg: ModeldConfig) -> MemdSession:
+    deadline = time.monotonic() + cfg.connect_timeout
+    while True:
+        try:
+            return MemdSession(cfg.memd, "modeld", connect_timeout=max(1.0, min(5.0, deadline - time.monotonic())))
+        except grpc.FutureTimeoutError:
+            if time.monotonic() > deadline:
+                raise StartupError(f"memd does not answer at {cfg.memd}") from None
+
+
+def check_layout(layout, hf_config, dtype: str) -> None:
+    """memd's pools must have the model's KV geometry and dtype."""
+    t = layout.target
+    heads = hf_config.num_attention_heads
+    want = (hf_config.num_hidden_layers, hf_config.num_key_value_heads, getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads)
+    if (t.layers, t.kv_heads, t.head_dim) != want:
+        raise StartupError(f"memd's target pool is (layers, kv_heads, head_dim) = {(t.layers, t.kv_heads, t.head_dim)}, the model needs {want}")
+    if layout.kv_dtype != dtype:
+        raise StartupError(f"memd's KV dtype is {layout.kv_dtype} but modeld runs {dtype}: start memd with --kv-cache-dtype {dtype}")
+
+
+def serve(cfg: ModeldConfig) -> int:
+    session = attach(cfg)
+    layout = session.layout
+    dtype = layout.kv_dtype if cfg.dtype == "auto" else cfg.dtype
+    model, tokenizer, hf_config = load_target(cfg.target_model, dtype, cfg.device, cfg.load_format)
+    check_layout(layout, hf_config, dtype)
+    pools = {name: tensor.to(cfg.device) if cfg.device == "cpu" else tensor for name, tensor in session.map().items()}
+    scheduler = Scheduler(session, layout.max_running_requests, cfg.chunked_prefill_size)
+    engine = Engine(ModelRunner(model, pools, cfg.device), scheduler, tokenizer,
+                    eos_token_ids(tokenizer, hf_config, cfg.target_model), layout.context_len)
+    info = dict(
+        target_model=cfg.target_model, draft_model=cfg.draft_model or "", dtype=dtype, device=cfg.device,
+        speculative_algorithm=cfg.speculative_algorithm, block_size=layout.draft_block_size,
+        draft_window=layout.draft_window, draft_kv_ratio=layout.draft_kv_ratio, page_size=layout.page_size,
+        max_running_requests=layout.max_running_requests, context_len=layout.context_len,
+        target_tokens=layout.target.tokens, draft_tokens=layout.draft.tokens, vocab_size=hf_config.vocab_size,
+    )
+    service = ModeldService(engine, tokenizer, hf_config.vocab_size, layout.context_len, cfg.device, info,
+                            session.stub, lambda: not session.lost.is_set())
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * layout.max_running_requests + 16),
+                         options=[("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)])
+    modeld_pb2_grpc.add_ModeldServicer_to_server(service, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    sock = cfg.listen[len("unix://"):] if cfg.listen.startswith("unix://") else None
+    if sock and os.path.exists(sock):
+        os.unlink(sock)
+    port = server.add_insecure_port(cfg.listen)
+    server.start()
+    if sock:
+        os.chmod(sock, 0o600)
+    engine.start()
+
+    def set_health(status) -> None:
+        for name in ("", SERVICE_NAME):
+            health_servicer.set(name, status)
+
+    set_health(health_pb2.HealthCheckResponse.SERVING)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def watch_memd() -> None:
+        session.lost.wait()
+        if not stop.is_set():
+            log.error("memd session lost: %s", session.shutdown_reason or "connection closed")
+            set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    threading.Thread(target=watch_memd, daemon=True).start()
+    bound = cfg.listen if sock else f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
+    log.info("modeld ready: listening on %s (%s, %s, memd %s)", bound, cfg.device, dtype, cfg.memd)
+    stop.wait()
+    log.info("modeld shutting down")
+    set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+    server.stop(grace=5).wait()
+    engine.stop()
+    session.close()
+    if sock and os.path.exists(sock):
+        os.unlink(sock)
+    log.info("modeld stopped")
+    return 0
+
+
+def main(argv=None) -> None:
+    try:
+        cfg = config_from_args(argv)
+    except ValueError as exc:
+        sys.exit(f"modeld: error: {exc}")
+    logging.basicConfig(level=cfg.log_level, format="%(asctime)s modeld %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        sys.exit(serve(cfg))
+    except (StartupError, FileNotFoundError, ValueError) as exc:
+        sys.exit(f"modeld: error: {exc}")

@@ -1,0 +1,143 @@
+"""modeld's gRPC servicer: Generate (server streaming), Abort, GetInfo, Capacity."""
+
+import uuid
+
+import grpc
+
+from modeld.engine import Engine, make_generator
+from modeld.request import Request
+from modeld.sampling import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
+from protos import memd_pb2, modeld_pb2, modeld_pb2_grpc
+
+FINISH_REASONS = {"stop": modeld_pb2.STOP, "length": modeld_pb2.LENGTH, "abort": modeld_pb2.ABORT}
+
+
+class ModeldService(modeld_pb2_grpc.ModeldServicer):
+    def __init__(self, engine: Engine, tokenizer, vocab_size: int, context_len: int, device: str, info: dict, memd_stub, healthy):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.context_len = context_len
+        self.device = device
+        self.info = info
+        self.memd_stub = memd_stub
+        self.healthy = healthy  # callable: False while memd is unreachable
+
+    def Generate(self, request, context):
+        try:
+            req = self._build(request)
+        except InvalidRequest as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if not self.healthy():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "memd is unreachable")
+        if req.rid in self.engine.requests:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request id {req.rid!r} is already running")
+        # A client that goes away (cancel, deadline, crash) aborts its request and frees its slots.
+        context.add_callback(lambda: req.finish is None and self.engine.abort(req.rid))
+        self.engine.submit(req)
+        while True:
+            kind, *payload = req.events.get()
+            if kind == "chunk":
+                ids, text = payload
+                yield modeld_pb2.GenerateResponse(request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=ids, text=text))
+                continue
+            finish = req.finish
+            if finish.error_code:
+                context.abort(getattr(grpc.StatusCode, finish.error_code), finish.error)
+            yield modeld_pb2.GenerateResponse(request_id=req.rid, complete=self._complete(req))
+            return
+
+    def _complete(self, req: Request) -> modeld_pb2.GenerateComplete:
+        completion = len(req.output_ids)
+        return modeld_pb2.GenerateComplete(
+            output_ids=req.output_ids,
+            text=req.sent_text,
+            finish_reason=FINISH_REASONS[req.finish.reason],
+            matched_stop=req.finish.matched_stop,
+            prompt_tokens=len(req.prompt_ids),
+            completion_tokens=completion,
+            cached_tokens=req.cached_tokens,
+            spec_verify_ct=req.spec_verify_ct,
+            spec_accept_length=completion / req.spec_verify_ct if req.spec_verify_ct else 0.0,
+        )
+
+    def _build(self, request: modeld_pb2.GenerateRequest) -> Request:
+        """Validates a GenerateRequest; raises InvalidRequest with what is wrong."""
+        prompt = self._prompt_ids(request)
+        s = request.sampling
+        if s.HasField("max_new_tokens") and s.HasField("max_tokens"):
+            raise InvalidRequest("give max_new_tokens or its alias max_tokens, not both")
+        max_new = s.max_new_tokens if s.HasField("max_new_tokens") else s.max_tokens if s.HasField("max_tokens") else DEFAULT_MAX_NEW_TOKENS
+        params = SamplingParams(
+            max_new_tokens=max_new,
+            temperature=s.temperature if s.HasField("temperature") else 1.0,
+            top_p=s.top_p if s.HasField("top_p") else 1.0,
+            top_k=s.top_k if s.HasField("top_k") else 0,
+            seed=s.seed if s.HasField("seed") else None,
+            stop=tuple(s.stop),
+            stop_token_ids=tuple(s.stop_token_ids),
+            ignore_eos=s.ignore_eos,
+        )
+        if len(prompt) + params.max_new_tokens > self.context_len:
+            raise InvalidRequest(
+                f"prompt ({len(prompt)} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds the context of {self.context_len}"
+            )
+        rid = request.request_id or uuid.uuid4().hex
+        generator = None if params.greedy else make_generator(params.seed, self.device)
+        return Request(rid=rid, prompt_ids=prompt, params=params, generator=generator)
+
+    def _prompt_ids(self, request) -> list[int]:
+        if request.HasField("input_ids"):
+            ids = list(request.input_ids.ids)
+            bad = [i for i in ids if not 0 <= i < self.vocab_size]
+            if bad:
+                raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        elif request.HasField("text"):
+            if self.tokenizer is None:
+                raise InvalidRequest("this model has no tokenizer: send input_ids")
+            if request.apply_chat_template:
+                ids = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": request.text}], add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            else:
+                ids = self.tokenizer(request.text)["input_ids"]
+        else:
+            raise InvalidRequest("give the prompt as text or as input_ids")
+        if not ids:
+            raise InvalidRequest("the prompt is empty")
+        return list(ids)
+
+    def Abort(self, request, context):
+        found = request.request_id in self.engine.requests
+        if found:
+            self.engine.abort(request.request_id)
+        return modeld_pb2.AbortResponse(found=found)
+
+    def GetInfo(self, request, context):
+        return modeld_pb2.GetInfoResponse(**self.info)
+
+    def Capacity(self, request, context):
+        try:
+            memd = self.memd_stub.Capacity(memd_pb2.CapacityRequest(), timeout=5)
+        except grpc.RpcError as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"memd: {exc.details()}")
+        running, waiting = self.engine.counts()
+        return modeld_pb2.CapacityResponse(memd=memd, running_requests=running, waiting_requests=waiting)
+
+
+def eos_token_ids(tokenizer, hf_config, model_dir: str) -> set[int]:
+    """EOS ids from the generation config, the model config and the tokenizer."""
+    from transformers import GenerationConfig
+
+    ids: set[int] = set()
+    try:
+        gen = GenerationConfig.from_pretrained(model_dir)
+        ids |= set(gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id] if gen.eos_token_id is not None else [])
+    except (OSError, ValueError):
+        pass
+    eos = getattr(hf_config, "eos_token_id", None)
+    ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+

@@ -1,0 +1,137 @@
+"""KV write kernels vs an explicit per-token loop: exactly the expected rows change, bit for bit, and nothing else.
+
+Caches are layer-1 views of a sentinel-filled [layers, 2, rows, kv_heads, head_dim] pool (so other layers, the sink
+page and skipped rows must keep the sentinel), and k/v are strided slices of a wider tensor.
+"""
+
+import pytest
+import torch
+
+from modeld.kernels.kv_write import (
+    store_kv, store_kv_prefix_valid, store_kv_prefix_valid_torch, store_kv_prefix_valid_triton, store_kv_torch,
+    store_kv_translated, store_kv_translated_torch, store_kv_translated_triton, store_kv_triton,
+)
+
+SENTINEL = -7.0
+LAYER = 1
+
+
+def make_pool(pages, page_size, kv_heads, head_dim, dtype, device):
+    """Sentinel-filled pool [2 layers, 2, pages * page_size, kv_heads, head_dim]; returns it and layer 1's k/v views."""
+    pool = torch.full((2, 2, pages * page_size, kv_heads, head_dim), SENTINEL, dtype=dtype, device=device)
+    return pool, pool[LAYER, 0], pool[LAYER, 1]
+
+
+def make_kv(n, kv_heads, head_dim, dtype, device):
+    """Random k, v [n, kv_heads, head_dim] that are non-contiguous slices of one [n, 3, ...] tensor (like qkv)."""
+    qkv = torch.randn(n, 3, kv_heads, head_dim).to(dtype).to(device)
+    return qkv[:, 1], qkv[:, 2]
+
+
+def pages_for(n, page_size):
+    """Enough pages for n tokens besides the sink page, with room to spare."""
+    return 2 + 2 * n // page_size
+
+
+def random_slots(n, pages, page_size):
+    """n distinct slots outside the sink page (page 0), on random pages."""
+    return page_size + torch.randperm((pages - 1) * page_size)[:n]
+
+
+def expected_pool(pool, slots, k, v):
+    """The pool after writing k[i], v[i] at slots[i] for every slot > 0 (None / <= 0 = skip), one token at a time."""
+    pool = pool.clone()
+    for i, slot in enumerate(slots):
+        if slot is not None and slot > 0:
+            pool[LAYER, 0, slot] = k[i]
+            pool[LAYER, 1, slot] = v[i]
+    return pool
+
+
+SHAPES = [  # (tokens, kv_heads, head_dim, page_size); 3 * 352 > 1024 elements needs two tiles per row
+    (1, 3, 16, 1),
+    (7, 3, 80, 64),
+    (33, 3, 16, 64),
+    (7, 1, 352 * 3, 1),
+]
+
+
+@pytest.mark.parametrize("impl", [store_kv_torch, store_kv_triton, store_kv], ids=["torch", "triton", "public"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("n,kv_heads,head_dim,page_size", SHAPES)
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64], ids=["i32", "i64"])
+def test_store_kv(impl, dtype, n, kv_heads, head_dim, page_size, slot_dtype, device):
+    torch.manual_seed(n + head_dim)
+    pages = pages_for(n, page_size)
+    pool, k_cache, v_cache = make_pool(pages, page_size, kv_heads, head_dim, dtype, device)
+    slots = random_slots(n, pages, page_size)
+    slots[1::3] = -1  # padding tokens
+    k, v = make_kv(n, kv_heads, head_dim, dtype, device)
+    expected = expected_pool(pool, slots.tolist(), k, v)
+
+    impl(k_cache, v_cache, slots.to(slot_dtype).to(device), k, v)
+
+    assert torch.equal(pool, expected)
+
+
+def make_mapping(target_rows, mapped_targets, draft_slots):
+    """int32 target -> draft map, 0 everywhere except mapped_targets[i] -> draft_slots[i]."""
+    mapping = torch.zeros(target_rows, dtype=torch.int32)
+    mapping[mapped_targets] = draft_slots.to(torch.int32)
+    return mapping
+
+
+@pytest.mark.parametrize("impl", [store_kv_translated_torch, store_kv_translated_triton, store_kv_translated],
+                         ids=["torch", "triton", "public"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("n,kv_heads,head_dim,page_size", SHAPES[:3])
+def test_store_kv_translated(impl, dtype, n, kv_heads, head_dim, page_size, device):
+    torch.manual_seed(n)
+    target_pages, draft_pages = pages_for(n, page_size), pages_for(n // 2, page_size)
+    pool, k_cache, v_cache = make_pool(draft_pages, page_size, kv_heads, head_dim, dtype, device)
+    target_slots = random_slots(n, target_pages, page_size)
+    in_window = torch.arange(n) % 3 != 0  # the rest are unmapped (mapping 0: outside the draft window)
+    mapping = make_mapping(target_pages * page_size, target_slots[in_window],
+                           random_slots(int(in_window.sum()), draft_pages, page_size))
+    target_slots[2::5] = -1  # padding tokens
+    k, v = make_kv(n, kv_heads, head_dim, dtype, device)
+    expected = expected_pool(pool, [int(mapping[t]) if t >= 0 else None for t in target_slots.tolist()], k, v)
+
+    impl(k_cache, v_cache, target_slots.to(device), mapping.to(device), k, v)
+
+    assert torch.equal(pool, expected)
+
+
+@pytest.mark.parametrize("impl", [store_kv_prefix_valid_torch, store_kv_prefix_valid_triton, store_kv_prefix_valid],
+                         ids=["torch", "triton", "public"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("translated", [False, True], ids=["direct", "translated"])
+@pytest.mark.parametrize("flat_kv", [False, True], ids=["kv_BL", "kv_flat"])
+@pytest.mark.parametrize("batch,cols,page_size", [(1, 1, 1), (3, 5, 64)])
+def test_store_kv_prefix_valid(impl, dtype, translated, flat_kv, batch, cols, page_size, device):
+    torch.manual_seed(batch * cols)
+    kv_heads, head_dim, n = 3, 16, batch * cols
+    target_pages, draft_pages = pages_for(n, page_size), pages_for(n // 2, page_size)
+    pool, k_cache, v_cache = make_pool(draft_pages if translated else target_pages, page_size, kv_heads, head_dim,
+                                       dtype, device)
+    slots = random_slots(n, target_pages, page_size)
+    commit_lens = torch.tensor([cols, 0, 2][:batch], dtype=torch.int32)  # all, none, some
+    mapping = None
+    if translated:
+        mapped = torch.arange(n) != 1  # one committed token is outside the draft window
+        mapping = make_mapping(target_pages * page_size, slots[mapped],
+                               random_slots(int(mapped.sum()), draft_pages, page_size))
+    slots[n - 1] = -1  # a padding token (committed only if it lies in row 0)
+    k, v = make_kv(n, kv_heads, head_dim, dtype, device)
+    committed = [col < commit_lens[b] for b in range(batch) for col in range(cols)]
+    written = [s if ok and s >= 0 else None for s, ok in zip(slots.tolist(), committed)]
+    if translated:
+        written = [None if s is None else int(mapping[s]) for s in written]
+    expected = expected_pool(pool, written, k, v)
+    if not flat_kv:
+        k, v = k.unflatten(0, (batch, cols)), v.unflatten(0, (batch, cols))
+
+    impl(k_cache, v_cache, slots.reshape(batch, cols).to(device), commit_lens.to(device), k, v,
+         None if mapping is None else mapping.to(device))
+
+    assert torch.equal(pool, expected)
