@@ -4,6 +4,7 @@ from client.aio import AsyncClient, AsyncStreamHandle
 from client.client import Client, StreamHandle
 from client.connection import default_modeld_address
 from client.errors import (
+    AlreadyExists,
     Cancelled,
     ClientError,
     DeadlineExceeded,
@@ -17,6 +18,7 @@ from client.errors import (
 from client.messages import Chunk, GenerateResult
 
 __all__ = [
+    "AlreadyExists",
     "AsyncClient",
     "AsyncStreamHandle",
     "Cancelled",

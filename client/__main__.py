@@ -4,8 +4,9 @@
            [--stop STR ...] [--chat] [--stream] [--json]
       the text, then a line with finish reason and counts; --stream prints the text as it arrives;
       --json prints the result as JSON (with --stream: one JSON line per chunk, then the result)
-  health      grpc.health.v1 status of modeld and of memd; exit 0 only if both are SERVING
-  capacity    pools and queues through modeld; with --memd and no --addr, memd's pools directly
+  health      grpc.health.v1 status of modeld and memd; exit 0 only if all are SERVING
+  capacity    pools and queues through modeld
+  With --memd and no --addr, health and capacity ask memd alone, directly.
   info        modeld's models, geometry and speculation counters as JSON
 
 Errors print "error: CODE: message" on stderr and exit 1.
@@ -29,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m client", description="Talk to modeld and memd.")
     parser.add_argument("--addr", default=None, help="modeld address (default: its owner-only Unix socket)")
     parser.add_argument("--memd", default=None, help="memd address (default: its owner-only Unix socket)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="deadline of each call, seconds")
-    parser.add_argument("--connect-timeout", type=float, default=5.0, help="wait for a connection, seconds")
+    parser.add_argument("--timeout", type=float, default=60.0, help="deadline of each call, seconds (default 60)")
+    parser.add_argument("--connect-timeout", type=float, default=5.0, help="wait for a connection, seconds (default 5)")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate from a text prompt")
     gen.add_argument("prompt")
@@ -81,14 +82,19 @@ def run_generate(args) -> int:
 
 
 def run_health(args) -> int:
-    modeld_address = args.addr or default_modeld_address()
-    memd_address = args.memd or default_memd_address()
-    with Client(modeld_address, timeout=args.timeout) as client:
-        modeld_status = client.health()
-    memd_status = health_status(memd_address, timeout=args.timeout)
-    print(f"modeld {modeld_address}: {modeld_status}")
-    print(f"memd {memd_address}: {memd_status}")
-    return 0 if modeld_status == memd_status == "SERVING" else 1
+    checks = []
+    if args.addr or not args.memd:
+        checks.append(("modeld", args.addr or default_modeld_address(), modeld_health))
+    checks.append(("memd", args.memd or default_memd_address(), health_status))
+    statuses = [status_of(address, timeout=args.timeout) for _, address, status_of in checks]
+    for (name, address, _), status in zip(checks, statuses):
+        print(f"{name} {address}: {status}")
+    return 0 if all(status == "SERVING" for status in statuses) else 1
+
+
+def modeld_health(address: str, timeout: float) -> str:
+    with Client(address, timeout=timeout) as client:
+        return client.health()
 
 
 def run_capacity(args) -> int:

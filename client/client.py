@@ -29,11 +29,13 @@ from protos import modeld_pb2, modeld_pb2_grpc
 class Client:
     """A channel to one modeld.
 
-    `timeout` is the default deadline of each call (all its attempts together); every method takes
-    a `timeout` that overrides it. A call first waits up to `connect_timeout` for the channel to be
-    ready, the first time and after an UNAVAILABLE (UNAVAILABLE if it is not). UNAVAILABLE is retried up to `max_retries` times with
-    exponential backoff (0.1 s, 0.2 s, ...), except on a Generate stream that has delivered a message.
-    Failures raise client.errors.ClientError subclasses. Use as a context manager, or call close().
+    Deadlines: `timeout` is the default deadline of a call, all its attempts together (for a
+    stream, from stream() to its last message); every method's `timeout` overrides it.
+    Connection: on its first call, and after an UNAVAILABLE, the client waits up to
+    `connect_timeout` for modeld to be reachable, else raises Unavailable.
+    Retries: UNAVAILABLE is retried up to `max_retries` times after 0.1 s, 0.2 s, 0.4 s, ...,
+    never once a Generate stream has delivered a message.
+    Errors: client.errors.ClientError subclasses. Use as a context manager, or call close().
     """
 
     def __init__(self, address: str | None = None, *, timeout: float = 60.0, connect_timeout: float = 10.0,

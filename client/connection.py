@@ -3,18 +3,13 @@
 import grpc
 from grpc_health.v1 import health_pb2
 
-from memd.defaults import runtime_dir
+from memd.defaults import default_modeld_address  # noqa: F401  (re-exported for the client's users)
 
 # Prompts and outputs travel as token ids: lift gRPC's 4 MiB receive limit.
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
 # Sent with wait_for_ready to wait, up to the connect timeout, until the server is reachable.
 CONNECTION_PROBE = health_pb2.HealthCheckRequest()
-
-
-def default_modeld_address() -> str:
-    """modeld's owner-only Unix socket, beside memd's."""
-    return f"unix://{runtime_dir() / 'modeld.sock'}"
 
 
 def probe_reached_server(exc: grpc.RpcError) -> bool:

@@ -25,6 +25,10 @@ class NotFound(ClientError):
     """The named object (e.g. a request id) does not exist."""
 
 
+class AlreadyExists(ClientError):
+    """The object to create exists already (e.g. a request id that is running)."""
+
+
 class ResourceExhausted(ClientError):
     """The server has no room for the request now (KV pages, queue)."""
 
@@ -52,6 +56,7 @@ class Internal(ClientError):
 ERROR_CLASSES = {
     "INVALID_ARGUMENT": InvalidArgument,
     "NOT_FOUND": NotFound,
+    "ALREADY_EXISTS": AlreadyExists,
     "RESOURCE_EXHAUSTED": ResourceExhausted,
     "FAILED_PRECONDITION": FailedPrecondition,
     "UNAVAILABLE": Unavailable,

@@ -9,6 +9,7 @@ newest running request (its slots are released and it is recomputed later from i
 prompt and the tokens it already produced, so its greedy output does not change).
 """
 
+import logging
 from collections import deque
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ import grpc
 
 from memd.attach import MemdSession
 from modeld.request import Finish, Request
+
+log = logging.getLogger("modeld")
 
 
 @dataclass
@@ -122,6 +125,7 @@ class Scheduler:
         victim.computed = 0
         self.waiting.appendleft(victim)
         self.preemptions += 1
+        log.info("preempted %s after %d tokens to free KV (preemptions=%d)", victim.rid, len(victim.all_ids), self.preemptions)
 
     def _give_up(self, req: Request) -> Request:
         """The pool cannot hold this request even alone."""

@@ -97,3 +97,33 @@ def memd_args(*, draft: pathlib.Path | None = None, ratio: float = 1.0, window: 
     if strict:
         args.append("--strict")
     return args
+
+
+@contextlib.contextmanager
+def run_modeld(memd: MemdProcess, *args: str, device: str = "cpu", ready_timeout: float = 180):
+    """modeld attached to `memd`, on a Unix socket beside memd's; stopped with SIGTERM afterwards."""
+    folder = pathlib.Path(memd.address[len("unix://"):]).parent
+    address = f"unix://{folder / 'modeld.sock'}"
+    log_path = folder / "modeld.log"
+    cmd = [sys.executable, "-m", "modeld", "--device", device, "--memd", memd.address, "--listen", address, *args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while "modeld ready" not in log_path.read_text():
+            if proc.poll() is not None:
+                raise RuntimeError(f"modeld exited with {proc.returncode}:\n{log_path.read_text()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"modeld did not start:\n{log_path.read_text()}")
+            time.sleep(0.1)
+        proc.address, proc.log_path = address, log_path
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -32,7 +32,7 @@ def _store_kv_kernel(
         return
     if TRANSLATE:
         slot = tl.load(mapping + slot).to(tl.int64)
-        if slot < 0:
+        if slot <= 0:
             return
     offs = tl.program_id(1) * TILE + tl.arange(0, TILE)
     in_row = offs < row_elems

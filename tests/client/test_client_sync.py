@@ -93,6 +93,7 @@ def test_half_streamed_generate_is_never_retried(fake_modeld):
 
 @pytest.mark.parametrize("code, error_class", [
     (grpc.StatusCode.NOT_FOUND, errors.NotFound),
+    (grpc.StatusCode.ALREADY_EXISTS, errors.AlreadyExists),
     (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.ResourceExhausted),
     (grpc.StatusCode.FAILED_PRECONDITION, errors.FailedPrecondition),
     (grpc.StatusCode.PERMISSION_DENIED, errors.ClientError),
