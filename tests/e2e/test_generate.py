@@ -9,18 +9,24 @@ import time
 import pytest
 
 import client
-from tests.daemons import memd_args, run_memd, run_modeld
+from tests.daemons import cuda_available, run_memd, run_modeld
 
 MAX_NEW = 24
+GPU = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
+SETUPS = [pytest.param(("cpu", 1), id="cpu-page1"), pytest.param(("cpu", 64), id="cpu-page64"),
+          pytest.param(("cuda", 1), id="cuda-page1", marks=GPU), pytest.param(("cuda", 64), id="cuda-page64", marks=GPU)]
 
 
-@pytest.fixture(scope="module", params=[1, 64], ids=["page1", "page64"])
+@pytest.fixture(scope="module", params=SETUPS)
 def daemons(request, default_model):
-    args = ["--page-size", str(request.param), "--max-running-requests", "8", "--max-total-tokens", "8192",
-            "--draft-model", "none", "--kv-cache-dtype", "float32", "--strict"]
-    with run_memd(default_model, *args) as memd, run_modeld(memd, "--target-model", str(default_model)) as modeld:
+    device, page = request.param
+    dtype = "float32" if device == "cpu" else "bfloat16"
+    args = ["--page-size", str(page), "--max-running-requests", "8", "--max-total-tokens", "8192",
+            "--draft-model", "none", "--kv-cache-dtype", dtype, "--strict"]
+    with run_memd(default_model, *args, device=device) as memd, \
+            run_modeld(memd, "--target-model", str(default_model), device=device) as modeld:
         with client.Client(modeld.address, timeout=300) as c:
-            yield memd, modeld, c
+            yield memd, modeld, c, device
 
 
 @pytest.fixture(autouse=True)
@@ -31,46 +37,52 @@ def pools_free_after(daemons):
     assert cap.target.free == cap.target.total and cap.running_requests == 0, cap
 
 
-def test_greedy_matches_hf_one_at_a_time(daemons, chat_ids, hf_greedy):
-    c = daemons[2]
+def test_greedy_matches_hf_one_at_a_time(daemons, chat_ids, assert_greedy_equal):
+    c, device = daemons[2], daemons[3]
     for ids in chat_ids[:4]:
         result = c.generate(input_ids=ids, max_new_tokens=MAX_NEW, temperature=0)
-        assert list(result.output_ids) == hf_greedy(ids, MAX_NEW)
+        assert_greedy_equal(list(result.output_ids), ids, MAX_NEW, device)
         assert result.prompt_tokens == len(ids) and result.completion_tokens == len(result.output_ids)
         assert result.finish_reason in ("stop", "length")
 
 
-def test_greedy_matches_hf_eight_concurrent(daemons, chat_ids, hf_greedy):
-    c = daemons[2]
+def test_greedy_matches_hf_eight_concurrent(daemons, chat_ids, assert_greedy_equal):
+    c, device = daemons[2], daemons[3]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda ids: c.generate(input_ids=ids, max_new_tokens=MAX_NEW, temperature=0), chat_ids))
     for ids, result in zip(chat_ids, results):
-        assert list(result.output_ids) == hf_greedy(ids, MAX_NEW)
+        assert_greedy_equal(list(result.output_ids), ids, MAX_NEW, device)
 
 
-def test_text_prompt_with_chat_template(daemons, chat_ids, hf_greedy):
+def test_text_prompt_with_chat_template(daemons, chat_ids):
     c = daemons[2]
-    result = c.generate("What is the capital of France?", chat=True, max_new_tokens=MAX_NEW, temperature=0)
-    assert list(result.output_ids) == hf_greedy(chat_ids[0], MAX_NEW)
-    assert "Paris" in result.text
+    by_text = c.generate("What is the capital of France?", chat=True, max_new_tokens=MAX_NEW, temperature=0)
+    by_ids = c.generate(input_ids=chat_ids[0], max_new_tokens=MAX_NEW, temperature=0)
+    assert by_text.output_ids == by_ids.output_ids and by_text.prompt_tokens == len(chat_ids[0])
+    assert by_text.text == by_ids.text and by_text.text.strip()
 
 
-def test_stream_yields_the_same_tokens(daemons, chat_ids, hf_greedy):
-    c = daemons[2]
+def test_stream_yields_the_same_tokens(daemons, chat_ids, assert_greedy_equal):
+    c, device = daemons[2], daemons[3]
     ids = chat_ids[1]
     with c.stream(input_ids=ids, max_new_tokens=MAX_NEW, temperature=0) as handle:
         chunks = list(handle)
     result = handle.result
-    assert [t for chunk in chunks for t in chunk.token_ids] == list(result.output_ids) == hf_greedy(ids, MAX_NEW)
+    assert [t for chunk in chunks for t in chunk.token_ids] == list(result.output_ids)
+    assert result.output_ids == c.generate(input_ids=ids, max_new_tokens=MAX_NEW, temperature=0).output_ids
+    assert_greedy_equal(list(result.output_ids), ids, MAX_NEW, device)
     assert "".join(chunk.text for chunk in chunks) == result.text
     assert len(chunks) > 1
 
 
-def test_stop_string_cuts_the_text(daemons):
+def test_stop_string_cuts_the_text(daemons, chat_ids):
     c = daemons[2]
-    result = c.generate("What is the capital of France?", chat=True, max_new_tokens=MAX_NEW, temperature=0, stop=["Paris"])
-    assert result.finish_reason == "stop" and result.matched_stop == "Paris"
-    assert result.text == "The capital of France is "
+    full = c.generate(input_ids=chat_ids[0], max_new_tokens=MAX_NEW, temperature=0, ignore_eos=True).text
+    words = full.split()
+    stop = words[len(words) // 2]  # a word from the middle of the model's own answer
+    result = c.generate(input_ids=chat_ids[0], max_new_tokens=MAX_NEW, temperature=0, ignore_eos=True, stop=[stop])
+    assert result.finish_reason == "stop" and result.matched_stop == stop
+    assert result.text == full[: full.index(stop)]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -94,7 +106,7 @@ def test_invalid_input_gets_invalid_argument(daemons, kwargs, message):
 
 
 def test_cancelled_stream_frees_its_slots(daemons):
-    memd, _, c = daemons
+    memd, _, c, _ = daemons
     handle = c.stream("Tell me a long story.", max_new_tokens=2000, temperature=0, ignore_eos=True)
     chunks = iter(handle)
     next(chunks), next(chunks)

@@ -1,20 +1,10 @@
-"""Kernel tests: every Triton kernel against its torch reference, on CPU through Triton's interpreter, on CUDA compiled.
-
-TRITON_INTERPRET must be set before a kernel is *defined* (triton.jit reads it when modeld.kernels.* is imported), so it
-is set here at import time: pytest imports this conftest before any test module of this folder. It is set only when
-there is no GPU (and an explicit setting is respected): on a GPU machine the CUDA cases must run compiled kernels.
-The setting is process-wide, but it can only change how Triton kernels run, and without a GPU they can run no other
-way, so other test folders are not slowed. (Modules imported before this conftest keep compiled kernels; nothing
-outside tests/kernels imports modeld.kernels today.)
-"""
+"""Kernel tests: every Triton kernel against its torch reference, on CPU through Triton's interpreter
+(TRITON_INTERPRET is set in tests/conftest.py when there is no GPU), on CUDA compiled."""
 
 import os
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -905,7 +905,6 @@ def test_steady_decode_keeps_the_draft_window_bounded(P):
     base = mgr.sessions["s"]["r"].length
     mgr.step("s", Release(trims=("r",)), grows=[("r", block)])
     for i in range(40 * P // block):
-        req = mgr.sessions["s"]["r"]
         keep = base + (i % (block + 1))
         if keep + block > 40 * P:
             break
