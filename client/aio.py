@@ -16,8 +16,8 @@ from client.connection import (
 )
 from client.messages import (
     Chunk,
-    GenerateProgress,
     GenerateResult,
+    StreamState,
     build_generate_request,
     proto_to_dict,
     serving_status_name,
@@ -116,37 +116,12 @@ class AsyncClient:
         self._connected = True
 
 
-class AsyncStreamHandle:
+class AsyncStreamHandle(StreamState):
     """One Generate stream, as client.client.StreamHandle but for `async for` and `async with`.
 
     Leaving an `async with` block early cancels the RPC at once; an abandoned iteration is
     cancelled when the event loop finalizes it.
     """
-
-    def __init__(self, client: AsyncClient, request: modeld_pb2.GenerateRequest, budget: CallBudget):
-        self._client = client
-        self._request = request
-        self._budget = budget
-        self._progress = GenerateProgress()
-        self._call = None
-        self._cancelled = False
-        self._chunks = self._receive()
-
-    @property
-    def result(self) -> GenerateResult | None:
-        """The complete message's fields; None until the stream has ended."""
-        return self._progress.result
-
-    @property
-    def request_id(self) -> str:
-        """modeld's id for the request; "" before the first message."""
-        return self._progress.request_id
-
-    def cancel(self) -> None:
-        """Cancel the RPC; the iteration then ends quietly with `result` None."""
-        self._cancelled = True
-        if self._call is not None:
-            self._call.cancel()
 
     def __aiter__(self) -> AsyncIterator[Chunk]:
         return self._chunks

@@ -16,8 +16,8 @@ from client.connection import (
 )
 from client.messages import (
     Chunk,
-    GenerateProgress,
     GenerateResult,
+    StreamState,
     build_generate_request,
     proto_to_dict,
     serving_status_name,
@@ -124,7 +124,7 @@ class Client:
         self._connected = True
 
 
-class StreamHandle:
+class StreamHandle(StreamState):
     """One Generate stream.
 
     Iterate it (once) for Chunk items; when the iteration ends, `result` holds the GenerateResult.
@@ -132,31 +132,6 @@ class StreamHandle:
     a `with` block early, or closing the iteration cancels the RPC, so modeld aborts the request; a
     stream cancelled by cancel() ends its iteration quietly and keeps `result` None.
     """
-
-    def __init__(self, client: Client, request: modeld_pb2.GenerateRequest, budget: CallBudget):
-        self._client = client
-        self._request = request
-        self._budget = budget
-        self._progress = GenerateProgress()
-        self._call = None
-        self._cancelled = False
-        self._chunks = self._receive()
-
-    @property
-    def result(self) -> GenerateResult | None:
-        """The complete message's fields; None until the stream has ended."""
-        return self._progress.result
-
-    @property
-    def request_id(self) -> str:
-        """modeld's id for the request; "" before the first message."""
-        return self._progress.request_id
-
-    def cancel(self) -> None:
-        """Cancel the RPC (safe from any thread, and after the end)."""
-        self._cancelled = True
-        if self._call is not None:
-            self._call.cancel()
 
     def __iter__(self) -> Iterator[Chunk]:
         return self._chunks

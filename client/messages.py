@@ -145,3 +145,34 @@ def field_value(field, value):
 def serving_status_name(reply: health_pb2.HealthCheckResponse) -> str:
     """SERVING, NOT_SERVING, SERVICE_UNKNOWN or UNKNOWN."""
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+class StreamState:
+    """What the sync and asyncio stream handles share: the request, its deadline, the progress
+    of the stream, and cancellation. Subclasses provide `_receive()` (the chunk iterator)."""
+
+    def __init__(self, client, request: modeld_pb2.GenerateRequest, budget):
+        self._client = client
+        self._request = request
+        self._budget = budget
+        self._progress = GenerateProgress()
+        self._call = None
+        self._cancelled = False
+        self._chunks = self._receive()
+
+    @property
+    def result(self) -> "GenerateResult | None":
+        """The complete message's fields; None until the stream has ended."""
+        return self._progress.result
+
+    @property
+    def request_id(self) -> str:
+        """modeld's id for the request; "" before the first message."""
+        return self._progress.request_id
+
+    def cancel(self) -> None:
+        """Cancel the RPC (safe from any thread, and after the end); the iteration then ends
+        quietly with `result` None."""
+        self._cancelled = True
+        if self._call is not None:
+            self._call.cancel()
