@@ -14,6 +14,7 @@ class ModeldConfig:
     target_model: str = ""
     draft_model: str | None = None
     speculative_algorithm: str = "none"
+    num_draft_tokens: int | None = None  # overrides the draft's block size
     load_format: str = "auto"
     dtype: str = "auto"  # auto: memd's KV dtype
     chunked_prefill_size: int = 512
@@ -23,8 +24,12 @@ class ModeldConfig:
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
-        if self.speculative_algorithm != "none":
-            raise ValueError("--speculative-algorithm dflash is not available yet: this modeld decodes plainly")
+        if self.speculative_algorithm not in ("none", "dflash"):
+            raise ValueError(f"unknown --speculative-algorithm {self.speculative_algorithm!r}")
+        if self.speculative_algorithm == "dflash" and not self.draft_model:
+            raise ValueError("--speculative-algorithm dflash needs --draft-model")
+        if self.num_draft_tokens is not None and self.num_draft_tokens < 2:
+            raise ValueError("--num-draft-tokens must be >= 2")
         if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
             raise ValueError(f"bad --dtype {self.dtype!r}")
         if self.chunked_prefill_size < 1:
@@ -38,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", help="unix:///path or 127.0.0.1:PORT (default: an owner-only Unix socket)")
     p.add_argument("--target-model", help="HF folder or .gguf file (default: the project's SmolLM2-135M-Instruct)")
     p.add_argument("--draft-model", help="DFLASH draft folder")
-    p.add_argument("--speculative-algorithm", choices=["none", "dflash"], default="none")
+    p.add_argument("--speculative-algorithm", choices=["none", "dflash"],
+                   help="default: dflash when --draft-model is given, else none")
+    p.add_argument("--num-draft-tokens", type=int, help="DFLASH block size (default: the draft's block_size)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
                    help="auto: memd's KV dtype (memd's --kv-cache-dtype must match any other choice)")
@@ -59,7 +66,8 @@ def config_from_args(argv=None) -> ModeldConfig:
         listen=args.listen or defaults.default_modeld_address(),
         target_model=args.target_model or str(defaults.default_target_dir()),
         draft_model=args.draft_model,
-        speculative_algorithm=args.speculative_algorithm,
+        speculative_algorithm=args.speculative_algorithm or ("dflash" if args.draft_model else "none"),
+        num_draft_tokens=args.num_draft_tokens,
         load_format=args.load_format,
         dtype=args.dtype,
         chunked_prefill_size=args.chunked_prefill_size,

@@ -9,17 +9,22 @@ import grpc
 import torch
 
 from modeld.detokenize import new_text
+from modeld.dflash import DflashWorker, accept
 from modeld.request import Finish, Request
-from modeld.runner import ModelRunner
+from modeld.runner import ModelRunner, StepOutput
 from modeld.sampling import sample
-from modeld.scheduler import Scheduler
+from modeld.scheduler import Scheduler, StepItem
 
 log = logging.getLogger("modeld")
 
 
 class Engine:
-    def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer, eos_ids: set[int], context_len: int):
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer, eos_ids: set[int], context_len: int,
+                 dflash: DflashWorker | None = None, trim_draft: bool = False):
         self.runner = runner
+        self.dflash = dflash
+        self.trim_draft = trim_draft  # bounded draft pool: ask memd to free out-of-window draft slots each step
+        self.spec = {"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
@@ -87,29 +92,90 @@ class Engine:
             self.scheduler.flush_releases()
             return False
         try:
-            sampling, logits = self.runner.forward(items)
+            committed = self._run(items)
         except Exception as exc:  # a bug or a device error: fail the batch, keep serving
-            log.exception("forward failed")
+            log.exception("step failed")
             for item in items:
-                item.req.finish = Finish("abort", error_code="INTERNAL", error=f"forward failed: {exc}")
+                item.req.finish = Finish("abort", error_code="INTERNAL", error=f"step failed: {exc}")
                 self._complete(item.req)
             return True
-        for item in items:
-            item.req.computed += item.num_tokens
-        tokens = sample(logits, [i.req.params for i in sampling], [i.req.generator for i in sampling])
-        for item, token in zip(sampling, tokens):
-            self._append(item.req, token)
+        for item, tokens in committed:
+            if tokens:
+                self._append(item.req, tokens)
         return True
 
-    def _append(self, req: Request, token: int) -> None:
-        req.output_ids.append(token)
+    def _run(self, items: list[StepItem]) -> list[tuple[StepItem, list[int]]]:
+        """Draft (DFLASH), one target forward, sampling, acceptance: the tokens each item commits."""
+        verify = [item for item in items if item.verify]
+        if verify:
+            t = self.runner.tensor
+            drafts = self.dflash.propose(t([i.row for i in verify]), t([i.req.computed for i in verify]),
+                                         t([i.req.all_ids[i.req.computed] for i in verify]))
+            for item, proposed in zip(verify, drafts):
+                item.tokens = [item.req.all_ids[item.req.computed]] + proposed
+        out = self.runner.forward(items, capture=self.dflash.taps if self.dflash else ())
+        counts = [item.num_tokens if item.verify else int(item.num_tokens == item.req.pending) for item in items]
+        rows = [off + item.num_tokens - n + j for item, off, n in zip(items, out.offsets, counts) for j in range(n)]
+        owners = [item for item, n in zip(items, counts) for _ in range(n)]
+        sampled = []
+        if rows:
+            logits = self.runner.model.logits(out.hidden[self.runner.tensor(rows)])
+            sampled = sample(logits, [o.req.params for o in owners], [o.req.generator for o in owners])
+        if self.dflash is not None:
+            self._write_plain_context([i for i in items if not i.verify], items, out)
+        results, at, lengths = [], 0, []
+        for item, n in zip(items, counts):
+            tokens = sampled[at : at + n]
+            at += n
+            if item.verify:
+                tokens = accept(item.tokens[1:], tokens)
+                lengths.append(len(tokens))
+                self._count_verify(item.req, len(tokens))
+                item.req.computed += len(tokens)  # the block's first token and the accepted drafts
+                self.scheduler.commit(item.req, item.req.computed)
+            else:
+                item.req.computed += item.num_tokens
+            if self.trim_draft:
+                self.scheduler.trim(item.req)
+            results.append((item, tokens))
+        if verify:
+            self._write_committed(verify, items, out, lengths)
+        return results
+
+    def _count_verify(self, req: Request, committed: int) -> None:
+        req.spec_verify_ct += 1
+        self.spec["spec_drafts"] += 1
+        self.spec["spec_draft_tokens"] += self.dflash.block - 1
+        self.spec["spec_accepted_tokens"] += committed - 1
+
+    def _item_rows(self, chosen, items, out) -> torch.Tensor:
+        offsets = {id(item): off for item, off in zip(items, out.offsets)}
+        return self.runner.tensor([offsets[id(i)] + j for i in chosen for j in range(i.num_tokens)])
+
+    def _write_plain_context(self, plain, items, out: StepOutput) -> None:
+        if plain:
+            rows = self._item_rows(plain, items, out)
+            self.dflash.write_context([c[rows] for c in out.captured], out.positions[rows], out.slots[rows])
+
+    def _write_committed(self, verify, items, out: StepOutput, lengths: list[int]) -> None:
+        rows = self._item_rows(verify, items, out)
+        slots_2d = out.slots[rows].reshape(len(verify), -1)
+        self.dflash.write_committed([c[rows] for c in out.captured], out.positions[rows], slots_2d,
+                                    self.runner.tensor(lengths))
+
+    def _append(self, req: Request, tokens: list[int]) -> None:
+        """Commit tokens to the output, stopping at the first that finishes the request."""
         p = req.params
-        if not p.ignore_eos and token in self.eos_ids:
-            req.finish = Finish("stop")
-        elif token in p.stop_token_ids:
-            req.finish = Finish("stop", matched_stop=str(token))
-        elif len(req.output_ids) >= p.max_new_tokens or len(req.all_ids) >= self.context_len:
-            req.finish = Finish("length")
+        for token in tokens:
+            req.output_ids.append(token)
+            if not p.ignore_eos and token in self.eos_ids:
+                req.finish = Finish("stop")
+            elif token in p.stop_token_ids:
+                req.finish = Finish("stop", matched_stop=str(token))
+            elif len(req.output_ids) >= p.max_new_tokens or len(req.all_ids) >= self.context_len:
+                req.finish = Finish("length")
+            if req.finish is not None:
+                break
         text, stop = new_text(self.tokenizer, req)
         if stop is not None:
             req.finish = stop

@@ -141,12 +141,12 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(batch.input_ids)
         cos, sin = self.model.rotary_emb(x, batch.positions[None, :])
         cos, sin = cos[0], sin[0]
-        captured = []
+        captured = {}
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, batch, kv_pool[i, 0], kv_pool[i, 1])
             if i in capture_layers:
-                captured.append(x)
-        return self.model.norm(x), captured
+                captured[i] = x
+        return self.model.norm(x), [captured[i] for i in capture_layers]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,20 @@
-"""Turns a scheduled step into one forward over memd's pools and returns the logits to sample."""
+"""Turns a scheduled step into one forward over memd's pools."""
+
+from dataclasses import dataclass
 
 import torch
 
 from modeld.model import CausalLM, ForwardBatch
 from modeld.scheduler import StepItem
+
+
+@dataclass
+class StepOutput:
+    hidden: torch.Tensor  # [T, hidden]: the final hidden state of every token of the step
+    captured: list[torch.Tensor]  # per tapped layer [T, hidden] (DFLASH)
+    offsets: list[int]  # first row of each item in `hidden`
+    positions: torch.Tensor  # [T]
+    slots: torch.Tensor  # [T] target slots
 
 
 class ModelRunner:
@@ -13,28 +24,28 @@ class ModelRunner:
         self.req_to_token = pools["req_to_token"]
         self.device = device
 
-    def forward(self, items: list[StepItem]) -> tuple[list[StepItem], torch.Tensor]:
-        """Computes K/V of every item's new tokens; returns the items that reach their last
-        token this step and the fp32 logits at that token, one row each."""
-        ids, positions, slots, sample_at = [], [], [], []
+    def tensor(self, values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+    def forward(self, items: list[StepItem], capture=()) -> StepOutput:
+        """Computes (and stores) the K/V of every item's new tokens: an item's tokens are its
+        block (`item.tokens`, DFLASH verification) or its request's next tokens."""
+        ids, positions, slots, offsets = [], [], [], []
         for item in items:
             start = item.req.computed
-            ids += item.req.all_ids[start : start + item.num_tokens]
+            offsets.append(len(ids))
+            ids += item.tokens if item.tokens is not None else item.req.all_ids[start : start + item.num_tokens]
             positions += range(start, start + item.num_tokens)
             slots += item.slots
-            if item.num_tokens == item.req.pending:
-                sample_at.append(len(ids) - 1)
-        as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)  # noqa: E731
         batch = ForwardBatch(
-            input_ids=as_tensor(ids),
-            positions=as_tensor(positions),
-            out_slots=as_tensor(slots),
-            rows=as_tensor([i.row for i in items]),
-            q_starts=as_tensor([i.req.computed for i in items]),
-            q_lens=as_tensor([i.num_tokens for i in items]),
-            kv_lens=as_tensor([i.req.computed + i.num_tokens for i in items]),
+            input_ids=self.tensor(ids),
+            positions=self.tensor(positions),
+            out_slots=self.tensor(slots),
+            rows=self.tensor([i.row for i in items]),
+            q_starts=self.tensor([i.req.computed for i in items]),
+            q_lens=self.tensor([i.num_tokens for i in items]),
+            kv_lens=self.tensor([i.req.computed + i.num_tokens for i in items]),
             req_to_token=self.req_to_token,
         )
-        hidden, _ = self.model(batch, self.kv_pool)
-        sampling = [item for item in items if item.num_tokens == item.req.pending]
-        return sampling, self.model.logits(hidden[as_tensor(sample_at)])
+        hidden, captured = self.model(batch, self.kv_pool, capture_layers=capture)
+        return StepOutput(hidden, captured, offsets, batch.positions, batch.out_slots)

@@ -27,16 +27,24 @@ class StepItem:
     num_tokens: int
     row: int
     slots: list[int]  # target slots of the new positions
+    verify: bool = False  # a DFLASH block: [last token, drafts], set by the engine before the forward
+    tokens: list[int] | None = None  # the block's tokens; None: the request's next tokens
 
 
 class Scheduler:
-    def __init__(self, session: MemdSession, max_running: int, chunk_tokens: int):
+    def __init__(self, session: MemdSession, max_running: int, chunk_tokens: int, context_len: int, block: int = 0):
         self.session = session
         self.max_running = max_running
         self.chunk_tokens = chunk_tokens
+        self.context_len = context_len
+        self.block = block  # DFLASH block size: a decode verifies this many tokens; 0 without speculation
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.releases: list[str] = []  # rids memd still holds slots for, to free on the next call
+        # Releases that ride on the next memd call: finished requests, verified lengths
+        # (the uncommitted speculative tail goes back), and out-of-window draft trims.
+        self.releases: list[str] = []
+        self.commits: dict[str, int] = {}
+        self.trims: set[str] = set()
         self.preemptions = 0
 
     def add(self, req: Request) -> None:
@@ -51,12 +59,30 @@ class Scheduler:
         if req.in_memd:
             self.releases.append(req.rid)
             req.in_memd = False
+        self.commits.pop(req.rid, None)
+        self.trims.discard(req.rid)
+
+    def commit(self, req: Request, length: int) -> None:
+        """After verification: memd keeps positions [0, length) of the request, frees the rest."""
+        self.commits[req.rid] = length
+
+    def trim(self, req: Request) -> None:
+        """Ask memd to free the request's out-of-window draft slots."""
+        self.trims.add(req.rid)
+
+    def _release_args(self) -> dict:
+        return dict(finishes=self.releases, commits=list(self.commits.items()), trims=sorted(self.trims))
+
+    def _released(self) -> None:
+        self.releases.clear()
+        self.commits.clear()
+        self.trims.clear()
 
     def flush_releases(self) -> None:
         """Idle: nothing to batch the releases with, so free them now."""
-        if self.releases:
-            self.session.free(finishes=self.releases)
-            self.releases.clear()
+        if self.releases or self.commits or self.trims:
+            self.session.free(**self._release_args())
+            self._released()
 
     def next_step(self) -> tuple[list[StepItem], list[Request]]:
         """The batch of this step, and requests that can never fit (to be failed).
@@ -69,16 +95,16 @@ class Scheduler:
             if plan:
                 try:
                     answer = self.session.alloc(
-                        extends=[(r.rid, r.computed, n) for r, n in plan if not r.in_memd or n > 1],
-                        grows=[(r.rid, n) for r, n in plan if r.in_memd and n == 1],
-                        finishes=self.releases,
+                        extends=[(r.rid, r.computed, n) for r, n, decode in plan if not decode],
+                        grows=[(r.rid, n) for r, n, decode in plan if decode],
+                        **self._release_args(),
                     )
                 except grpc.RpcError as exc:
                     if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                         raise
                     self.waiting.extendleft(reversed(admitted))
                 else:
-                    self.releases.clear()
+                    self._released()
                     return self._commit(plan, admitted, answer), hopeless
             elif level == 0 or not self.running:
                 return [], hopeless
@@ -89,15 +115,20 @@ class Scheduler:
             else:
                 hopeless.append(self._give_up(self.running[0]))
 
-    def _plan(self, level: int) -> tuple[list[tuple[Request, int]], list[Request]]:
-        plan = [(r, 1) for r in self.running if r.pending == 1]
+    def _decode_tokens(self, r: Request) -> int:
+        """A decode computes the last token; with DFLASH it verifies a whole block when it fits."""
+        return self.block if self.block and r.computed + self.block <= self.context_len else 1
+
+    def _plan(self, level: int) -> tuple[list[tuple[Request, int, bool]], list[Request]]:
+        """(request, tokens, is_decode) for this step, and the requests newly admitted."""
+        plan = [(r, self._decode_tokens(r), True) for r in self.running if r.pending == 1]
         if level == 2:
             return plan, []
         budget = self.chunk_tokens
         for r in self.running:
             if r.pending > 1 and budget > 0:
                 take = min(r.pending, budget)
-                plan.append((r, take))
+                plan.append((r, take, False))
                 budget -= take
         admitted = []
         while level == 0 and self.waiting and len(self.running) + len(admitted) < self.max_running and budget > 0:
@@ -105,7 +136,7 @@ class Scheduler:
                 break  # preempted this step: memd frees its old slots first
             r = self.waiting.popleft()
             take = min(r.pending, budget)
-            plan.append((r, take))
+            plan.append((r, take, False))
             admitted.append(r)
             budget -= take
         return plan, admitted
@@ -115,12 +146,15 @@ class Scheduler:
         for r in admitted:
             r.in_memd = True
             self.running.append(r)
-        return [StepItem(r, n, slots[r.rid].row, list(slots[r.rid].target_slots)) for r, n in plan]
+        return [StepItem(r, n, slots[r.rid].row, list(slots[r.rid].target_slots), verify=decode and n > 1)
+                for r, n, decode in plan]
 
     def _preempt(self, victim: Request) -> None:
         """Release the victim's slots; it is recomputed from its tokens when it is admitted again."""
         self.running.remove(victim)
         self.releases.append(victim.rid)
+        self.commits.pop(victim.rid, None)
+        self.trims.discard(victim.rid)
         victim.in_memd = False
         victim.computed = 0
         self.waiting.appendleft(victim)

@@ -14,6 +14,8 @@ from grpc_reflection.v1alpha import reflection
 
 from memd.attach import MemdSession
 from modeld.config import ModeldConfig, config_from_args
+from modeld.dflash import DflashWorker
+from modeld.draft import DraftError, load_draft
 from modeld.engine import Engine
 from modeld.loader import load_target
 from modeld.runner import ModelRunner
@@ -50,19 +52,45 @@ def check_layout(layout, hf_config, dtype: str) -> None:
         raise StartupError(f"memd's KV dtype is {layout.kv_dtype} but modeld runs {dtype}: start memd with --kv-cache-dtype {dtype}")
 
 
+def make_dflash(cfg: ModeldConfig, layout, model, hf_config, dtype: str, pools) -> DflashWorker:
+    """Load the draft and check it against memd's draft pool."""
+    import torch
+
+    if not layout.has_draft:
+        raise StartupError("memd has no draft pool: start memd with --draft-model")
+    draft = load_draft(cfg.draft_model, hf_config, getattr(torch, dtype), cfg.device, cfg.num_draft_tokens)
+    d, g = layout.draft, draft.config
+    if (d.layers, d.kv_heads, d.head_dim) != (g.num_hidden_layers, g.num_key_value_heads, g.head_dim):
+        raise StartupError(f"memd's draft pool is (layers, kv_heads, head_dim) = {(d.layers, d.kv_heads, d.head_dim)}, "
+                           f"the draft needs {(g.num_hidden_layers, g.num_key_value_heads, g.head_dim)}")
+    if layout.draft_kv_ratio < 1:
+        if None in draft.spec.windows:
+            raise StartupError("a draft with full-attention layers reads every position: it needs memd at --draft-kv-ratio 1")
+        if layout.draft_window < max(draft.spec.windows) - 1:
+            raise StartupError(f"memd keeps a draft window of {layout.draft_window} tokens, the draft reads "
+                               f"{max(draft.spec.windows) - 1}: start memd with --draft-window >= that")
+        if draft.spec.block_size > layout.draft_block_size:
+            raise StartupError(f"memd sized its request cap for blocks of {layout.draft_block_size}, "
+                               f"modeld would verify {draft.spec.block_size}")
+    return DflashWorker(draft, model, pools)
+
+
 def serve(cfg: ModeldConfig) -> int:
     session = attach(cfg)
     layout = session.layout
     dtype = layout.kv_dtype if cfg.dtype == "auto" else cfg.dtype
     model, tokenizer, hf_config = load_target(cfg.target_model, dtype, cfg.device, cfg.load_format)
     check_layout(layout, hf_config, dtype)
-    pools = {name: tensor.to(cfg.device) if cfg.device == "cpu" else tensor for name, tensor in session.map().items()}
-    scheduler = Scheduler(session, layout.max_running_requests, cfg.chunked_prefill_size)
+    pools = session.map()
+    worker = make_dflash(cfg, layout, model, hf_config, dtype, pools) if cfg.speculative_algorithm == "dflash" else None
+    scheduler = Scheduler(session, layout.max_running_requests, cfg.chunked_prefill_size, layout.context_len,
+                          worker.block if worker else 0)
     engine = Engine(ModelRunner(model, pools, cfg.device), scheduler, tokenizer,
-                    eos_token_ids(tokenizer, hf_config, cfg.target_model), layout.context_len)
+                    eos_token_ids(tokenizer, hf_config, cfg.target_model), layout.context_len,
+                    dflash=worker, trim_draft=worker is not None and layout.draft_kv_ratio < 1)
     info = dict(
         target_model=cfg.target_model, draft_model=cfg.draft_model or "", dtype=dtype, device=cfg.device,
-        speculative_algorithm=cfg.speculative_algorithm, block_size=layout.draft_block_size,
+        speculative_algorithm=cfg.speculative_algorithm, block_size=worker.block if worker else 0,
         draft_window=layout.draft_window, draft_kv_ratio=layout.draft_kv_ratio, page_size=layout.page_size,
         max_running_requests=layout.max_running_requests, context_len=layout.context_len,
         target_tokens=layout.target.tokens, draft_tokens=layout.draft.tokens, vocab_size=hf_config.vocab_size,
@@ -122,5 +150,5 @@ def main(argv=None) -> None:
     logging.basicConfig(level=cfg.log_level, format="%(asctime)s modeld %(levelname)s %(message)s", stream=sys.stderr)
     try:
         sys.exit(serve(cfg))
-    except (StartupError, FileNotFoundError, ValueError) as exc:
+    except (StartupError, DraftError, FileNotFoundError, ValueError) as exc:
         sys.exit(f"modeld: error: {exc}")

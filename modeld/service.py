@@ -114,7 +114,7 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         return modeld_pb2.AbortResponse(found=found)
 
     def GetInfo(self, request, context):
-        return modeld_pb2.GetInfoResponse(**self.info)
+        return modeld_pb2.GetInfoResponse(**self.info, **self.engine.spec)
 
     def Capacity(self, request, context):
         try:

@@ -1,0 +1,97 @@
+"""DFLASH speculative decoding over memd's pools: the draft block, the acceptance rule, and the
+draft KV of committed tokens.
+
+Per request, with L positions holding target K/V and the last committed token t (not yet
+through the target):
+  1. propose: the draft block [t, mask x (B-1)] at positions L..L+B-1 reads the draft KV
+     context (its window, through the target->draft mapping) and predicts d_1..d_{B-1}
+     (greedy: the one-hot draft).
+  2. verify: the target runs [t, d_1..d_{B-1}] in one forward and yields a token y_i at every
+     position (argmax, or a sample of the request's own distribution).
+  3. accept: the longest prefix with d_i == y_{i-1}, then the bonus y_a. With a one-hot draft this
+     is exactly speculative rejection sampling (accept d with probability p(d); on rejection the
+     target's sample conditioned on != d is the residual), so the output distribution is the
+     target's: lossless for greedy and for sampling alike.
+  4. commit: positions L..L+a keep their target K/V (memd releases the rest of the block); their
+     tapped hidden states become draft K/V at the translated draft slots (prefix-valid write).
+     The block's own draft K/V is never stored.
+"""
+
+import torch
+
+from modeld.draft import DFlashDraft
+from modeld.kernels.kv_write import store_kv_prefix_valid, store_kv_translated
+from modeld.model import CausalLM
+
+
+def accept(drafts: list[int], target: list[int]) -> list[int]:
+    """Tokens committed by a verified block: drafts d_1..d_{B-1}, target tokens y_0..y_{B-1}
+    (y_i follows position L+i). The accepted drafts, then the bonus."""
+    a = 0
+    while a < len(drafts) and drafts[a] == target[a]:
+        a += 1
+    return drafts[:a] + [target[a]]
+
+
+class DflashWorker:
+    def __init__(self, draft: DFlashDraft, target: CausalLM, pools: dict[str, torch.Tensor]):
+        self.draft = draft
+        self.target = target
+        self.draft_kv = pools["draft_kv"]  # [draft layers, 2, rows, kv_heads, head_dim]
+        self.mapping = pools["target_to_draft"]
+        self.req_to_token = pools["req_to_token"]
+        self.block = draft.spec.block_size
+        self.taps = draft.spec.target_layer_ids
+
+    def write_context(self, captured: list[torch.Tensor], positions: torch.Tensor, target_slots: torch.Tensor) -> None:
+        """Draft K/V of tokens the target just computed (prefill, plain decode), at their
+        translated draft slots; positions without a draft slot are skipped."""
+        taps = torch.cat(captured, dim=-1)
+        for layer, (k, v) in enumerate(self.draft.context_kv(taps, positions)):
+            store_kv_translated(self.draft_kv[layer, 0], self.draft_kv[layer, 1], target_slots, self.mapping, k, v)
+
+    def write_committed(self, captured_rows: list[torch.Tensor], positions, slots_2d, commit_lens) -> None:
+        """Draft K/V of the committed prefix of each verified block: rows [N, B] of taps."""
+        taps = torch.cat(captured_rows, dim=-1)  # [N * B, K * hidden]
+        n, b = slots_2d.shape
+        for layer, (k, v) in enumerate(self.draft.context_kv(taps, positions.reshape(-1))):
+            store_kv_prefix_valid(self.draft_kv[layer, 0], self.draft_kv[layer, 1], slots_2d, commit_lens,
+                                  k.reshape(n, b, *k.shape[1:]), v.reshape(n, b, *v.shape[1:]), mapping=self.mapping)
+
+    @torch.inference_mode()
+    def propose(self, rows: torch.Tensor, starts: torch.Tensor, last_tokens: torch.Tensor) -> list[list[int]]:
+        """Greedy drafts d_1..d_{B-1} for N requests (rows of req_to_token, L, t)."""
+        n, b = len(rows), self.block
+        offsets = torch.arange(b, device=rows.device)
+        positions = starts[:, None] + offsets  # [N, B]
+        block_ids = torch.full((n, b), self.draft.spec.mask_token_id, dtype=torch.int64, device=rows.device)
+        block_ids[:, 0] = last_tokens
+        embeds = self.target.model.embed_tokens(block_ids)
+        contexts, cache = [], {}
+        for layer, window in enumerate(self.draft.spec.windows):
+            if window not in cache:
+                cache[window] = self._context_slots(rows, starts, positions, window)
+            slots, valid, visible = cache[window]
+            keep = valid[:, :, None, None]  # never let a sink row (slot 0) into the block, even masked
+            k = torch.where(keep, self.draft_kv[layer, 0][slots], 0)
+            v = torch.where(keep, self.draft_kv[layer, 1][slots], 0)
+            contexts.append((k, v, visible))
+        hidden = self.draft.block_hidden(embeds, positions, contexts)
+        return self.target.logits(hidden[:, 1:]).argmax(dim=-1).tolist()
+
+    def _context_slots(self, rows, starts, positions, window):
+        """Draft slots of the context positions the block may see, and which each query sees:
+        all positions before L (full attention), or those within `window` of the query (HF
+        sliding semantics: query t sees p when t - p < window). Unmapped positions are never read."""
+        first = starts - window + 1 if window is not None else torch.zeros_like(starts)
+        first = first.clamp(min=0)
+        width = int((starts - first).max())
+        pos = first[:, None] + torch.arange(width, device=rows.device)  # [N, C]
+        valid = pos < starts[:, None]
+        safe = torch.where(valid, pos, torch.zeros_like(pos))
+        slots = self.mapping[self.req_to_token[rows[:, None], safe].long()].long()
+        valid &= slots > 0
+        visible = valid[:, None, :].expand(-1, positions.shape[1], -1)
+        if window is not None:
+            visible = visible & (positions[:, :, None] - pos[:, None, :] < window)
+        return torch.where(valid, slots, torch.zeros_like(slots)), valid, visible
