@@ -146,7 +146,10 @@ class CausalLM(nn.Module):
             x = layer(x, cos, sin, batch, kv_pool[i, 0], kv_pool[i, 1])
             if i in capture_layers:
                 captured[i] = x
-        return self.model.norm(x), [captured[i] for i in capture_layers]
+        x = self.model.norm(x)
+        # HF's hidden_states[L] (what a tap of the last layer means in the z-lab format) is normed.
+        captured[len(self.model.layers) - 1] = x
+        return x, [captured[i] for i in capture_layers]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
