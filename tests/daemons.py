@@ -50,6 +50,33 @@ class MemdProcess:
         return [p.name for p in pathlib.Path("/dev/shm").glob(f"memd-{self.proc.pid}-*")]
 
 
+def start_daemon(cmd: list[str], log_path: pathlib.Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    with open(log_path, "w") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+
+def wait_ready(proc: subprocess.Popen, log_path: pathlib.Path, marker: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while marker not in log_path.read_text():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[2]} exited with {proc.returncode}:\n{log_path.read_text()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{proc.args[2]} did not start:\n{log_path.read_text()}")
+        time.sleep(0.05)
+
+
+def stop_daemon(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM (a clean shutdown), SIGKILL if it does not stop in time."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @contextlib.contextmanager
 def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: bool = True, ready_timeout: float = 60):
     """memd on a Unix socket in a fresh owner-only folder; stopped with SIGTERM afterwards.
@@ -58,18 +85,10 @@ def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: 
     address = f"unix://{folder / 'memd.sock'}"
     log_path = folder / "memd.log"
     cmd = [sys.executable, "-m", "memd", "--device", device, "--target-model", str(target), "--listen", address, *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    proc = start_daemon(cmd, log_path)
     memd = MemdProcess(proc, address, log_path)
     try:
-        deadline = time.monotonic() + ready_timeout
-        while "memd ready" not in memd.log():
-            if proc.poll() is not None:
-                raise RuntimeError(f"memd exited with {proc.returncode}:\n{memd.log()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"memd did not start:\n{memd.log()}")
-            time.sleep(0.05)
+        wait_ready(proc, log_path, "memd ready", ready_timeout)
         yield memd
         if check_free and proc.poll() is None:
             cap = memd.wait_all_free()
@@ -78,13 +97,7 @@ def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: 
                 assert cap.draft.free == cap.draft.total, f"draft pool not free at test end: {cap}"
     finally:
         memd.channel.close()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_daemon(proc, timeout=10)
 
 
 def memd_args(*, draft: pathlib.Path | None = None, ratio: float = 1.0, window: int | None = None, page: int = 1,
@@ -106,24 +119,10 @@ def run_modeld(memd: MemdProcess, *args: str, device: str = "cpu", ready_timeout
     address = f"unix://{folder / 'modeld.sock'}"
     log_path = folder / "modeld.log"
     cmd = [sys.executable, "-m", "modeld", "--device", device, "--memd", memd.address, "--listen", address, *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    proc = start_daemon(cmd, log_path)
     try:
-        deadline = time.monotonic() + ready_timeout
-        while "modeld ready" not in log_path.read_text():
-            if proc.poll() is not None:
-                raise RuntimeError(f"modeld exited with {proc.returncode}:\n{log_path.read_text()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"modeld did not start:\n{log_path.read_text()}")
-            time.sleep(0.1)
+        wait_ready(proc, log_path, "modeld ready", ready_timeout)
         proc.address, proc.log_path = address, log_path
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_daemon(proc, timeout=30)
