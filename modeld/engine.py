@@ -31,7 +31,9 @@ class Engine:
         self.context_len = context_len
         self.inbox: queue.Queue = queue.Queue()
         self.wake = threading.Event()
-        self.requests: dict[str, Request] = {}
+        self.requests: dict[str, Request] = {}  # the engine thread's own view
+        self.live: dict[str, Request] = {}  # ids from submit() to completion, for the gRPC threads
+        self.live_lock = threading.Lock()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="modeld-engine", daemon=True)
 
@@ -44,13 +46,24 @@ class Engine:
         self.wake.set()
         self.thread.join(timeout=30)
 
-    def submit(self, req: Request) -> None:
-        self.inbox.put(("add", req))
+    def submit(self, req: Request) -> bool:
+        """Queue a request; False when a request with its id is still running."""
+        with self.live_lock:
+            if req.rid in self.live:
+                return False
+            self.live[req.rid] = req
+            self.inbox.put(("add", req))
         self.wake.set()
+        return True
 
-    def abort(self, rid: str) -> None:
-        self.inbox.put(("abort", rid))
+    def abort(self, rid: str) -> bool:
+        """Abort a submitted request (queued after its submit, so never lost); False if unknown."""
+        with self.live_lock:
+            if rid not in self.live:
+                return False
+            self.inbox.put(("abort", rid))
         self.wake.set()
+        return True
 
     def counts(self) -> tuple[int, int]:
         return len(self.scheduler.running), len(self.scheduler.waiting)
@@ -190,6 +203,8 @@ class Engine:
     def _complete(self, req: Request) -> None:
         self.scheduler.remove(req)
         self.requests.pop(req.rid, None)
+        with self.live_lock:
+            self.live.pop(req.rid, None)
         req.events.put(("complete", req))
 
     def _fail_all(self, code: str, message: str, memd_alive: bool) -> None:

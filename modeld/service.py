@@ -30,11 +30,10 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if not self.healthy():
             context.abort(grpc.StatusCode.UNAVAILABLE, "memd is unreachable")
-        if req.rid in self.engine.requests:
+        if not self.engine.submit(req):
             context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request id {req.rid!r} is already running")
         # A client that goes away (cancel, deadline, crash) aborts its request and frees its slots.
         context.add_callback(lambda: req.finish is None and self.engine.abort(req.rid))
-        self.engine.submit(req)
         while True:
             kind, *payload = req.events.get()
             if kind == "chunk":
@@ -108,10 +107,7 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         return list(ids)
 
     def Abort(self, request, context):
-        found = request.request_id in self.engine.requests
-        if found:
-            self.engine.abort(request.request_id)
-        return modeld_pb2.AbortResponse(found=found)
+        return modeld_pb2.AbortResponse(found=self.engine.abort(request.request_id))
 
     def GetInfo(self, request, context):
         return modeld_pb2.GetInfoResponse(**self.info, **self.engine.spec)

@@ -272,6 +272,33 @@ def test_duplicate_request_id_of_a_running_request_gets_already_exists(daemons, 
 
 # ---- 8. memd lost ------------------------------------------------------------------------------
 
+def test_back_to_back_duplicates_and_an_immediate_abort(daemons):
+    """Ids are reserved when a call arrives, not when the engine picks it up: of two requests sent
+    back to back with one id, one runs and the other gets ALREADY_EXISTS, and nothing else is
+    disturbed; an Abort right after a Generate finds the request."""
+    memd, modeld, c = daemons[:3]
+    stub = modeld_pb2_grpc.ModeldStub(grpc.insecure_channel(modeld.address))
+    rid = new_rid("dup")
+    request = build_generate_request("Count to ten.", max_new_tokens=20, temperature=0, request_id=rid)
+
+    def drain(call):
+        try:
+            return [m for m in call][-1].complete.finish_reason
+        except grpc.RpcError as exc:
+            return exc.code()
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(drain, [stub.Generate(request, timeout=60) for _ in range(2)]))
+    assert grpc.StatusCode.ALREADY_EXISTS in outcomes
+    assert [o for o in outcomes if o != grpc.StatusCode.ALREADY_EXISTS][0] in (1, 2)  # STOP or LENGTH: it ran
+    for _ in range(3):
+        rid = new_rid("abort-now")
+        call = stub.Generate(build_generate_request("Tell me a long story.", max_new_tokens=500, temperature=0,
+                                                    ignore_eos=True, request_id=rid), timeout=60)
+        assert c.abort(rid) is True
+        assert [m for m in call][-1].complete.finish_reason == 3  # ABORT
+
+
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "client", *args], capture_output=True, text=True,
