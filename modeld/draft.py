@@ -11,11 +11,11 @@ import pathlib
 from dataclasses import dataclass
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 from transformers import Qwen3Config
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from modeld.loader import safetensors_state
 from modeld.model import MLP, RMSNorm, rotate_half
 
 
@@ -148,13 +148,10 @@ def load_draft(folder: str, target_cfg, dtype: torch.dtype, device: str, block_o
     bad = [i for i in spec.target_layer_ids if not 0 <= i < target_cfg.num_hidden_layers]
     if bad:
         raise DraftError(f"target_layer_ids {bad} do not exist in a target of {target_cfg.num_hidden_layers} layers")
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise DraftError(f"no *.safetensors in the draft folder {folder}")
-    state = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    state = {k.removeprefix("model."): v for k, v in state.items()}
+    try:
+        state = {k.removeprefix("model."): v for k, v in safetensors_state(path).items()}
+    except FileNotFoundError as exc:
+        raise DraftError(f"the draft: {exc}") from None
     fc = state.get("fc.weight")
     want = len(spec.target_layer_ids) * target_cfg.hidden_size
     if fc is None or fc.shape[1] != want:

@@ -24,10 +24,11 @@ def _from_gguf(path: pathlib.Path):
     return cfg, tokenizer, hf.state_dict()
 
 
-def _safetensors_state(folder: pathlib.Path) -> dict:
+def safetensors_state(folder: pathlib.Path) -> dict:
+    """Every tensor of the folder's *.safetensors files."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors in {folder} (use --load-format dummy for random weights)")
+        raise FileNotFoundError(f"no *.safetensors in {folder}")
     state = {}
     for f in files:
         state.update(load_file(str(f)))
@@ -46,7 +47,10 @@ def load_target(path: str, dtype: str, device: str, load_format: str = "auto"):
         if (location / "tokenizer.json").exists() or (location / "tokenizer_config.json").exists():
             tokenizer = AutoTokenizer.from_pretrained(location)
         if load_format != "dummy":
-            state = _safetensors_state(location)
+            try:
+                state = safetensors_state(location)
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"{exc} (use --load-format dummy for random weights)") from None
     torch_dtype = DTYPES[dtype]
     with torch.device(device):
         model = CausalLM(cfg).to(torch_dtype)
