@@ -43,6 +43,7 @@ class DflashWorker:
         self.block = draft.spec.block_size
         self.taps = draft.spec.target_layer_ids
 
+    @torch.inference_mode()
     def write_context(self, captured: list[torch.Tensor], positions: torch.Tensor, target_slots: torch.Tensor) -> None:
         """Draft K/V of tokens the target just computed (prefill, plain decode), at their
         translated draft slots; positions without a draft slot are skipped."""
@@ -50,6 +51,7 @@ class DflashWorker:
         for layer, (k, v) in enumerate(self.draft.context_kv(taps, positions)):
             store_kv_translated(self.draft_kv[layer, 0], self.draft_kv[layer, 1], target_slots, self.mapping, k, v)
 
+    @torch.inference_mode()
     def write_committed(self, captured_rows: list[torch.Tensor], positions, slots_2d, commit_lens) -> None:
         """Draft K/V of the committed prefix of each verified block: rows [N, B] of taps."""
         taps = torch.cat(captured_rows, dim=-1)  # [N * B, K * hidden]

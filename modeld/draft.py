@@ -110,7 +110,6 @@ class DFlashDraft(nn.Module):
         cos, sin = self.rotary_emb(x, positions.reshape(1, -1))
         return cos.reshape(*positions.shape, -1), sin.reshape(*positions.shape, -1)
 
-    @torch.inference_mode()
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per draft layer, the K/V that committed tokens leave in the draft pool.
         taps: [T, K * target_hidden] (the tapped target layers, concatenated); positions [T]."""
@@ -118,7 +117,6 @@ class DFlashDraft(nn.Module):
         cos, sin = self.rope(ctx, positions)
         return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
 
-    @torch.inference_mode()
     def block_hidden(self, embeds, positions, contexts) -> torch.Tensor:
         """embeds [N, B, hidden] (the target's embedding of the block), positions [N, B];
         contexts: per layer (ctx_k, ctx_v, ctx_visible). Returns the final hidden states [N, B, hidden]."""
