@@ -295,8 +295,14 @@ def test_back_to_back_duplicates_and_an_immediate_abort(daemons):
         rid = new_rid("abort-now")
         call = stub.Generate(build_generate_request("Tell me a long story.", max_new_tokens=500, temperature=0,
                                                     ignore_eos=True, request_id=rid), timeout=60)
-        assert c.abort(rid) is True
-        assert [m for m in call][-1].complete.finish_reason == 3  # ABORT
+        try:
+            # The call may not have reached modeld yet; once it has, an Abort must find it.
+            deadline = time.monotonic() + 5
+            while not c.abort(rid):
+                assert time.monotonic() < deadline, "Abort never found a running request"
+            assert [m for m in call][-1].complete.finish_reason == 3  # ABORT
+        finally:
+            call.cancel()
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
