@@ -6,7 +6,6 @@ import os
 import pathlib
 import secrets
 import signal
-import socket
 import sys
 
 import grpc
@@ -18,6 +17,7 @@ from memd.config import MemdConfig, config_from_args
 from memd.plan import ConfigError, PoolPlan, log_plan, make_plan
 from memd.pools import build_pools
 from memd.service import MemdService
+from memd.sockets import prepare_socket, unix_path
 from protos import memd_pb2, memd_pb2_grpc
 
 log = logging.getLogger("memd")
@@ -32,30 +32,6 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
-
-
-def unix_path(address: str) -> pathlib.Path | None:
-    if address.startswith("unix://"):
-        return pathlib.Path(address[len("unix://"):])
-    if address.startswith("unix:"):
-        return pathlib.Path(address[len("unix:"):])
-    return None
-
-
-def prepare_socket(path: pathlib.Path) -> None:
-    """Owner-only parent folder; a leftover socket of a dead memd is removed, a live one refused."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not path.exists():
-        return
-    probe = socket.socket(socket.AF_UNIX)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        path.unlink()
-        return
-    finally:
-        probe.close()
-    raise ConfigError(f"another process listens on {path}")
 
 
 def make_buffers(cfg: MemdConfig, epoch: int):

@@ -13,6 +13,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from memd.attach import MemdSession
+from memd.plan import ConfigError
+from memd.sockets import prepare_socket, unix_path
 from modeld.config import ModeldConfig, config_from_args
 from modeld.dflash import DflashWorker
 from modeld.draft import DraftError, load_draft
@@ -103,9 +105,9 @@ def serve(cfg: ModeldConfig) -> int:
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    sock = cfg.listen[len("unix://"):] if cfg.listen.startswith("unix://") else None
-    if sock and os.path.exists(sock):
-        os.unlink(sock)
+    sock = unix_path(cfg.listen)
+    if sock is not None:
+        prepare_socket(sock)
     port = server.add_insecure_port(cfg.listen)
     server.start()
     if sock:
@@ -136,8 +138,8 @@ def serve(cfg: ModeldConfig) -> int:
     server.stop(grace=5).wait()
     engine.stop()
     session.close()
-    if sock and os.path.exists(sock):
-        os.unlink(sock)
+    if sock is not None:
+        sock.unlink(missing_ok=True)
     log.info("modeld stopped")
     return 0
 
@@ -150,5 +152,5 @@ def main(argv=None) -> None:
     logging.basicConfig(level=cfg.log_level, format="%(asctime)s modeld %(levelname)s %(message)s", stream=sys.stderr)
     try:
         sys.exit(serve(cfg))
-    except (StartupError, DraftError, FileNotFoundError, ValueError) as exc:
+    except (StartupError, ConfigError, DraftError, FileNotFoundError, ValueError) as exc:
         sys.exit(f"modeld: error: {exc}")
