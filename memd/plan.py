@@ -29,6 +29,7 @@ class PoolPlan:
     eviction_interval: int
     max_running_requests: int
     context_len: int
+    chunked_prefill_size: int
 
     @property
     def bounded_draft(self) -> bool:
@@ -115,6 +116,7 @@ def make_plan(cfg: MemdConfig) -> PoolPlan:
         eviction_interval=cfg.draft_eviction_interval,
         max_running_requests=cfg.max_running_requests,
         context_len=min(context, sizes.target_tokens),
+        chunked_prefill_size=cfg.chunked_prefill_size,
     )
 
 

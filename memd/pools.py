@@ -61,6 +61,7 @@ def build_pools(plan: PoolPlan, buffers: SharedBuffers, epoch: int) -> tuple[Slo
         buffers=buffers.descs,
         target_model=plan.target.path,
         draft_model=plan.draft.path if plan.draft else "",
+        chunked_prefill_size=plan.chunked_prefill_size,
     )
     return mgr, layout
 

@@ -85,8 +85,11 @@ def serve(cfg: ModeldConfig) -> int:
     check_layout(layout, hf_config, dtype)
     pools = session.map()
     worker = make_dflash(cfg, layout, model, hf_config, dtype, pools) if cfg.speculative_algorithm == "dflash" else None
-    scheduler = Scheduler(session, layout.max_running_requests, cfg.chunked_prefill_size, layout.context_len,
-                          worker.block if worker else 0)
+    # memd's request cap holds one prefill chunk of its size: never prefill more per step.
+    chunk = min(cfg.chunked_prefill_size, layout.chunked_prefill_size)
+    if chunk < cfg.chunked_prefill_size:
+        log.info("prefill chunk lowered to memd's %d tokens", chunk)
+    scheduler = Scheduler(session, layout.max_running_requests, chunk, layout.context_len, worker.block if worker else 0)
     engine = Engine(ModelRunner(model, pools, cfg.device), scheduler, tokenizer,
                     eos_token_ids(tokenizer, hf_config, cfg.target_model), layout.context_len,
                     dflash=worker, trim_draft=worker is not None and layout.draft_kv_ratio < 1)

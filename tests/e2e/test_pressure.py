@@ -26,3 +26,15 @@ def test_small_pool_preempts_without_changing_greedy_output(default_model, chat_
             assert list(result.output_ids) == expected
         log = modeld.log_path.read_text()
         assert int(re.findall(r"preemptions=(\d+)", log)[-1]) > 0, "the pool was never short: the test proves nothing"
+
+
+def test_modeld_prefills_no_more_than_memd_sized_for(default_model, chat_ids, hf_greedy):
+    """memd's request cap holds one prefill chunk of memd's size; modeld lowers its own to match."""
+    args = ["--max-running-requests", "2", "--max-total-tokens", "2048", "--chunked-prefill-size", "16",
+            "--draft-model", "none", "--kv-cache-dtype", "float32", "--strict"]
+    with run_memd(default_model, *args) as memd, run_modeld(memd, "--target-model", str(default_model),
+                                                             "--chunked-prefill-size", "512") as modeld:
+        with client.Client(modeld.address, timeout=300) as c:
+            result = c.generate(input_ids=chat_ids[0], max_new_tokens=8, temperature=0)
+        assert "prefill chunk lowered to memd's 16 tokens" in modeld.log_path.read_text()
+    assert list(result.output_ids) == hf_greedy(chat_ids[0], 8)
