@@ -59,7 +59,13 @@ class MemdSession:
 
     def __init__(self, address: str, client_name: str = "", connect_timeout: float = 10.0):
         self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        grpc.channel_ready_future(self.channel).result(timeout=connect_timeout)
+        ready = grpc.channel_ready_future(self.channel)
+        try:
+            ready.result(timeout=connect_timeout)
+        except grpc.FutureTimeoutError:
+            ready.cancel()  # stop its polling thread, or a retrying caller leaks one per attempt
+            self.channel.close()
+            raise
         self.stub = memd_pb2_grpc.MemdStub(self.channel)
         self._events = self.stub.Attach(memd_pb2.AttachRequest(client_name=client_name))
         first = next(self._events)
@@ -67,7 +73,8 @@ class MemdSession:
         self.layout = first.attached.layout
         self.lost = threading.Event()  # set when memd ends the session (shutdown or connection loss)
         self.shutdown_reason = ""
-        threading.Thread(target=self._watch, daemon=True, name="memd-lease").start()
+        self._watcher = threading.Thread(target=self._watch, daemon=True, name="memd-lease")
+        self._watcher.start()
 
     def _watch(self) -> None:
         try:
@@ -105,6 +112,7 @@ class MemdSession:
     def close(self) -> None:
         """End the lease; memd frees what this session held."""
         self._events.cancel()
+        self._watcher.join(timeout=5)  # no thread may still be inside the stream when the channel goes
         self.channel.close()
 
     def __enter__(self):

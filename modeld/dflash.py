@@ -37,11 +37,15 @@ class DflashWorker:
     def __init__(self, draft: DFlashDraft, target: CausalLM, pools: dict[str, torch.Tensor]):
         self.draft = draft
         self.target = target
+        self.block = draft.spec.block_size
+        self.taps = draft.spec.target_layer_ids
+        self.bind(pools)
+
+    def bind(self, pools: dict[str, torch.Tensor]) -> None:
+        """memd's buffers (again after a re-attach)."""
         self.draft_kv = pools["draft_kv"]  # [draft layers, 2, rows, kv_heads, head_dim]
         self.mapping = pools["target_to_draft"]
         self.req_to_token = pools["req_to_token"]
-        self.block = draft.spec.block_size
-        self.taps = draft.spec.target_layer_ids
 
     @torch.inference_mode()
     def write_context(self, captured: list[torch.Tensor], positions: torch.Tensor, target_slots: torch.Tensor) -> None:

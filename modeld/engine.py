@@ -10,6 +10,7 @@ import torch
 
 from modeld.detokenize import new_text
 from modeld.dflash import DflashWorker, accept
+from modeld.memd_link import MemdLink
 from modeld.request import Finish, Request
 from modeld.runner import ModelRunner, StepOutput
 from modeld.sampling import sample
@@ -20,8 +21,9 @@ log = logging.getLogger("modeld")
 
 class Engine:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer, eos_ids: set[int], context_len: int,
-                 dflash: DflashWorker | None = None, trim_draft: bool = False):
+                 link: MemdLink, dflash: DflashWorker | None = None, trim_draft: bool = False):
         self.runner = runner
+        self.link = link
         self.dflash = dflash
         self.trim_draft = trim_draft  # bounded draft pool: ask memd to free out-of-window draft slots each step
         self.spec = {"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
@@ -71,6 +73,10 @@ class Engine:
     # ---- the engine thread ----------------------------------------------------------------
     def _loop(self) -> None:
         while not self.stopped.is_set():
+            if self.link.lost:  # memd is gone: its lease freed our slots; fail what runs, wait for memd
+                self._fail_all("UNAVAILABLE", "memd is unreachable", memd_alive=False)
+                self.link.reattach(self.stopped)
+                continue
             self._drain_inbox()
             try:
                 busy = self._step()

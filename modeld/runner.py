@@ -20,9 +20,13 @@ class StepOutput:
 class ModelRunner:
     def __init__(self, model: CausalLM, pools: dict[str, torch.Tensor], device: str):
         self.model = model
+        self.device = device
+        self.bind(pools)
+
+    def bind(self, pools: dict[str, torch.Tensor]) -> None:
+        """memd's buffers (again after a re-attach)."""
         self.kv_pool = pools["target_kv"]
         self.req_to_token = pools["req_to_token"]
-        self.device = device
 
     def tensor(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)

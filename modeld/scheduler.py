@@ -87,11 +87,14 @@ class Scheduler:
     def next_step(self) -> tuple[list[StepItem], list[Request]]:
         """The batch of this step, and requests that can never fit (to be failed).
 
-        Levels of ambition: 0 admits waiting requests, 1 serves only running requests
-        (decodes and prefill chunks), 2 only decodes; below that, preemption."""
-        level, hopeless = 0, []
+        When memd refuses, the plan shrinks: fewer new admissions, then none (running requests
+        only), then decodes only, then (DFLASH) single-token decodes instead of verify blocks;
+        below that the newest running request is preempted. A request that cannot be admitted
+        even alone into an idle pool can never run: it is failed."""
+        hopeless: list[Request] = []
+        admit, level, spec = self.max_running, 0, bool(self.block)
         while True:
-            plan, admitted = self._plan(level)
+            plan, admitted = self._plan(level, admit, spec)
             if plan:
                 try:
                     answer = self.session.alloc(
@@ -108,20 +111,27 @@ class Scheduler:
                     return self._commit(plan, admitted, answer), hopeless
             elif level == 0 or not self.running:
                 return [], hopeless
-            if level < 2:
+            if level == 0 and len(admitted) > 1:
+                admit = len(admitted) - 1
+            elif level == 0 and admitted and not self.running:
+                hopeless.append(self._give_up(admitted[0]))
+            elif level < 2:
                 level += 1
+            elif spec:
+                spec = False
             elif len(self.running) > 1:
                 self._preempt(self.running[-1])
             else:
                 hopeless.append(self._give_up(self.running[0]))
 
-    def _decode_tokens(self, r: Request) -> int:
+    def _decode_tokens(self, r: Request, spec: bool) -> int:
         """A decode computes the last token; with DFLASH it verifies a whole block when it fits."""
-        return self.block if self.block and r.computed + self.block <= self.context_len else 1
+        return self.block if spec and r.computed + self.block <= self.context_len else 1
 
-    def _plan(self, level: int) -> tuple[list[tuple[Request, int, bool]], list[Request]]:
-        """(request, tokens, is_decode) for this step, and the requests newly admitted."""
-        plan = [(r, self._decode_tokens(r), True) for r in self.running if r.pending == 1]
+    def _plan(self, level: int, admit: int, spec: bool) -> tuple[list[tuple[Request, int, bool]], list[Request]]:
+        """(request, tokens, is_decode) for this step, and the requests newly admitted: level 0
+        admits up to `admit` waiting requests, level 1 serves running requests only, level 2 decodes."""
+        plan = [(r, self._decode_tokens(r, spec), True) for r in self.running if r.pending == 1]
         if level == 2:
             return plan, []
         budget = self.chunk_tokens
@@ -131,7 +141,7 @@ class Scheduler:
                 plan.append((r, take, False))
                 budget -= take
         admitted = []
-        while level == 0 and self.waiting and len(self.running) + len(admitted) < self.max_running and budget > 0:
+        while level == 0 and self.waiting and len(admitted) < admit and len(self.running) + len(admitted) < self.max_running and budget > 0:
             if self.waiting[0].rid in self.releases:
                 break  # preempted this step: memd frees its old slots first
             r = self.waiting.popleft()

@@ -5,14 +5,13 @@ import os
 import signal
 import sys
 import threading
-import time
 from concurrent import futures
 
 import grpc
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from memd.attach import MemdSession
 from memd.plan import ConfigError
 from memd.sockets import prepare_socket, unix_path
 from modeld.config import ModeldConfig, config_from_args
@@ -20,6 +19,7 @@ from modeld.dflash import DflashWorker
 from modeld.draft import DraftError, load_draft
 from modeld.engine import Engine
 from modeld.loader import load_target
+from modeld.memd_link import MemdLink, StartupError
 from modeld.runner import ModelRunner
 from modeld.scheduler import Scheduler
 from modeld.service import ModeldService, eos_token_ids
@@ -27,20 +27,6 @@ from protos import modeld_pb2, modeld_pb2_grpc
 
 log = logging.getLogger("modeld")
 SERVICE_NAME = modeld_pb2.DESCRIPTOR.services_by_name["Modeld"].full_name
-
-
-class StartupError(RuntimeError):
-    pass
-
-
-def attach(cfg: ModeldConfig) -> MemdSession:
-    deadline = time.monotonic() + cfg.connect_timeout
-    while True:
-        try:
-            return MemdSession(cfg.memd, "modeld", connect_timeout=max(1.0, min(5.0, deadline - time.monotonic())))
-        except grpc.FutureTimeoutError:
-            if time.monotonic() > deadline:
-                raise StartupError(f"memd does not answer at {cfg.memd}") from None
 
 
 def check_layout(layout, hf_config, dtype: str) -> None:
@@ -54,13 +40,10 @@ def check_layout(layout, hf_config, dtype: str) -> None:
         raise StartupError(f"memd's KV dtype is {layout.kv_dtype} but modeld runs {dtype}: start memd with --kv-cache-dtype {dtype}")
 
 
-def make_dflash(cfg: ModeldConfig, layout, model, hf_config, dtype: str, pools) -> DflashWorker:
-    """Load the draft and check it against memd's draft pool."""
-    import torch
-
+def check_draft_pool(layout, draft) -> None:
+    """memd's draft pool must hold this draft's KV, for its window and block."""
     if not layout.has_draft:
         raise StartupError("memd has no draft pool: start memd with --draft-model")
-    draft = load_draft(cfg.draft_model, hf_config, getattr(torch, dtype), cfg.device, cfg.num_draft_tokens)
     d, g = layout.draft, draft.config
     if (d.layers, d.kv_heads, d.head_dim) != (g.num_hidden_layers, g.num_key_value_heads, g.head_dim):
         raise StartupError(f"memd's draft pool is (layers, kv_heads, head_dim) = {(d.layers, d.kv_heads, d.head_dim)}, "
@@ -74,25 +57,43 @@ def make_dflash(cfg: ModeldConfig, layout, model, hf_config, dtype: str, pools) 
         if draft.spec.block_size > layout.draft_block_size:
             raise StartupError(f"memd sized its request cap for blocks of {layout.draft_block_size}, "
                                f"modeld would verify {draft.spec.block_size}")
-    return DflashWorker(draft, model, pools)
 
 
 def serve(cfg: ModeldConfig) -> int:
-    session = attach(cfg)
-    layout = session.layout
+    health_servicer = health.HealthServicer()
+
+    def set_health(serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            health_servicer.set(name, status)
+
+    link = MemdLink(cfg.memd, cfg.connect_timeout, set_health)
+    layout = link.layout
     dtype = layout.kv_dtype if cfg.dtype == "auto" else cfg.dtype
     model, tokenizer, hf_config = load_target(cfg.target_model, dtype, cfg.device, cfg.load_format)
-    check_layout(layout, hf_config, dtype)
-    pools = session.map()
-    worker = make_dflash(cfg, layout, model, hf_config, dtype, pools) if cfg.speculative_algorithm == "dflash" else None
+    draft = None
+    if cfg.speculative_algorithm == "dflash":
+        draft = load_draft(cfg.draft_model, hf_config, getattr(torch, dtype), cfg.device, cfg.num_draft_tokens)
+
+    def check(new_layout) -> None:
+        check_layout(new_layout, hf_config, dtype)
+        if draft is not None:
+            check_draft_pool(new_layout, draft)
+
+    link.check = check
+    check(layout)
+    worker = DflashWorker(draft, model, link.pools) if draft is not None else None
     # memd's request cap holds one prefill chunk of its size: never prefill more per step.
     chunk = min(cfg.chunked_prefill_size, layout.chunked_prefill_size)
     if chunk < cfg.chunked_prefill_size:
         log.info("prefill chunk lowered to memd's %d tokens", chunk)
-    scheduler = Scheduler(session, layout.max_running_requests, chunk, layout.context_len, worker.block if worker else 0)
-    engine = Engine(ModelRunner(model, pools, cfg.device), scheduler, tokenizer,
-                    eos_token_ids(tokenizer, hf_config, cfg.target_model), layout.context_len,
-                    dflash=worker, trim_draft=worker is not None and layout.draft_kv_ratio < 1)
+    scheduler = Scheduler(link.session, layout.max_running_requests, chunk, layout.context_len, worker.block if worker else 0)
+    runner = ModelRunner(model, link.pools, cfg.device)
+    link.rebinders += [lambda session, pools: setattr(scheduler, "session", session), lambda session, pools: runner.bind(pools)]
+    if worker is not None:
+        link.rebinders.append(lambda session, pools: worker.bind(pools))
+    engine = Engine(runner, scheduler, tokenizer, eos_token_ids(tokenizer, hf_config, cfg.target_model),
+                    layout.context_len, link, dflash=worker, trim_draft=worker is not None and layout.draft_kv_ratio < 1)
     info = dict(
         target_model=cfg.target_model, draft_model=cfg.draft_model or "", dtype=dtype, device=cfg.device,
         speculative_algorithm=cfg.speculative_algorithm, block_size=worker.block if worker else 0,
@@ -100,12 +101,10 @@ def serve(cfg: ModeldConfig) -> int:
         max_running_requests=layout.max_running_requests, context_len=layout.context_len,
         target_tokens=layout.target.tokens, draft_tokens=layout.draft.tokens, vocab_size=hf_config.vocab_size,
     )
-    service = ModeldService(engine, tokenizer, hf_config.vocab_size, layout.context_len, cfg.device, info,
-                            session.stub, lambda: not session.lost.is_set())
+    service = ModeldService(engine, tokenizer, hf_config.vocab_size, layout.context_len, cfg.device, info, link)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * layout.max_running_requests + 16),
                          options=[("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)])
     modeld_pb2_grpc.add_ModeldServicer_to_server(service, server)
-    health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     sock = unix_path(cfg.listen)
@@ -116,31 +115,20 @@ def serve(cfg: ModeldConfig) -> int:
     if sock:
         os.chmod(sock, 0o600)
     engine.start()
-
-    def set_health(status) -> None:
-        for name in ("", SERVICE_NAME):
-            health_servicer.set(name, status)
-
-    set_health(health_pb2.HealthCheckResponse.SERVING)
+    set_health(True)
+    link.start_watching()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-
-    def watch_memd() -> None:
-        session.lost.wait()
-        if not stop.is_set():
-            log.error("memd session lost: %s", session.shutdown_reason or "connection closed")
-            set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-
-    threading.Thread(target=watch_memd, daemon=True).start()
     bound = cfg.listen if sock else f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
     log.info("modeld ready: listening on %s (%s, %s, memd %s)", bound, cfg.device, dtype, cfg.memd)
     stop.wait()
     log.info("modeld shutting down")
-    set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+    link.closing = True
+    set_health(False)
     server.stop(grace=5).wait()
     engine.stop()
-    session.close()
+    link.close()
     if sock is not None:
         sock.unlink(missing_ok=True)
     log.info("modeld stopped")

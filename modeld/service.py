@@ -5,6 +5,7 @@ import uuid
 import grpc
 
 from modeld.engine import Engine, make_generator
+from modeld.memd_link import MemdLink
 from modeld.request import Request
 from modeld.sampling import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
 from protos import memd_pb2, modeld_pb2, modeld_pb2_grpc
@@ -13,22 +14,21 @@ FINISH_REASONS = {"stop": modeld_pb2.STOP, "length": modeld_pb2.LENGTH, "abort":
 
 
 class ModeldService(modeld_pb2_grpc.ModeldServicer):
-    def __init__(self, engine: Engine, tokenizer, vocab_size: int, context_len: int, device: str, info: dict, memd_stub, healthy):
+    def __init__(self, engine: Engine, tokenizer, vocab_size: int, context_len: int, device: str, info: dict, link: MemdLink):
         self.engine = engine
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.context_len = context_len
         self.device = device
         self.info = info
-        self.memd_stub = memd_stub
-        self.healthy = healthy  # callable: False while memd is unreachable
+        self.link = link
 
     def Generate(self, request, context):
         try:
             req = self._build(request)
         except InvalidRequest as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if not self.healthy():
+        if self.link.lost:
             context.abort(grpc.StatusCode.UNAVAILABLE, "memd is unreachable")
         if not self.engine.submit(req):
             context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request id {req.rid!r} is already running")
@@ -113,8 +113,10 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         return modeld_pb2.GetInfoResponse(**self.info, **self.engine.spec)
 
     def Capacity(self, request, context):
+        if self.link.lost:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "memd is unreachable")
         try:
-            memd = self.memd_stub.Capacity(memd_pb2.CapacityRequest(), timeout=5)
+            memd = self.link.session.stub.Capacity(memd_pb2.CapacityRequest(), timeout=5)
         except grpc.RpcError as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"memd: {exc.details()}")
         running, waiting = self.engine.counts()

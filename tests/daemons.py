@@ -78,11 +78,12 @@ def stop_daemon(proc: subprocess.Popen, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: bool = True, ready_timeout: float = 60):
-    """memd on a Unix socket in a fresh owner-only folder; stopped with SIGTERM afterwards.
+def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: bool = True, ready_timeout: float = 60,
+             address: str | None = None):
+    """memd on a Unix socket in a fresh owner-only folder (or at `address`); stopped with SIGTERM afterwards.
     Unless check_free is False, the test ends by asserting both pools are fully free."""
     folder = pathlib.Path(tempfile.mkdtemp(prefix="memd-", dir="/tmp"))
-    address = f"unix://{folder / 'memd.sock'}"
+    address = address or f"unix://{folder / 'memd.sock'}"
     log_path = folder / "memd.log"
     cmd = [sys.executable, "-m", "memd", "--device", device, "--target-model", str(target), "--listen", address, *args]
     proc = start_daemon(cmd, log_path)

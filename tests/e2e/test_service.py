@@ -311,7 +311,7 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           env=env, cwd=REPO, timeout=timeout)
 
 
-def test_memd_lost_makes_modeld_unavailable_not_hanging(default_model):
+def test_memd_lost_makes_modeld_unavailable_then_it_reattaches(default_model):
     with run_memd(default_model, *MEMD_ARGS, check_free=False) as memd:
         shm = [pathlib.Path("/dev/shm", name) for name in memd.shm_entries()]
         try:
@@ -349,10 +349,18 @@ def test_memd_lost_makes_modeld_unavailable_not_hanging(default_model):
                 assert f"modeld {modeld.address}: NOT_SERVING" in status.stdout
                 assert f"memd {memd.address}: UNAVAILABLE" in status.stdout
 
-                modeld.send_signal(signal.SIGTERM)
-                assert modeld.wait(timeout=30) == 0, modeld.log_path.read_text()
+                # memd comes back at the same address: modeld re-attaches, maps the new pools and serves.
+                with run_memd(default_model, *MEMD_ARGS, address=memd.address) as again:
+                    deadline = time.monotonic() + 20
+                    while c.health() != "SERVING" and time.monotonic() < deadline:
+                        time.sleep(0.1)
+                    assert c.health() == "SERVING", modeld.log_path.read_text()
+                    before = c.generate("What is the capital of France?", chat=True, max_new_tokens=8, temperature=0)
+                    assert before.completion_tokens > 0 and again.capacity().sessions == 1
+                    modeld.send_signal(signal.SIGTERM)
+                    assert modeld.wait(timeout=30) == 0, modeld.log_path.read_text()
             log = modeld.log_path.read_text()
-            assert "memd session lost" in log and "modeld stopped" in log
+            assert "memd session lost" in log and "re-attached to memd" in log and "modeld stopped" in log
         finally:
             for path in shm:  # memd died without unlinking its segments
                 path.unlink(missing_ok=True)

@@ -1,0 +1,757 @@
+"""Unit tests of modeld's continuous-batching scheduler (modeld.scheduler.Scheduler).
+
+The scheduler talks to memd through a MemdSession. Here a fake session stands in for the
+gRPC transport only: each alloc/free builds the protobuf messages that MemdSession would send,
+and a real in-process memd.slots.SlotManager serves them. memd's errors come back as
+grpc.RpcError carrying memd's status codes. After every call the allocator's structural
+invariants are checked.
+
+A small simulator plays the engine around the scheduler. It advances `computed`, appends
+output tokens (token n of every request is 1000 + n), verifies DFLASH blocks (accepting a
+chosen number of drafts, then commit + trim), finishes requests, fails hopeless ones, and
+flushes releases when idle. It also keeps a fake KV cache: the token id written at every
+target slot the scheduler handed to a step. So after each step we check more than memd's
+bookkeeping. Every computed position of every running request must be backed, through memd's
+req_to_token, by the K/V of the right token. That is what makes preemption + recompute and
+commit-after-verify observable without a model.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+import pytest
+
+from memd.errors import MemdError
+from memd.invariants import check_structure
+from memd.slots import DraftMode, Release, SlotManager
+from modeld.request import Request
+from modeld.sampling import SamplingParams
+from modeld.scheduler import Scheduler, StepItem
+from protos import memd_pb2
+
+P = 4  # page size of every pool in this file
+SESSION = "modeld-under-test"
+
+
+def out_token(n: int) -> int:
+    """The simulated model's n-th output token (the same for every request)."""
+    return 1000 + n
+
+
+# ---- the fake memd session (transport double over a real SlotManager) ---------------------
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+@dataclass
+class Call:
+    """One memd call as it went over the wire (read back from the protobuf message)."""
+
+    kind: str  # "alloc" | "free"
+    extends: list[tuple[str, int, int]]
+    grows: list[tuple[str, int]]
+    commits: list[tuple[str, int]]
+    trims: list[str]
+    finishes: list[str]
+    error: str | None = None  # memd's status code name when the call was refused
+    lengths: dict[str, int] = field(default_factory=dict)  # memd's request lengths after the call
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def allocated(self) -> set[str]:
+        return {r for r, _, _ in self.extends} | {r for r, _ in self.grows}
+
+
+def _release_msg(commits, trims, finishes) -> memd_pb2.FreeRequest:
+    return memd_pb2.FreeRequest(
+        session_id=SESSION,
+        commits=[memd_pb2.CommitOp(rid=r, length=n) for r, n in commits],
+        trim_draft=list(trims),
+        finish=list(finishes),
+    )
+
+
+def _release(msg: memd_pb2.FreeRequest) -> Release:
+    return Release(commits=tuple((op.rid, op.length) for op in msg.commits), trims=tuple(msg.trim_draft),
+                   finishes=tuple(msg.finish))
+
+
+class FakeSession:
+    """MemdSession.alloc / free with the same signatures, served by a real SlotManager."""
+
+    def __init__(self, mgr: SlotManager):
+        self.mgr = mgr
+        mgr.open_session(SESSION)
+        self.calls: list[Call] = []
+
+    def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), timeout: float = 10.0):
+        request = memd_pb2.AllocRequest(
+            session_id=SESSION,
+            release=_release_msg(commits, trims, finishes),
+            extends=[memd_pb2.ExtendOp(rid=r, prefix_len=p, num_tokens=n) for r, p, n in extends],
+            grows=[memd_pb2.GrowOp(rid=r, num_tokens=n) for r, n in grows],
+        )
+        call = self._record("alloc", request.release, request)
+        allocated = self._serve(call, self.mgr.step, request.session_id, _release(request.release),
+                                call.extends, call.grows)
+        return memd_pb2.AllocResponse(requests=[
+            memd_pb2.RequestSlots(rid=a.rid, row=a.row, start=a.start, target_slots=a.target_slots.tolist(),
+                                  draft_slots=a.draft_slots.tolist())
+            for a in allocated
+        ])
+
+    def free(self, commits=(), trims=(), finishes=(), timeout: float = 10.0):
+        request = _release_msg(commits, trims, finishes)
+        call = self._record("free", request, None)
+        freed = self._serve(call, self.mgr.apply_release, request.session_id, _release(request))
+        return memd_pb2.FreeResponse(target_freed=freed[0], draft_freed=freed[1])
+
+    def _record(self, kind: str, release: memd_pb2.FreeRequest, alloc: memd_pb2.AllocRequest | None) -> Call:
+        call = Call(
+            kind,
+            extends=[(op.rid, op.prefix_len, op.num_tokens) for op in alloc.extends] if alloc else [],
+            grows=[(op.rid, op.num_tokens) for op in alloc.grows] if alloc else [],
+            commits=[(op.rid, op.length) for op in release.commits],
+            trims=list(release.trim_draft),
+            finishes=list(release.finish),
+        )
+        self.calls.append(call)
+        return call
+
+    def _serve(self, call: Call, op, *args):
+        try:
+            result = op(*args)
+        except MemdError as exc:
+            call.error = exc.code
+            raise FakeRpcError(getattr(grpc.StatusCode, exc.code), str(exc)) from exc
+        finally:
+            check_structure(self.mgr)  # a refused call changes nothing, a served one keeps every promise
+        call.lengths = {r.rid: r.length for r in self.mgr.requests()}
+        return result
+
+    # views used by the tests
+    def ok(self, kind: str = "alloc") -> list[Call]:
+        return [c for c in self.calls if c.kind == kind and c.ok]
+
+    def errors(self) -> list[str]:
+        return [c.error for c in self.calls if not c.ok]
+
+
+# ---- the simulated engine ---------------------------------------------------------------------
+
+
+class Sim:
+    """The engine's use of the scheduler (modeld/engine.py _step / _run / _append / _complete)."""
+
+    def __init__(self, *, pages: int, max_running: int = 8, chunk: int = 64, context: int = 64, block: int = 0,
+                 draft_pages: int = 0, window: int = 0, trim_gap: int = 0, max_requests: int = 8, accept=None):
+        mode = DraftMode.BOUNDED if block else DraftMode.NONE
+        self.mgr = SlotManager(
+            target_pages=pages, draft_pages=draft_pages, page_size=P, mode=mode, window=window, trim_gap=trim_gap,
+            max_requests=max_requests, context_len=context,
+            mapping=np.zeros((pages + 1) * P, np.int32) if block else None,
+            req_to_token=np.zeros((max_requests + 1, context), np.int32),
+        )
+        self.session = FakeSession(self.mgr)
+        self.sched = Scheduler(self.session, max_running, chunk, context, block)
+        self.context = context
+        self.block = block
+        self.accept = accept or (lambda req: block - 1)  # drafts accepted by a verify of `req`
+        self.kv = np.full((pages + 1) * P, -1, np.int64)  # token whose K/V sits at each target slot
+        self.done: dict[str, Request] = {}
+        self.failed: dict[str, Request] = {}
+        self.verified: list[tuple[Request, int, int]] = []  # (request, L before, accepted) of the last step
+        self.starts: dict[str, int] = {}  # computed before the last step, per item
+        self._serial = 0
+
+    # -- requests
+    def request(self, rid: str, prompt_len: int, max_new: int) -> Request:
+        self._serial += 1
+        prompt = [10_000 * self._serial + i for i in range(prompt_len)]  # distinct tokens per request
+        req = Request(rid=rid, prompt_ids=prompt, params=SamplingParams(max_new_tokens=max_new, temperature=0))
+        self.sched.add(req)
+        return req
+
+    # -- one engine step
+    def step(self) -> tuple[list[StepItem], list[Request]]:
+        self.verified, self.starts = [], {}
+        items, hopeless = self.sched.next_step()
+        for req in hopeless:
+            self.failed[req.rid] = req
+            self.sched.remove(req)  # engine._complete
+        if not items:
+            self.sched.flush_releases()
+        else:
+            produced = [self._run(item) for item in items]
+            for item, tokens in zip(items, produced):
+                if tokens:
+                    self._append(item.req, tokens)
+        self.check()
+        return items, hopeless
+
+    def _run(self, item: StepItem) -> list[int]:
+        req, n, start = item.req, item.num_tokens, item.req.computed
+        self.starts[req.rid] = start
+        held = self._held()[req.rid]
+        assert item.row == held.row and len(item.slots) == n
+        assert item.slots == self.mgr.req_to_token[item.row, start : start + n].tolist(), "slots are not positions L.."
+        if item.verify:
+            assert self.block and n == self.block and req.pending == 1
+            k = min(self.accept(req), n - 1)
+            base = len(req.output_ids)
+            drafts = [out_token(base + i) for i in range(k)] + [-7] * (n - 1 - k)  # rejected drafts are wrong
+            item.tokens = [req.all_ids[start]] + drafts
+            self.kv[item.slots] = item.tokens
+            tokens = [out_token(base + i) for i in range(k + 1)]  # accepted drafts and the bonus token
+            req.computed += k + 1
+            self.sched.commit(req, req.computed)
+            self.verified.append((req, start, k))
+        else:
+            assert 1 <= n <= req.pending
+            self.kv[item.slots] = req.all_ids[start : start + n]
+            tokens = [out_token(len(req.output_ids))] if n == req.pending else []
+            req.computed += n
+        if self.block:  # engine.trim_draft: a bounded draft pool
+            self.sched.trim(req)
+        return tokens
+
+    def _append(self, req: Request, tokens: list[int]) -> None:
+        for token in tokens:
+            req.output_ids.append(token)
+            if len(req.output_ids) >= req.params.max_new_tokens or len(req.all_ids) >= self.context:
+                self.done[req.rid] = req
+                self.sched.remove(req)
+                return
+
+    # -- checks after every step
+    def _held(self) -> dict:
+        return {r.rid: r for r in self.mgr.requests()}
+
+    def check(self) -> None:
+        sched, held = self.sched, self._held()
+        check_structure(self.mgr)
+        assert len(sched.running) <= sched.max_running
+        # memd holds exactly the running requests and those whose release is still to be sent
+        assert set(held) == {r.rid for r in sched.running} | set(sched.releases)
+        assert len(set(sched.releases)) == len(sched.releases)
+        for req in sched.running:
+            assert req.in_memd and req.pending >= 1
+            mem = held[req.rid]
+            assert mem.length >= req.computed
+            if req.rid in sched.commits:
+                assert sched.commits[req.rid] == req.computed
+            slots = self.mgr.req_to_token[mem.row, : req.computed]
+            assert self.kv[slots].tolist() == req.all_ids[: req.computed], f"{req.rid}: KV does not match its tokens"
+        for req in sched.waiting:
+            assert not req.in_memd and req.computed == 0
+        if not sched.running and not sched.waiting and not sched.releases:
+            self.assert_all_free()
+
+    def assert_all_free(self) -> None:
+        assert not list(self.mgr.requests())
+        assert self.mgr.target.free_pages == self.mgr.target.num_pages
+        if self.mgr.draft is not None:
+            assert self.mgr.draft.free_pages == self.mgr.draft.num_pages
+        assert len(self.mgr.free_rows) == self.mgr.max_requests
+
+    def idle(self) -> bool:
+        return not self.sched.running and not self.sched.waiting
+
+    def run(self, max_steps: int = 500, each=None) -> int:
+        """Steps until nothing runs or waits (releases flushed); returns the number of steps."""
+        for n in range(1, max_steps + 1):
+            items, hopeless = self.step()
+            if each:
+                each(items, hopeless)
+            if self.idle() and not self.sched.releases:
+                return n
+        raise AssertionError(f"not idle after {max_steps} steps: running {[r.rid for r in self.sched.running]}, "
+                             f"waiting {[r.rid for r in self.sched.waiting]}")
+
+
+def expected_outputs(max_new: int) -> list[int]:
+    return [out_token(i) for i in range(max_new)]
+
+
+def admissions(calls: list[Call]) -> list[str]:
+    """Rids in the order of their (served) first prefill chunk."""
+    return [r for c in calls if c.kind == "alloc" and c.ok for r, p, _ in c.extends if p == 0]
+
+
+# ---- 1. one memd call per step --------------------------------------------------------------
+
+
+def test_mixed_step_is_one_alloc_and_idle_releases_are_one_free():
+    sim = Sim(pages=64, max_running=4, chunk=64, context=64)
+    a, b = sim.request("a", 5, max_new=3), sim.request("b", 6, max_new=10)
+    for _ in range(3):  # a gets its 3 tokens (prefill + 2 decodes) and finishes; b keeps running
+        before = len(sim.session.calls)
+        sim.step()
+        assert len(sim.session.calls) == before + 1
+    assert "a" in sim.done and sim.sched.running == [b] and sim.sched.releases == ["a"]
+    c = sim.request("c", 7, max_new=2)
+
+    before = len(sim.session.calls)
+    items, _ = sim.step()  # releases of a + decode of b + prefill of c
+    assert len(sim.session.calls) == before + 1
+    call = sim.session.calls[-1]
+    assert call.kind == "alloc" and call.ok
+    assert call.finishes == ["a"] and call.grows == [("b", 1)] and call.extends == [("c", 0, 7)]
+    assert [(i.req.rid, i.num_tokens) for i in items] == [("b", 1), ("c", 7)]
+
+    while sim.sched.running:
+        sim.step()
+    pending = list(sim.sched.releases)  # the last finished: nothing left to batch its release with
+    assert pending == ["b"] and not sim.sched.waiting
+    before = len(sim.session.calls)
+    items, hopeless = sim.step()
+    assert items == [] and hopeless == []
+    assert len(sim.session.calls) == before + 1
+    call = sim.session.calls[-1]
+    assert call.kind == "free" and call.ok and call.finishes == pending and not sim.sched.releases
+    sim.assert_all_free()
+    before = len(sim.session.calls)
+    sim.step()  # idle with nothing to release: no memd call at all
+    assert len(sim.session.calls) == before
+    assert c.output_ids == expected_outputs(2) and a.output_ids == expected_outputs(3)
+
+
+def test_every_step_is_exactly_one_served_alloc_without_pressure():
+    sim = Sim(pages=128, max_running=3, chunk=8, context=64)
+    for i in range(6):
+        sim.request(f"r{i}", 5 + 3 * i, max_new=4 + i)
+
+    seen = [0]  # memd calls before the step
+
+    def one_call(items, hopeless):
+        if items:
+            assert len(sim.session.calls) == seen[0] + 1 and sim.session.calls[-1].kind == "alloc"
+        seen[0] = len(sim.session.calls)
+
+    sim.run(each=one_call)
+    assert not sim.session.errors()
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {f"r{i}": expected_outputs(4 + i) for i in range(6)}
+
+
+# ---- 2. chunked prefill under the token budget ------------------------------------------------
+
+
+def test_long_prompt_is_prefilled_in_chunks_after_the_decodes():
+    sim = Sim(pages=64, max_running=4, chunk=8, context=64)
+    sim.request("a", 3, max_new=20)
+    sim.request("b", 4, max_new=20)
+    sim.step()  # a and b prefilled together (7 tokens <= 8)
+    x = sim.request("x", 30, max_new=2)
+
+    chunks = []
+    while x.computed < len(x.prompt_ids):
+        items, _ = sim.step()
+        call = sim.session.calls[-1]
+        assert call.grows == [("a", 1), ("b", 1)]  # every running decode, whatever the prefill budget
+        assert [i.req.rid for i in items] == ["a", "b", "x"]  # decodes first, then the chunk
+        assert all(i.num_tokens == 1 for i in items[:2])
+        (rid, prefix, n), = call.extends
+        assert rid == "x" and prefix == sum(chunks) and n <= 8
+        chunks.append(n)
+    assert chunks == [8, 8, 8, 6]
+    assert len(x.output_ids) == 1  # the last chunk sampled the first token
+    sim.run()
+    assert x.output_ids == expected_outputs(2)
+
+
+def test_prefill_budget_is_shared_by_chunks_and_admissions_in_fifo_order():
+    sim = Sim(pages=64, max_running=4, chunk=8, context=64)
+    sim.request("x", 5, max_new=3)
+    sim.request("y", 10, max_new=3)
+    sim.request("z", 2, max_new=3)
+    sim.step()
+    assert sim.session.calls[-1].extends == [("x", 0, 5), ("y", 0, 3)]  # budget spent: z waits
+    assert [r.rid for r in sim.sched.waiting] == ["z"]
+    sim.step()
+    call = sim.session.calls[-1]
+    assert call.grows == [("x", 1)] and call.extends == [("y", 3, 7), ("z", 0, 1)]
+    sim.step()  # z's last prompt token is computed like a decode (pending == 1): a grow
+    call = sim.session.calls[-1]
+    assert call.extends == [] and call.grows == [("x", 1), ("y", 1), ("z", 1)]
+    sim.run()
+    assert all(r.output_ids == expected_outputs(3) for r in sim.done.values()) and len(sim.done) == 3
+
+
+# ---- 3. max_running ---------------------------------------------------------------------------
+
+
+def test_max_running_caps_the_batch_and_the_rest_wait_in_fifo_order():
+    sim = Sim(pages=128, max_running=2, chunk=64, context=64)
+    rids = [f"r{i}" for i in range(6)]
+    for i, rid in enumerate(rids):
+        sim.request(rid, 4, max_new=2 + (i % 3))
+
+    def capped(items, hopeless):
+        assert len(sim.sched.running) <= 2
+        assert len({i.req.rid for i in items}) <= 2
+        waiting = [r.rid for r in sim.sched.waiting]
+        assert waiting == rids[len(rids) - len(waiting):]  # a suffix of the arrival order
+
+    sim.run(each=capped)
+    assert admissions(sim.session.calls) == rids
+    assert sim.sched.preemptions == 0 and not sim.session.errors()
+    assert all(sim.done[rid].output_ids == expected_outputs(2 + i % 3) for i, rid in enumerate(rids))
+
+
+# ---- 4. memory pressure: admissions wait --------------------------------------------------------
+
+
+def test_request_that_does_not_fit_waits_while_running_requests_decode():
+    sim = Sim(pages=8, max_running=4, chunk=64, context=64)  # 32 tokens
+    a, b = sim.request("a", 9, max_new=5), sim.request("b", 9, max_new=5)  # 3 pages, then 4 (13 tokens) each
+    sim.step()
+    c = sim.request("c", 12, max_new=2)  # 3 pages: only 2 are free
+
+    for _ in range(3):
+        n_calls = len(sim.session.calls)
+        items, _ = sim.step()
+        new = sim.session.calls[n_calls:]
+        assert [call.error for call in new] == ["RESOURCE_EXHAUSTED", None]  # with c, then without it
+        assert new[0].extends == [("c", 0, 12)] and new[1].extends == [] and new[1].grows == [("a", 1), ("b", 1)]
+        assert [i.req.rid for i in items] == ["a", "b"]
+        assert list(sim.sched.waiting) == [c] and sim.sched.running == [a, b]
+        assert sim.sched.preemptions == 0 and all(not call.finishes for call in new)
+    sim.step()  # a and b sample their 5th token and finish; c still does not fit
+    assert sim.session.calls[-2].error == "RESOURCE_EXHAUSTED" and list(sim.sched.waiting) == [c]
+    assert a.rid in sim.done and b.rid in sim.done
+    sim.step()  # the releases of a and b make room for c, in the same call
+    call = sim.session.calls[-1]
+    assert call.ok and sorted(call.finishes) == ["a", "b"] and call.extends == [("c", 0, 12)]
+    sim.run()
+    assert sim.sched.preemptions == 0
+    assert [sim.done[r].output_ids for r in "abc"] == [expected_outputs(5), expected_outputs(5), expected_outputs(2)]
+
+
+def test_running_prefill_continues_while_an_admission_waits():
+    """Level 1: the new request is dropped from the plan, the running one's chunk is not."""
+    sim = Sim(pages=7, max_running=4, chunk=16, context=64)  # 28 tokens
+    x = sim.request("x", 24, max_new=2)
+    sim.step()  # x: 16 of 24 prompt tokens (4 pages)
+    y = sim.request("y", 20, max_new=2)
+    n_calls = len(sim.session.calls)
+    items, hopeless = sim.step()
+    new = sim.session.calls[n_calls:]
+    assert [c.error for c in new] == ["RESOURCE_EXHAUSTED", None]
+    assert new[0].extends == [("x", 16, 8), ("y", 0, 8)] and new[1].extends == [("x", 16, 8)]
+    assert [(i.req.rid, i.num_tokens) for i in items] == [("x", 8)] and not hopeless
+    assert x.computed == 24 and list(sim.sched.waiting) == [y] and sim.sched.preemptions == 0
+    sim.run()
+    assert not sim.failed and sim.sched.preemptions == 0
+    assert x.output_ids == y.output_ids == expected_outputs(2)
+
+
+# ---- 5. preemption ------------------------------------------------------------------------------
+
+
+def test_preemption_releases_the_newest_and_recomputes_it_later():
+    sim = Sim(pages=10, max_running=3, chunk=32, context=64)  # 40 tokens; three requests grow to 15
+    reqs = {rid: sim.request(rid, 6, max_new=10) for rid in "abcd"}  # d waits for a free place
+    c = reqs["c"]
+    snapshot = {}  # the state right after the preempting step
+
+    def watch(items, hopeless):
+        if sim.sched.preemptions and not snapshot:
+            snapshot.update(waiting=[r.rid for r in sim.sched.waiting], computed=c.computed,
+                            outputs=list(c.output_ids), in_memd=c.in_memd, held=set(sim._held()))
+
+    sim.run(each=watch)
+
+    assert sim.sched.preemptions == 1
+    # the preempting step: refusals at every level, then one call that releases c and serves a, b
+    calls = sim.session.calls
+    i = next(k for k, call in enumerate(calls) if call.ok and "c" in call.finishes)
+    served = calls[i]
+    assert served.grows == [("a", 1), ("b", 1)] and served.extends == [] and served.finishes == ["c"]
+    assert calls[i - 1].error == "RESOURCE_EXHAUSTED" and ("c", 1) in calls[i - 1].grows
+    # c goes to the front of the queue with nothing computed and its tokens kept
+    assert snapshot["waiting"] == ["c", "d"]
+    assert snapshot["computed"] == 0 and not snapshot["in_memd"] and "c" not in snapshot["held"]
+    assert snapshot["outputs"] == expected_outputs(len(snapshot["outputs"])) and snapshot["outputs"]
+    # re-admitted later with prompt + outputs recomputed in one chunk, before d
+    readmit = next(k for k, call in enumerate(calls) if k > i and call.ok and any(r == "c" for r, _, _ in call.extends))
+    assert readmit > i
+    assert ("c", 0, 6 + len(snapshot["outputs"])) in calls[readmit].extends
+    assert admissions(calls) == ["a", "b", "c", "c", "d"]
+    # every request ends with exactly its tokens, and the pool is empty
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {rid: expected_outputs(10) for rid in "abcd"}
+    assert not sim.failed and set(sim.session.errors()) == {"RESOURCE_EXHAUSTED"}
+    sim.assert_all_free()
+
+
+def test_many_requests_under_pressure_all_finish_with_their_tokens():
+    """Mixed lengths through a tight pool: preemptions happen, the KV check holds every step."""
+    sim = Sim(pages=12, max_running=5, chunk=12, context=64)  # 48 tokens
+    lengths = [(7, 12), (3, 20), (11, 6), (5, 15), (9, 9), (2, 25), (6, 3)]
+    for i, (prompt, max_new) in enumerate(lengths):
+        sim.request(f"r{i}", prompt, max_new)
+    sim.run()
+    assert sim.sched.preemptions > 0, "the pool was never short: the test proves nothing"
+    assert not sim.failed
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {
+        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)}
+    assert set(sim.session.errors()) == {"RESOURCE_EXHAUSTED"}
+    sim.assert_all_free()
+
+
+# ---- 6. requests that can never fit -------------------------------------------------------------
+
+
+def test_request_larger_than_the_pool_is_hopeless_and_others_are_unaffected():
+    sim = Sim(pages=8, max_running=4, chunk=8, context=64)  # 32 tokens
+    small = sim.request("small", 3, max_new=6)
+    sim.step()
+    big = sim.request("big", 40, max_new=2)
+    hopeless_steps = []
+    sim.run(each=lambda items, hopeless: hopeless_steps.extend(hopeless))
+
+    assert hopeless_steps == [big] and sim.failed == {"big": big}
+    assert big.finish.reason == "abort" and big.finish.error_code == "RESOURCE_EXHAUSTED"
+    assert not big.in_memd and big not in sim.sched.running and big not in sim.sched.waiting
+    assert "big" in [r for call in sim.session.calls if call.ok for r in call.finishes]  # its slots went back
+    assert small.output_ids == expected_outputs(6) and "small" in sim.done
+    sim.assert_all_free()
+
+
+def test_request_larger_than_the_pool_fails_alone_after_filling_it():
+    sim = Sim(pages=8, max_running=4, chunk=8, context=64)  # 32 tokens, chunks of 8
+    big = sim.request("big", 40, max_new=2)
+    for _ in range(4):
+        items, hopeless = sim.step()
+        assert [(i.req.rid, i.num_tokens) for i in items] == [("big", 8)] and not hopeless
+    items, hopeless = sim.step()  # the 5th chunk cannot fit: the pool holds 32 tokens
+    assert items == [] and hopeless == [big]
+    assert big.finish.error_code == "RESOURCE_EXHAUSTED" and "40 tokens" in big.finish.error
+    assert sim.session.calls[-1].kind == "free" and sim.session.calls[-1].finishes == ["big"]
+    sim.assert_all_free()
+
+
+def test_request_whose_first_chunk_exceeds_the_pool_is_hopeless_not_stuck():
+    """BUG: a waiting request whose first chunk never fits is never failed.
+
+    Pool 32 tokens, chunk 64, prompt 40: nothing runs, the admission is refused
+    (RESOURCE_EXHAUSTED), level 1 plans nothing, and next_step returns ([], []) because
+    `not self.running`. The request stays at the head of `waiting` forever (the engine retries
+    every 0.5 s), and it blocks every request behind it (FIFO head of line)."""
+    sim = Sim(pages=8, max_running=4, chunk=64, context=64)
+    big = sim.request("big", 40, max_new=2)
+    small = sim.request("small", 4, max_new=2)
+    for _ in range(10):
+        sim.step()
+        if "big" in sim.failed:
+            break
+    assert "big" in sim.failed and big.finish.error_code == "RESOURCE_EXHAUSTED", (
+        f"after 10 steps big is still waiting ({[r.rid for r in sim.sched.waiting]}); "
+        f"memd refused {len(sim.session.errors())} admissions and nothing was failed")
+    sim.run()
+    assert small.output_ids == expected_outputs(2)
+
+
+# ---- 7. no re-admission in the releasing call ---------------------------------------------------
+
+
+def _no_rid_released_and_allocated(calls: list[Call]) -> None:
+    for call in calls:
+        assert not (set(call.finishes) & call.allocated), f"finish + allocate of one rid in one call: {call}"
+        assert call.error in (None, "RESOURCE_EXHAUSTED"), f"memd refused a call with {call.error}: {call}"
+
+
+@pytest.mark.parametrize("pages", [6, 7, 9])
+def test_preempted_request_is_not_readmitted_in_the_releasing_call(pages):
+    # after the victim's release the pool has room for its recompute: a naive scheduler would
+    # admit it again in the same call, which memd refuses with INVALID_ARGUMENT
+    sim = Sim(pages=pages, max_running=3, chunk=64, context=64)
+    for rid, prompt in (("a", 5), ("b", 4), ("v", 2)):
+        sim.request(rid, prompt, max_new=14)
+    sim.run()  # an INVALID_ARGUMENT would raise out of next_step
+    assert sim.sched.preemptions > 0
+    _no_rid_released_and_allocated(sim.session.calls)
+    readmitted = [rid for c in sim.session.calls if c.ok for rid, p, _ in c.extends if p == 0]
+    assert len(readmitted) > 3  # the victims did come back, in later calls
+    assert all(r.output_ids == expected_outputs(14) for r in sim.done.values()) and len(sim.done) == 3
+    sim.assert_all_free()
+
+
+def test_resubmitted_rid_waits_for_the_release_of_its_predecessor():
+    sim = Sim(pages=64, max_running=4, chunk=64, context=64)
+    sim.request("keep", 4, max_new=8)
+    sim.request("x", 4, max_new=1)
+    sim.step()  # x finishes at once: its release is pending
+    assert "x" in sim.done and sim.sched.releases == ["x"]
+    again = sim.request("x", 6, max_new=2)  # same rid, accepted again by the engine once completed
+    sim.step()
+    call = sim.session.calls[-1]
+    assert call.ok and call.finishes == ["x"] and call.extends == [] and call.grows == [("keep", 1)]
+    assert list(sim.sched.waiting) == [again]
+    sim.step()
+    assert sim.session.calls[-1].extends == [("x", 0, 6)]
+    sim.run()
+    _no_rid_released_and_allocated(sim.session.calls)
+    assert again.output_ids == expected_outputs(2)
+
+
+# ---- 8. DFLASH: verify blocks, commit + trim, bounded draft pool -------------------------------
+
+
+B = 4
+ACCEPT_CYCLE = [3, 0, 2, 1, 3, 3, 0]
+
+
+def dflash_sim(**kw) -> Sim:
+    counter = {}
+
+    def accept(req):
+        n = counter.get(req.rid, 0)
+        counter[req.rid] = n + 1
+        return ACCEPT_CYCLE[n % len(ACCEPT_CYCLE)]
+
+    args = dict(pages=40, draft_pages=12, window=8, trim_gap=4, block=B, max_running=2, chunk=16, context=96,
+                accept=accept)
+    args.update(kw)
+    return Sim(**args)
+
+
+def test_dflash_verify_blocks_commit_trim_and_plain_decodes_at_the_context_end():
+    sim = dflash_sim()
+    x = sim.request("x", 10, max_new=86)  # grows to the whole context (96)
+    kinds = []
+    last_verify = None  # (L, k) of the previous step's verify
+    while "x" not in sim.done:
+        calls_before = len(sim.session.calls)
+        items, _ = sim.step()
+        call = sim.session.calls[-1]
+        assert len(sim.session.calls) == calls_before + 1 and call.ok
+        if last_verify is not None:
+            L, k = last_verify
+            assert call.commits == [("x", L + k + 1)] and call.trims == ["x"]
+            n = call.grows[0][1] if call.grows else 0
+            if "x" in call.lengths:
+                assert call.lengths["x"] == L + k + 1 + n  # memd kept the committed length, then grew
+        elif kinds:  # after a prefill chunk or a plain decode: a trim only, no commit
+            assert call.commits == [] and call.trims == ["x"]
+        (item,) = items
+        if call.extends:
+            kinds.append("prefill")
+            assert not item.verify
+        elif sim.starts["x"] + B <= sim.context:
+            assert item.verify and item.num_tokens == B and call.grows == [("x", B)]
+            kinds.append("verify")
+        else:
+            assert not item.verify and item.num_tokens == 1 and call.grows == [("x", 1)]
+            kinds.append("plain")
+        last_verify = (sim.verified[0][1], sim.verified[0][2]) if sim.verified else None
+    assert kinds[0] == "prefill" and "verify" in kinds and kinds[-1] == "plain"
+    assert kinds.index("plain") > len(kinds) - 4 and set(kinds[kinds.index("plain"):]) == {"plain"}
+    assert x.output_ids == expected_outputs(86) and len(x.all_ids) == sim.context
+    sim.run()
+    sim.assert_all_free()
+
+
+def test_dflash_commit_is_applied_before_the_next_growth():
+    sim = dflash_sim(accept=lambda req: 1)
+    x = sim.request("x", 10, max_new=20)
+    sim.step()  # prefill: computed 10, one token sampled
+    sim.step()  # verify [t, d1, d2, d3] at 10..13, one draft accepted
+    assert sim.verified and sim.verified[0][1:] == (10, 1)
+    assert x.computed == 12 and sim.sched.commits == {"x": 12} and sim.sched.trims == {"x"}
+    assert sim._held()["x"].length == 14  # the rejected tail is still held until the next call
+    sim.sched.flush_releases()  # what the engine does when the batch is empty
+    call = sim.session.calls[-1]
+    assert call.kind == "free" and call.commits == [("x", 12)] and call.trims == ["x"] and call.finishes == []
+    assert sim._held()["x"].length == 12 and not sim.sched.commits and not sim.sched.trims
+    sim.step()
+    assert sim.session.calls[-1].commits == [] and sim.session.calls[-1].grows == [("x", B)]
+    assert sim._held()["x"].length == 12 + B
+
+
+def test_dflash_remove_drops_pending_commit_and_trim():
+    sim = dflash_sim()
+    x = sim.request("x", 5, max_new=40)
+    y = sim.request("y", 6, max_new=40)
+    sim.step()
+    sim.step()  # both verified: commits and trims pending for both
+    assert set(sim.sched.commits) == {"x", "y"} and sim.sched.trims == {"x", "y"}
+    sim.sched.remove(x)  # aborted
+    assert set(sim.sched.commits) == {"y"} and sim.sched.trims == {"y"} and sim.sched.releases == ["x"]
+    sim.step()
+    call = sim.session.calls[-1]
+    assert call.ok and call.finishes == ["x"]
+    assert [r for r, _ in call.commits] == ["y"] and call.trims == ["y"] and call.grows == [("y", B)]
+    sim.sched.remove(y)  # aborted right after a verify: the finish alone goes out
+    sim.step()
+    call = sim.session.calls[-1]
+    assert call.kind == "free" and call.finishes == ["y"] and call.commits == [] and call.trims == []
+    sim.assert_all_free()
+
+
+def test_dflash_draft_side_stays_bounded_over_long_runs():
+    # 3 requests of up to 128 tokens each (96 target pages at the end) through a draft pool of
+    # 24 pages: only the trims of out-of-window draft slots make this run possible
+    window, gap = 8, 4
+    sim = dflash_sim(pages=100, draft_pages=24, window=window, trim_gap=gap, max_running=3, context=128,
+                     max_requests=4)
+    for rid, prompt in (("a", 20), ("b", 7), ("c", 33)):
+        sim.request(rid, prompt, max_new=128 - prompt)
+    peak = {"draft": 0, "per_request": 0, "target": 0}
+
+    def watch(items, hopeless):
+        peak["draft"] = max(peak["draft"], sim.mgr.held_tokens()[1])
+        peak["target"] = max(peak["target"], sim.mgr.held_tokens()[0])
+        for r in sim.mgr.requests():
+            peak["per_request"] = max(peak["per_request"], (len(r.target_pages) - r.draft_start // P) * P)
+
+    sim.run(each=watch)
+    # per request: the window, the trim gap, a verify block and page rounding (+ the largest prefill chunk)
+    bound = window + gap + 16 + 2 * P
+    assert peak["per_request"] <= bound
+    assert peak["draft"] <= 3 * bound < peak["target"]
+    assert not sim.failed and sim.sched.preemptions == 0
+    assert {rid: len(r.all_ids) for rid, r in sim.done.items()} == {"a": 128, "b": 128, "c": 128}
+    assert all(r.output_ids == expected_outputs(len(r.output_ids)) for r in sim.done.values())
+    sim.assert_all_free()
+
+
+def test_dflash_preemption_under_pressure_keeps_kv_and_draft_consistent():
+    sim = dflash_sim(pages=14, draft_pages=14, window=8, trim_gap=1, max_running=3, context=64)
+    for i, (prompt, max_new) in enumerate([(9, 30), (5, 24), (12, 18), (3, 33)]):
+        sim.request(f"r{i}", prompt, max_new)
+    sim.run()
+    assert sim.sched.preemptions > 0
+    assert not sim.failed
+    _no_rid_released_and_allocated(sim.session.calls)
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {
+        f"r{i}": expected_outputs(m) for i, m in enumerate([30, 24, 18, 33])}
+    sim.assert_all_free()
+
+
+def test_dflash_request_that_fits_with_plain_decodes_is_not_failed():
+    """BUG: with DFLASH a lone request is failed as hopeless when its verify block of B tokens
+    does not fit, even though a plain 1-token decode (which the scheduler already uses at the
+    end of the context) would fit. Pool 16 tokens, prompt 6, max_new 10: all_ids reaches 16
+    and the last sampled token is never computed, so plain decoding never holds more than 15
+    positions. But at computed 13 (no draft accepted) the verify asks memd for 13 + 4 = 17,
+    and the request fails with "needs 14 tokens of KV and the pool cannot hold them"."""
+    sim = dflash_sim(pages=4, draft_pages=4, window=8, trim_gap=1, accept=lambda req: 0, max_running=1)
+    x = sim.request("x", 6, max_new=10)
+    sim.run(max_steps=50)
+    assert not sim.failed, f"failed: {x.finish}"
+    assert x.output_ids == expected_outputs(10)
