@@ -92,23 +92,15 @@ class Scheduler:
         below that the newest running request is preempted. A request that cannot be admitted
         even alone into an idle pool can never run: it is failed."""
         hopeless: list[Request] = []
+        refused: set[tuple] = set()  # plans memd refused this step: a level that changes nothing is not asked again
         admit, level, spec = self.max_running, 0, bool(self.block)
         while True:
             plan, admitted = self._plan(level, admit, spec)
             if plan:
-                try:
-                    answer = self.session.alloc(
-                        extends=[(r.rid, r.computed, n) for r, n, decode in plan if not decode],
-                        grows=[(r.rid, n) for r, n, decode in plan if decode],
-                        **self._release_args(),
-                    )
-                except grpc.RpcError as exc:
-                    if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                        raise
-                    self.waiting.extendleft(reversed(admitted))
-                else:
-                    self._released()
+                answer = self._ask(plan, refused)
+                if answer is not None:
                     return self._commit(plan, admitted, answer), hopeless
+                self.waiting.extendleft(reversed(admitted))
             elif level == 0 or not self.running:
                 return [], hopeless
             if level == 0 and len(admitted) > 1:
@@ -123,6 +115,25 @@ class Scheduler:
                 self._preempt(self.running[-1])
             else:
                 hopeless.append(self._give_up(self.running[0]))
+
+    def _ask(self, plan, refused: set[tuple]):
+        """memd's answer to a plan, or None when it is (or was already) refused."""
+        key = (tuple((r.rid, n, decode) for r, n, decode in plan), tuple(self.releases))
+        if key in refused:
+            return None
+        try:
+            answer = self.session.alloc(
+                extends=[(r.rid, r.computed, n) for r, n, decode in plan if not decode],
+                grows=[(r.rid, n) for r, n, decode in plan if decode],
+                **self._release_args(),
+            )
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            refused.add(key)
+            return None
+        self._released()
+        return answer
 
     def _decode_tokens(self, r: Request, spec: bool) -> int:
         """A decode computes the last token; with DFLASH it verifies a whole block when it fits."""

@@ -513,6 +513,24 @@ def test_many_requests_under_pressure_all_finish_with_their_tokens():
     sim.assert_all_free()
 
 
+def test_a_refused_plan_is_not_asked_again_in_the_same_step():
+    """Shrinking levels that leave the plan unchanged do not cost another memd round trip."""
+    sim = Sim(pages=12, max_running=5, chunk=12, context=64)
+    for i, (prompt, max_new) in enumerate([(7, 12), (3, 20), (11, 6), (5, 15), (9, 9), (2, 25), (6, 3)]):
+        sim.request(f"r{i}", prompt, max_new)
+    seen = [0]
+
+    def no_repeats(items, hopeless):
+        step_calls = sim.session.calls[seen[0]:]
+        seen[0] = len(sim.session.calls)
+        refused = [(tuple(c.extends), tuple(c.grows), tuple(c.commits), tuple(c.trims), tuple(c.finishes))
+                   for c in step_calls if not c.ok]
+        assert len(refused) == len(set(refused)), f"memd was asked the same refused plan twice: {refused}"
+
+    sim.run(each=no_repeats)
+    assert sim.sched.preemptions > 0 and not sim.failed
+
+
 # ---- 6. requests that can never fit -------------------------------------------------------------
 
 
