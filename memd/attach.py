@@ -13,10 +13,10 @@ import threading
 import grpc
 import torch
 
+from memd.sockets import CHANNEL_OPTIONS
 from protos import memd_pb2, memd_pb2_grpc
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "int32": torch.int32}
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
 
 
 def map_buffer(desc: memd_pb2.BufferDesc) -> torch.Tensor:

@@ -17,15 +17,13 @@ from memd.config import MemdConfig, config_from_args
 from memd.plan import ConfigError, PoolPlan, log_plan, make_plan
 from memd.pools import build_pools
 from memd.service import MemdService
-from memd.sockets import prepare_socket, unix_path
+from memd.sockets import CHANNEL_OPTIONS, prepare_socket, unix_path
 from protos import memd_pb2, memd_pb2_grpc
 
 log = logging.getLogger("memd")
 SERVICE_NAME = memd_pb2.DESCRIPTOR.services_by_name["Memd"].full_name
 EXIT_INVARIANT = 70
-SERVER_OPTIONS = [
-    ("grpc.max_receive_message_length", 256 << 20),
-    ("grpc.max_send_message_length", 256 << 20),
+SERVER_OPTIONS = CHANNEL_OPTIONS + [
     # Find a silent dead peer (no FIN, e.g. a frozen host) within ~2 s so its lease ends.
     ("grpc.keepalive_time_ms", 1000),
     ("grpc.keepalive_timeout_ms", 1000),

@@ -127,7 +127,7 @@ class SlotManager:
             short.append(f"{new_rows} new requests, {len(self.free_rows) + freed_rows} request rows free")
         if short:
             raise ResourceExhausted("; ".join(short))
-        self.apply_release(session, release)
+        self._apply_release(held, release)
         out = [self._extend(session, rid, n) for rid, _, n in extends]
         return out + [self._extend(session, rid, n) for rid, n in grows]
 
@@ -135,6 +135,10 @@ class SlotManager:
         """Commits, then out-of-window trims, then finishes. Returns tokens freed per side."""
         held = self._requests(session)
         self._plan_release(held, release)
+        return self._apply_release(held, release)
+
+    def _apply_release(self, held: dict[str, Request], release: Release) -> tuple[int, int]:
+        """The mutations of a release that _plan_release has validated."""
         before = (self.target.free_tokens, self._draft_free_tokens())
         for rid, length in release.commits:
             self._commit(held[rid], length)

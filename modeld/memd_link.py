@@ -2,7 +2,6 @@
 comes back after being lost. Everything that holds a pool or the session is rebound on re-attach."""
 
 import logging
-import socket
 import threading
 import time
 from typing import Callable
@@ -10,24 +9,9 @@ from typing import Callable
 import grpc
 
 from memd.attach import MemdSession
-from memd.sockets import unix_path
+from memd.sockets import reachable
 
 log = logging.getLogger("modeld")
-
-
-def reachable(address: str) -> bool:
-    """Whether something accepts connections at a unix:// or host:port address."""
-    path = unix_path(address)
-    try:
-        if path is not None:
-            with socket.socket(socket.AF_UNIX) as probe:
-                probe.connect(str(path))
-        else:
-            host, port = address.rsplit(":", 1)
-            socket.create_connection((host.strip("[]"), int(port)), timeout=0.5).close()
-    except OSError:
-        return False
-    return True
 
 
 class StartupError(RuntimeError):

@@ -13,7 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from memd.plan import ConfigError
-from memd.sockets import prepare_socket, unix_path
+from memd.sockets import CHANNEL_OPTIONS, prepare_socket, unix_path
 from modeld.config import ModeldConfig, config_from_args
 from modeld.dflash import DflashWorker
 from modeld.draft import DraftError, load_draft
@@ -103,7 +103,7 @@ def serve(cfg: ModeldConfig) -> int:
     )
     service = ModeldService(engine, tokenizer, hf_config.vocab_size, layout.context_len, cfg.device, info, link)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * layout.max_running_requests + 16),
-                         options=[("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)])
+                         options=CHANNEL_OPTIONS)
     modeld_pb2_grpc.add_ModeldServicer_to_server(service, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
