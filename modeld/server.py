@@ -142,6 +142,13 @@ def main(argv=None) -> None:
         sys.exit(f"modeld: error: {exc}")
     logging.basicConfig(level=cfg.log_level, format="%(asctime)s modeld %(levelname)s %(message)s", stream=sys.stderr)
     try:
-        sys.exit(serve(cfg))
+        code = serve(cfg)
     except (StartupError, ConfigError, DraftError, FileNotFoundError, ValueError) as exc:
         sys.exit(f"modeld: error: {exc}")
+    # serve() has stopped the server, joined the engine and closed memd's session. Leave now: letting the
+    # interpreter finalise gRPC's channels while their C-core threads wind down sometimes aborts the
+    # process ("terminate called without an active exception"), seen after a re-attach to memd.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

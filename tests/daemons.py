@@ -50,10 +50,14 @@ class MemdProcess:
         return [p.name for p in pathlib.Path("/dev/shm").glob(f"memd-{self.proc.pid}-*")]
 
 
+def child_env(*paths: str) -> dict:
+    """The environment for a child process: the repository (and `paths`) ahead of any PYTHONPATH."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), *paths, os.environ.get("PYTHONPATH")]))}
+
+
 def start_daemon(cmd: list[str], log_path: pathlib.Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "w") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO)
 
 
 def wait_ready(proc: subprocess.Popen, log_path: pathlib.Path, marker: str, timeout: float) -> None:

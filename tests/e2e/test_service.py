@@ -7,7 +7,6 @@ queues empty after every test that uses the module's daemons."""
 import asyncio
 import concurrent.futures
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -21,7 +20,7 @@ import pytest
 import client
 from client.messages import build_generate_request
 from protos import modeld_pb2_grpc
-from tests.daemons import REPO, run_memd, run_modeld
+from tests.daemons import REPO, child_env, run_memd, run_modeld
 
 MAX_NEW = 16
 LONG = dict(max_new_tokens=2000, temperature=0, ignore_eos=True)  # runs until aborted or cancelled
@@ -306,9 +305,8 @@ def test_back_to_back_duplicates_and_an_immediate_abort(daemons):
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "client", *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=timeout)
+                          env=child_env(), cwd=REPO, timeout=timeout)
 
 
 def test_memd_lost_makes_modeld_unavailable_then_it_reattaches(default_model):

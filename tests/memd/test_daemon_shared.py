@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.daemons import REPO, cuda_available, memd_args, run_memd
+from tests.daemons import REPO, child_env, cuda_available, memd_args, run_memd
 from tests.models import tiny_draft, tiny_target
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU"))]
@@ -17,8 +17,7 @@ SCRIPTS = REPO / "tests" / "scripts"
 
 
 def script(name: str, *args: str, **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), str(SCRIPTS), os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen([sys.executable, str(SCRIPTS / name), *args], env=env, text=True,
+    return subprocess.Popen([sys.executable, str(SCRIPTS / name), *args], env=child_env(str(SCRIPTS)), text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
 
