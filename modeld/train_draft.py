@@ -42,6 +42,7 @@ class TrainConfig:
     lr: float = 6e-4
     gamma: float = 7.0
     seed: int = 0
+    max_seconds: float = float("inf")  # stop early (and save) after this long; the schedule stays that of `steps`
 
 
 def draft_config(target_cfg, tc: TrainConfig) -> dict:
@@ -162,6 +163,9 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print) -> 
         losses.append(loss.item())
         if step % max(1, tc.steps // 20) == 0 or step == tc.steps - 1:
             log(f"step {step}: loss {losses[-1]:.4f} ({time.time() - begin:.0f} s)")
+        if time.time() - begin > tc.max_seconds:
+            log(f"stopped at step {step} of {tc.steps}: --max-seconds {tc.max_seconds} reached")
+            break
     return draft, config, losses
 
 

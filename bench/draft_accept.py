@@ -1,0 +1,82 @@
+"""Accept length and throughput of a DFLASH draft through the service, on held-out prompts.
+
+For each draft block size, and once without the draft, in one script: memd (bounded draft pool at
+--ratio) and modeld on the GPU, greedy answers to the prompts at batch 1 (the first --batch1
+prompts) and at --concurrency (all of them). Prints one markdown row per configuration: accept
+length (completion tokens / verify steps) and tokens/s, and the speed-up over no draft.
+
+    python -m bench.draft_accept --prompts mtbench.jsonl [--draft modeld/default_draft] [--blocks 8,16]
+        [--max-new-tokens 128] [--batch1 8] [--concurrency 16] [--ratio 0.25] [--page 64]
+"""
+
+import argparse
+import concurrent.futures
+import json
+import pathlib
+import sys
+import time
+
+from transformers import AutoTokenizer
+
+import client
+from modeld.fetch_default import ensure_default_model
+from tests.daemons import memd_args, run_memd, run_modeld
+
+
+def run_set(address: str, prompts: list[list[int]], max_new: int, workers: int) -> tuple[int, int, float]:
+    """(completion tokens, verify steps, seconds) for greedy answers to `prompts`."""
+    with client.Client(address, timeout=1200) as c:
+        go = lambda ids: c.generate(input_ids=ids, max_new_tokens=max_new, temperature=0)  # noqa: E731
+        begin = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(go, prompts))
+        seconds = time.perf_counter() - begin
+    return sum(len(r.output_ids) for r in results), sum(r.spec_verify_ct for r in results), seconds
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.draft_accept", description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", required=True, help="JSON lines {prompt}, held out of the draft's training")
+    p.add_argument("--draft", default=str(pathlib.Path(__file__).parents[1] / "modeld" / "default_draft"))
+    p.add_argument("--target", help="target folder (default: the converted default model)")
+    p.add_argument("--blocks", default="8,16")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch1", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--ratio", type=float, default=0.25)
+    p.add_argument("--page", type=int, default=64)
+    p.add_argument("--device", default="cuda")
+    args = p.parse_args(argv)
+    target = pathlib.Path(args.target) if args.target else ensure_default_model()
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}],
+                                             add_generation_prompt=True, tokenize=True, return_dict=False)
+               for line in open(args.prompts) if line.strip()]
+    window = json.loads((pathlib.Path(args.draft) / "config.json").read_text())["sliding_window"]
+    mem = memd_args(draft=pathlib.Path(args.draft), ratio=args.ratio, window=window, page=args.page,
+                    budget=4_000_000_000, max_running=max(args.concurrency, 8), chunk=2048, strict=False)
+    rows = ["| config | accept length | batch 1 tok/s | x | batch %d tok/s | x |" % args.concurrency,
+            "|---|---|---|---|---|---|"]
+    base = None
+    with run_memd(target, *mem, "--kv-cache-dtype", "bfloat16", device=args.device) as memd:
+        for block in [None] + [int(b) for b in args.blocks.split(",")]:
+            extra = ["--speculative-algorithm", "none"] if block is None else [
+                "--draft-model", args.draft, "--num-draft-tokens", str(block)]
+            with run_modeld(memd, "--target-model", str(target), *extra, device=args.device) as modeld:
+                run_set(modeld.address, prompts[:2], 16, 1)  # warm-up (Triton compiles)
+                one = run_set(modeld.address, prompts[: args.batch1], args.max_new_tokens, 1)
+                many = run_set(modeld.address, prompts, args.max_new_tokens, args.concurrency)
+            speeds = (one[0] / one[2], many[0] / many[2])
+            base = base or speeds
+            accept = "-" if block is None else f"{many[0] / many[1]:.2f}"
+            name = "no draft" if block is None else f"DFLASH block {block}"
+            rows.append(f"| {name} | {accept} | {speeds[0]:.1f} | {speeds[0] / base[0]:.2f} | {speeds[1]:.1f} "
+                        f"| {speeds[1] / base[1]:.2f} |")
+            print(rows[-1], file=sys.stderr, flush=True)
+    print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, ratio {args.ratio}, page {args.page}")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
