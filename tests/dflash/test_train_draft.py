@@ -45,3 +45,18 @@ def test_training_learns_and_saves_a_loadable_draft(tmp_path):
     for name, value in draft.state_dict().items():
         if "rotary" not in name:
             torch.testing.assert_close(loaded.state_dict()[name], value.to(torch.bfloat16).float())
+
+
+def test_max_seconds_stops_after_the_first_step(tmp_path):
+    target = load_hf(write_random_target(tmp_path / "t", vocab=64)).requires_grad_(False)
+    tc = TrainConfig(layers=1, block=4, window=16, taps=(1, 2), mask_token_id=63, intermediate=128, steps=150,
+                     batch=4, anchors=4, lr=3e-3, max_seconds=0)
+    messages = []
+    draft, config, losses = train(target, greedy_sequences(target, 4, 1), tc, "cpu", log=messages.append)
+    assert len(losses) == 1 and losses[0] > 0
+    assert "stopped at step 0 of 150" in messages[-1]
+    save_draft(draft, config, tmp_path / "draft")
+    loaded = load_draft(str(tmp_path / "draft"), target.config, torch.float32, "cpu")
+    for name, value in draft.state_dict().items():
+        if "rotary" not in name:
+            torch.testing.assert_close(loaded.state_dict()[name], value.to(torch.bfloat16).float())
