@@ -1,4 +1,4 @@
-"""python -m client [--addr MODELD] [--memd MEMD] {generate,health,capacity,info} ...
+"""python -m client [--addr MODELD] [--memd MEMD] {generate,health,capacity,flush-cache,info} ...
 
   generate PROMPT [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
            [--stop STR ...] [--chat] [--stream] [--json]
@@ -7,6 +7,8 @@
   health      grpc.health.v1 status of modeld and memd; exit 0 only if all are SERVING
   capacity    pools and queues through modeld
   With --memd and no --addr, health and capacity ask memd alone, directly.
+  flush-cache drop memd's prefix cache (asks memd directly, --memd or its default socket); prints the
+              tokens freed per pool; fails with FAILED_PRECONDITION while any request runs
   info        modeld's models, geometry and speculation counters as JSON
 
 Errors print "error: CODE: message" on stderr and exit 1.
@@ -19,10 +21,11 @@ import sys
 import grpc
 
 from client import errors
-from client.cli_output import meta_line, print_capacity, print_chunk_text, print_json, print_modeld_capacity
+from client.cli_output import (meta_line, print_capacity, print_chunk_text, print_flushed, print_json,
+                               print_modeld_capacity)
 from client.client import Client
 from client.connection import default_modeld_address
-from client.memd_admin import health_status, memd_capacity
+from client.memd_admin import flush_cache, health_status, memd_capacity
 from memd.defaults import default_memd_address
 
 
@@ -47,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("health", help="grpc.health.v1 status of modeld and memd")
     cap = sub.add_parser("capacity", help="KV pools and request queues")
     cap.add_argument("--json", action="store_true")
+    flush = sub.add_parser("flush-cache", help="drop memd's prefix cache (only while no request runs)")
+    flush.add_argument("--json", action="store_true")
     sub.add_parser("info", help="modeld's models and counters")
     return parser
 
@@ -107,6 +112,12 @@ def run_capacity(args) -> int:
     return 0
 
 
+def run_flush_cache(args) -> int:
+    freed = flush_cache(args.memd or default_memd_address(), timeout=args.timeout)
+    print_json_or(freed, args.json, print_flushed)
+    return 0
+
+
 def run_info(args) -> int:
     with modeld_client(args) as client:
         print(json.dumps(client.info(), indent=2))
@@ -120,7 +131,8 @@ def print_json_or(value: dict, as_json: bool, print_table) -> None:
         print_table(value)
 
 
-COMMANDS = {"generate": run_generate, "health": run_health, "capacity": run_capacity, "info": run_info}
+COMMANDS = {"generate": run_generate, "health": run_health, "capacity": run_capacity, "flush-cache": run_flush_cache,
+            "info": run_info}
 
 
 def main(argv=None) -> int:

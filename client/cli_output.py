@@ -24,6 +24,11 @@ def print_modeld_capacity(cap: dict) -> None:
     print(f"modeld running={cap['running_requests']} waiting={cap['waiting_requests']}")
 
 
+def print_flushed(freed: dict) -> None:
+    """FlushCache's answer: tokens the prefix cache gave back per pool."""
+    print(f"flushed prefix cache: target_freed={freed['target_freed']} draft_freed={freed['draft_freed']}")
+
+
 def meta_line(result: GenerateResult) -> str:
     """One line with a result's finish reason, token counts and speculation figures."""
     stop = f" matched_stop={result.matched_stop!r}" if result.matched_stop else ""

@@ -1,4 +1,4 @@
-"""Read-only queries against memd: capacity and health."""
+"""Admin calls to memd: capacity and health (read-only), and flushing its prefix cache."""
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -11,6 +11,14 @@ def memd_capacity(address: str, timeout: float = 5.0) -> dict:
     """memd's CapacityResponse as a dict (pools, sizing, sessions); raises grpc.RpcError on failure."""
     with grpc.insecure_channel(address) as channel:
         reply = memd_pb2_grpc.MemdStub(channel).Capacity(memd_pb2.CapacityRequest(), timeout=timeout)
+    return proto_to_dict(reply)
+
+
+def flush_cache(address: str, timeout: float = 5.0) -> dict:
+    """Drop memd's whole prefix cache: {"target_freed", "draft_freed"} in tokens. Raises grpc.RpcError,
+    FAILED_PRECONDITION while any request is running (the cache is only flushed when memd is idle)."""
+    with grpc.insecure_channel(address) as channel:
+        reply = memd_pb2_grpc.MemdStub(channel).FlushCache(memd_pb2.FlushCacheRequest(), timeout=timeout)
     return proto_to_dict(reply)
 
 

@@ -55,9 +55,14 @@ def _map_cuda(desc: memd_pb2.BufferDesc) -> torch.Tensor:
 
 
 class MemdSession:
-    """An attached session: `stub`, `session_id`, `layout`, and `map()` for the buffers."""
+    """An attached session: `stub`, `session_id`, `layout`, and `map()` for the buffers.
 
-    def __init__(self, address: str, client_name: str = "", connect_timeout: float = 10.0):
+    writes_draft_kv=False is for a client that never writes draft KV (no speculation): the prefixes
+    it puts into memd's cache keep no draft KV, so no speculating client reads draft KV never written.
+    """
+
+    def __init__(self, address: str, client_name: str = "", connect_timeout: float = 10.0,
+                 writes_draft_kv: bool = True):
         self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         ready = grpc.channel_ready_future(self.channel)
         try:
@@ -67,7 +72,8 @@ class MemdSession:
             self.channel.close()
             raise
         self.stub = memd_pb2_grpc.MemdStub(self.channel)
-        self._events = self.stub.Attach(memd_pb2.AttachRequest(client_name=client_name))
+        attach = memd_pb2.AttachRequest(client_name=client_name, writes_draft_kv=writes_draft_kv)
+        self._events = self.stub.Attach(attach)
         first = next(self._events)
         self.session_id = first.attached.session_id
         self.layout = first.attached.layout
@@ -88,25 +94,39 @@ class MemdSession:
     def map(self) -> dict[str, torch.Tensor]:
         return {desc.name: map_buffer(desc) for desc in self.layout.buffers}
 
-    def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), timeout: float = 10.0):
-        """One scheduler step: extends [(rid, prefix_len, n)], grows [(rid, n)], then the releases."""
+    def match_prefix(self, rid: str, token_ids, timeout: float = 10.0) -> memd_pb2.MatchPrefixResponse:
+        """Start request `rid` from the longest cached prefix of `token_ids`: it holds positions
+        [0, cached_len) and a row; continue it with an extend at prefix_len cached_len."""
+        request = memd_pb2.MatchPrefixRequest(session_id=self.session_id, rid=rid, token_ids=list(token_ids))
+        return self.stub.MatchPrefix(request, timeout=timeout)
+
+    def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
+        """One scheduler step: the releases (commits [(rid, length)], trims [rid], finishes [rid], cache
+        [(rid, token_ids)] of finished requests), then extends [(rid, prefix_len, n)] and grows [(rid, n)]."""
         request = memd_pb2.AllocRequest(
             session_id=self.session_id,
-            release=self._release(commits, trims, finishes),
+            release=self._release(commits, trims, finishes, cache),
             extends=[memd_pb2.ExtendOp(rid=r, prefix_len=p, num_tokens=n) for r, p, n in extends],
             grows=[memd_pb2.GrowOp(rid=r, num_tokens=n) for r, n in grows],
         )
         return self.stub.Alloc(request, timeout=timeout)
 
-    def free(self, commits=(), trims=(), finishes=(), timeout: float = 10.0):
-        return self.stub.Free(self._release(commits, trims, finishes), timeout=timeout)
+    def free(self, commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
+        """Releases alone; `cache` [(rid, token_ids)]: finished requests whose first len(token_ids)
+        positions go into the prefix cache (each rid also in `finishes`)."""
+        return self.stub.Free(self._release(commits, trims, finishes, cache), timeout=timeout)
 
-    def _release(self, commits, trims, finishes) -> memd_pb2.FreeRequest:
+    def flush_cache(self, timeout: float = 10.0) -> memd_pb2.FlushCacheResponse:
+        """Drop every cached prefix (FAILED_PRECONDITION while any session holds a request)."""
+        return self.stub.FlushCache(memd_pb2.FlushCacheRequest(), timeout=timeout)
+
+    def _release(self, commits, trims, finishes, cache=()) -> memd_pb2.FreeRequest:
         return memd_pb2.FreeRequest(
             session_id=self.session_id,
             commits=[memd_pb2.CommitOp(rid=r, length=n) for r, n in commits],
             trim_draft=list(trims),
             finish=list(finishes),
+            cache=[memd_pb2.CacheOp(rid=r, token_ids=list(ids)) for r, ids in cache],
         )
 
     def close(self) -> None:

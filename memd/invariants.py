@@ -1,7 +1,8 @@
 """The leak invariant and the structural invariants of a SlotManager.
 
-Leak invariant, per side: free + evictable + protected + held by running requests == total.
-(evictable and protected belong to the prefix cache; they are 0 until it exists.)
+Leak invariant, per side: free + evictable + protected + held by running requests == total,
+where evictable and protected are the prefix cache's pages and "held" counts a request's own
+pages only (its matched prefix belongs to the cache).
 """
 
 import numpy as np
@@ -12,11 +13,11 @@ from memd.slots import DraftMode, SlotManager
 
 def check_leak(mgr: SlotManager) -> None:
     held_target, held_draft = mgr.held_tokens()
-    sides = [("target", mgr.target.free_tokens, held_target, mgr.target.total_tokens)]
+    ev_t, prot_t, ev_d, prot_d = mgr.cache_counts()
+    sides = [("target", mgr.target.free_tokens, held_target, mgr.target.total_tokens, ev_t, prot_t)]
     if mgr.draft is not None:
-        sides.append(("draft", mgr.draft.free_tokens, held_draft, mgr.draft.total_tokens))
-    for side, free, held, total in sides:
-        evictable = protected = 0
+        sides.append(("draft", mgr.draft.free_tokens, held_draft, mgr.draft.total_tokens, ev_d, prot_d))
+    for side, free, held, total, evictable, protected in sides:
         if free + evictable + protected + held != total:
             raise InvariantViolation(
                 f"leak invariant broken on the {side} side: free {free} + evictable {evictable} + "
@@ -30,6 +31,7 @@ def check_leak(mgr: SlotManager) -> None:
 def check_structure(mgr: SlotManager) -> None:
     """Everything the allocator promises, checked from scratch (O(pool size))."""
     check_leak(mgr)
+    mgr.cache.check()
     P = mgr.P
     mgr.target.check()
     if mgr.draft is not None:
@@ -38,10 +40,25 @@ def check_structure(mgr: SlotManager) -> None:
     expected_rows = np.zeros_like(mgr.req_to_token)
     target_owner = np.zeros(mgr.target.num_pages + 1, np.int64)
     draft_owner = np.zeros((mgr.draft.num_pages if mgr.draft else 0) + 1, np.int64)
+    cached_target, cached_live = mgr.cache.owned()
+    np.add.at(target_owner, cached_target, 1)
+    np.add.at(draft_owner, [d for _, d in cached_live], 1)
+    if expected_map is not None:
+        for t, d in cached_live:
+            expected_map[t * P : (t + 1) * P] = np.arange(d * P, (d + 1) * P)
+        if mgr.mode is DraftMode.IDENTITY:
+            for t in cached_target:
+                expected_map[t * P : (t + 1) * P] = np.arange(t * P, (t + 1) * P)
+    cached_set, cached_draft = set(cached_target), dict(cached_live)
     for req in mgr.requests():
         if len(req.target_pages) != -(-req.length // P) or req.draft_start % P:
             raise InvariantViolation(f"request {req.rid!r}: {len(req.target_pages)} pages for length {req.length}")
-        np.add.at(target_owner, req.target_pages, 1)
+        if not set(req.target_pages[: req.cached_pages]) <= cached_set:
+            raise InvariantViolation(f"request {req.rid!r}: its matched prefix is not in the prefix cache")
+        for i in range(req.draft_start // P, req.cached_pages) if mgr.draft is not None else ():
+            if cached_draft.get(req.target_pages[i]) != req.draft_pages[i]:
+                raise InvariantViolation(f"request {req.rid!r}: draft page of cached page {i} is not the cache's live one")
+        np.add.at(target_owner, req.target_pages[req.cached_pages :], 1)
         positions = np.arange(req.length)
         target = mgr._slots(req.target_pages, positions)
         expected_rows[req.row, : req.length] = target
@@ -49,7 +66,7 @@ def check_structure(mgr: SlotManager) -> None:
             live = req.draft_pages[req.draft_start // P :]
             if 0 in live or any(req.draft_pages[: req.draft_start // P]):
                 raise InvariantViolation(f"request {req.rid!r}: draft pages disagree with draft_start")
-            np.add.at(draft_owner, live, 1)
+            np.add.at(draft_owner, req.draft_pages[mgr._own_draft_from(req) :], 1)
         if expected_map is not None:
             window = positions[req.draft_start :]
             expected_map[target[req.draft_start :]] = mgr._draft_slots(req, window, target[req.draft_start :])

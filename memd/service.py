@@ -33,7 +33,7 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         if self.shutting_down.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is shutting down")
         session = uuid.uuid4().hex
-        self.mgr.open_session(session)
+        self.mgr.open_session(session, writes_draft=request.writes_draft_kv)
         self.clients[session] = request.client_name or context.peer()
         log.info("session %s attached (%s)", session[:8], self.clients[session])
         try:
@@ -60,7 +60,7 @@ class MemdService(memd_pb2_grpc.MemdServicer):
 
     # ---- allocation -----------------------------------------------------------------
     async def Alloc(self, request, context):
-        release = _release(request.release)
+        release = release_from_message(request.release)
         extends = [(op.rid, op.prefix_len, op.num_tokens) for op in request.extends]
         grows = [(op.rid, op.num_tokens) for op in request.grows]
         allocated = await self._run(context, self.mgr.step, request.session_id, release, extends, grows)
@@ -75,8 +75,20 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         )
 
     async def Free(self, request, context):
-        freed = await self._run(context, self.mgr.apply_release, request.session_id, _release(request))
+        freed = await self._run(context, self.mgr.apply_release, request.session_id, release_from_message(request))
         return memd_pb2.FreeResponse(target_freed=freed[0], draft_freed=freed[1])
+
+    async def MatchPrefix(self, request, context):
+        matched = await self._run(context, self.mgr.match_prefix, request.session_id, request.rid,
+                                  list(request.token_ids))
+        return memd_pb2.MatchPrefixResponse(
+            rid=matched.rid, row=matched.row, cached_len=matched.cached_len,
+            target_slots=matched.target_slots.tolist(), draft_slots=matched.draft_slots.tolist(),
+        )
+
+    async def FlushCache(self, request, context):
+        freed = await self._run(context, self.mgr.flush_cache)
+        return memd_pb2.FlushCacheResponse(target_freed=freed[0], draft_freed=freed[1])
 
     async def _run(self, context, op, *args):
         try:
@@ -110,12 +122,14 @@ class MemdService(memd_pb2_grpc.MemdServicer):
 
     async def Capacity(self, request, context):
         mgr, layout = self.mgr, self.layout
-        target = _pool(mgr.target.total_tokens, mgr.target.free_tokens, layout.target.bytes)
+        target_evictable, target_protected, draft_evictable, draft_protected = mgr.cache_counts()
+        target = _pool(mgr.target.total_tokens, mgr.target.free_tokens, target_evictable, target_protected,
+                       layout.target.bytes)
         draft = memd_pb2.PoolCapacity()
         if layout.has_draft:
             total = mgr.draft.total_tokens if mgr.draft else mgr.target.total_tokens
             free = mgr.draft.free_tokens if mgr.draft else mgr.target.free_tokens
-            draft = _pool(total, free, layout.draft.bytes)
+            draft = _pool(total, free, draft_evictable, draft_protected, layout.draft.bytes)
         for session in mgr.sessions:
             held_target, held_draft = mgr.held_tokens(session)
             target.held_per_session[session] = held_target
@@ -131,14 +145,16 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         )
 
 
-def _pool(total: int, free: int, nbytes: int) -> memd_pb2.PoolCapacity:
-    # evictable and protected stay 0 until the prefix cache owns slots.
-    return memd_pb2.PoolCapacity(total=total, free=free, used=total - free, bytes=nbytes)
+def _pool(total: int, free: int, evictable: int, protected: int, nbytes: int) -> memd_pb2.PoolCapacity:
+    """One side's pool; `used` counts the prefix cache too (free + evictable + protected + held == total)."""
+    return memd_pb2.PoolCapacity(total=total, free=free, used=total - free, evictable=evictable, protected=protected,
+                                 bytes=nbytes)
 
 
-def _release(request: memd_pb2.FreeRequest) -> Release:
+def release_from_message(request: memd_pb2.FreeRequest) -> Release:
     return Release(
         commits=tuple((op.rid, op.length) for op in request.commits),
         trims=tuple(request.trim_draft),
         finishes=tuple(request.finish),
+        inserts=tuple((op.rid, tuple(op.token_ids)) for op in request.cache),
     )

@@ -3,8 +3,13 @@ the per-request slot table (req_to_token), for whole scheduler steps.
 
 Positions of a request live in pages: position p sits at page `pages[p // P]`, offset
 `p % P`, on both sides, so a token's in-page offset is the same in the target and draft
-pools. The mapping is nonzero exactly at target slots of live positions that hold a
-draft slot; every other entry (free slots, released tails, trimmed positions) is 0.
+pools. The mapping is nonzero exactly at target slots that hold a live draft slot (a
+running request's window, or a cached page whose draft KV is live); every other entry
+(free slots, released tails, trimmed positions, tombstones) is 0.
+
+Ownership: a request created by match_prefix starts with `cached_pages` pages that the
+prefix cache owns (and the request only holds locked); every later page is the request's
+own until it finishes, when it goes into the cache (insert) or back to the pools.
 """
 
 from dataclasses import dataclass, field
@@ -15,6 +20,7 @@ import numpy as np
 
 from memd.errors import FailedPrecondition, InvalidArgument, InvariantViolation, NotFound, ResourceExhausted
 from memd.pages import PagePool
+from memd.prefix_cache import PrefixCache
 
 
 class DraftMode(Enum):
@@ -32,6 +38,13 @@ class Request:
     draft_pages: list[int] = field(default_factory=list)  # BOUNDED only; 0 below draft_start
     length: int = 0  # positions [0, length) hold target slots
     draft_start: int = 0  # positions [draft_start, length) hold draft slots (page aligned)
+    cached_pages: int = 0  # pages [0, cached_pages) belong to the prefix cache (matched, locked)
+    locked: bool = False  # holds a lock in the prefix cache (matched or checkpointed)
+    prefix: tuple[int, ...] = ()  # the tokens of the cached pages
+
+    @property
+    def holder(self) -> tuple[str, str]:
+        return self.session, self.rid
 
 
 @dataclass(frozen=True)
@@ -39,6 +52,16 @@ class Release:
     commits: tuple[tuple[str, int], ...] = ()
     trims: tuple[str, ...] = ()
     finishes: tuple[str, ...] = ()
+    inserts: tuple[tuple[str, tuple[int, ...]], ...] = ()  # finished requests' tokens for the prefix cache
+
+
+@dataclass(frozen=True)
+class Matched:
+    rid: str
+    row: int
+    cached_len: int
+    target_slots: np.ndarray
+    draft_slots: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -82,16 +105,83 @@ class SlotManager:
         self.free_rows = list(range(max_requests, 0, -1))
         self.max_requests = max_requests
         self.sessions: dict[str, dict[str, Request]] = {}
+        self.writes_draft: dict[str, bool] = {}  # per session: does the client write draft KV?
+        self.cache = PrefixCache(page_size, self.target, self.draft, window, self._set_mapping)
 
     # ---- sessions ------------------------------------------------------------------
-    def open_session(self, session: str) -> None:
+    def open_session(self, session: str, writes_draft: bool = True) -> None:
+        if session in self.sessions:
+            raise InvalidArgument(f"session {session!r} is already open")
         self.sessions[session] = {}
+        self.writes_draft[session] = writes_draft
 
     def close_session(self, session: str) -> None:
-        """The lease ended: free every request the session held."""
+        """The lease ended: free every request the session held (nothing goes into the cache:
+        a lost client's KV may be half written)."""
         for rid in list(self.sessions.get(session, {})):
-            self._finish(self.sessions[session][rid])
+            self._finish(self.sessions[session][rid], None)
         self.sessions.pop(session, None)
+        self.writes_draft.pop(session, None)
+
+    # ---- prefix cache ----------------------------------------------------------------
+    def match_prefix(self, session: str, rid: str, tokens) -> Matched:
+        """Register request `rid` at the usable cached prefix of `tokens` and lock it there."""
+        held = self._requests(session)
+        if not rid:
+            raise InvalidArgument("empty request id")
+        if rid in held:
+            raise InvalidArgument(f"request {rid!r} is already held by this session")
+        if any(t < 0 for t in tokens):
+            raise InvalidArgument("token ids must be >= 0")
+        if len(tokens) > self.context_len:
+            raise InvalidArgument(f"{len(tokens)} tokens exceed the context of {self.context_len}")
+        if not self.free_rows:
+            raise ResourceExhausted(f"all {self.max_requests} request rows are in use")
+        needs_draft = self.mode is DraftMode.BOUNDED and self.writes_draft[session]
+        match = self.cache.match(tokens, needs_draft)
+        draft_start = 0 if self.mode is DraftMode.IDENTITY else match.draft_from * self.P
+        req = held[rid] = Request(rid, session, self.free_rows.pop(), list(match.target_pages),
+                                  list(match.draft_pages), match.pages * self.P, draft_start,
+                                  cached_pages=match.pages, locked=True, prefix=tuple(tokens[: match.pages * self.P]))
+        self.cache.lock(req.holder, match)
+        positions = np.arange(req.length)
+        target = self._slots(req.target_pages, positions)
+        self._write("req_to_token", req.row * self.req_to_token.shape[1] + positions, target)
+        draft = np.zeros_like(target)
+        if self.mapping is not None:
+            draft[req.draft_start :] = self.mapping[target[req.draft_start :]]
+        return Matched(rid, req.row, req.length, target, draft)
+
+    def flush_cache(self) -> tuple[int, int]:
+        """Empty the prefix cache; only when no request runs. Returns tokens freed per side."""
+        running = sum(1 for _ in self.requests())
+        if running:
+            raise FailedPrecondition(f"cannot flush the prefix cache while {running} requests run")
+        before = (self.target.free_tokens, self._draft_free_tokens())
+        self.cache.flush()
+        return self.target.free_tokens - before[0], self._draft_free_tokens() - before[1]
+
+    def cache_counts(self) -> tuple[int, int, int, int]:
+        """(target evictable, target protected, draft evictable, draft protected) in tokens."""
+        c, P = self.cache, self.P
+        if self.mode is DraftMode.BOUNDED:
+            draft = (c.evictable_d * P, c.protected_d * P)
+        elif self.mode is DraftMode.IDENTITY:
+            draft = (c.evictable_t * P, c.protected_t * P)
+        else:
+            draft = (0, 0)
+        return c.evictable_t * P, c.protected_t * P, *draft
+
+    def _set_mapping(self, target_pages: list[int], draft_pages: list[int] | None) -> None:
+        """Whole pages of the mapping: target page -> draft page, or cleared."""
+        if self.mapping is None or not target_pages:
+            return
+        slots = (np.asarray(target_pages, np.int64)[:, None] * self.P + np.arange(self.P)).reshape(-1)
+        if draft_pages is None:
+            values = np.zeros(len(slots), np.int32)
+        else:
+            values = (np.asarray(draft_pages, np.int64)[:, None] * self.P + np.arange(self.P)).reshape(-1).astype(np.int32)
+        self._write("target_to_draft", slots, values)
 
     def _requests(self, session: str) -> dict[str, Request]:
         if session not in self.sessions:
@@ -118,18 +208,34 @@ class SlotManager:
         after = self._plan_release(held, release)
         new_rows, need = self._plan_allocs(held, after, extends, grows)
         freed_t, freed_d, freed_rows = self._freed(held, after, release)
+        # Pages the cache can give back: evictable now, plus what the finishes unlock.
+        unlocked_t, unlocked_d = self.cache.released_by({held[rid].holder for rid in release.finishes if held[rid].locked})
+        avail_t = self.target.free_pages + freed_t + self.cache.evictable_t + unlocked_t
         short = []
-        if need > self.target.free_pages + freed_t:
-            short.append(f"target needs {need * self.P} tokens, {(self.target.free_pages + freed_t) * self.P} free")
-        if self.draft is not None and need > self.draft.free_pages + freed_d:
-            short.append(f"draft needs {need * self.P} tokens, {(self.draft.free_pages + freed_d) * self.P} free")
+        if need > avail_t:
+            short.append(f"target needs {need * self.P} tokens, {avail_t * self.P} free or evictable")
+        if self.draft is not None:
+            avail_d = self.draft.free_pages + freed_d + self.cache.evictable_d + unlocked_d
+            if need > avail_d:
+                short.append(f"draft needs {need * self.P} tokens, {avail_d * self.P} free or evictable")
         if new_rows > len(self.free_rows) + freed_rows:
             short.append(f"{new_rows} new requests, {len(self.free_rows) + freed_rows} request rows free")
         if short:
             raise ResourceExhausted("; ".join(short))
         self._apply_release(held, release)
+        self._make_room(need)
         out = [self._extend(session, rid, n) for rid, _, n in extends]
         return out + [self._extend(session, rid, n) for rid, n in grows]
+
+    def _make_room(self, need: int) -> None:
+        """Evict from the cache until `need` pages are free on each side: target first (which frees
+        the evicted nodes' draft KV too), then draft KV alone. step() checked that it suffices."""
+        if need > self.target.free_pages:
+            self.cache.evict_target(need - self.target.free_pages)
+        if self.draft is not None and need > self.draft.free_pages:
+            self.cache.evict_draft(need - self.draft.free_pages)
+        if need > self.target.free_pages or (self.draft is not None and need > self.draft.free_pages):
+            raise InvariantViolation(f"eviction fell short of {need} pages (accounting of evictable pages is wrong)")
 
     def apply_release(self, session: str, release: Release) -> tuple[int, int]:
         """Commits, then out-of-window trims, then finishes. Returns tokens freed per side."""
@@ -142,14 +248,19 @@ class SlotManager:
         before = (self.target.free_tokens, self._draft_free_tokens())
         for rid, length in release.commits:
             self._commit(held[rid], length)
+        inserts, finishing = dict(release.inserts), set(release.finishes)
+        for rid, tokens in release.inserts:
+            if rid not in finishing:
+                self._checkpoint(held[rid], tokens)
         for rid in release.trims:
             self._trim(held[rid])
         for rid in release.finishes:
-            self._finish(held[rid])
+            self._finish(held[rid], inserts.get(rid))
         return self.target.free_tokens - before[0], self._draft_free_tokens() - before[1]
 
-    def _plan_release(self, held: dict[str, Request], release: Release) -> dict[str, tuple[int, int]]:
-        """Validates the release; returns rid -> (length, draft_start) after it."""
+    def _plan_release(self, held: dict[str, Request], release: Release) -> dict[str, tuple[int, int, int] | None]:
+        """Validates the release; returns rid -> (length, draft_start, cached pages) after it (None: finished).
+        Order: commits, cache ops of running requests (checkpoints), trims, finishes."""
         after = {}
         for kind, rids in (("commit", [r for r, _ in release.commits]), ("trim", release.trims), ("finish", release.finishes)):
             if len(set(rids)) != len(rids):
@@ -159,14 +270,30 @@ class SlotManager:
                     raise NotFound(f"request {rid!r} is not held by this session")
         for rid, length in release.commits:
             req = held[rid]
-            if not req.draft_start <= length <= req.length:
-                raise InvalidArgument(
-                    f"commit of {rid!r} to length {length}: must lie in [{req.draft_start}, {req.length}]"
-                )
-            after[rid] = (length, req.draft_start)
+            low = max(req.draft_start, req.cached_pages * self.P)
+            if not low <= length <= req.length:
+                raise InvalidArgument(f"commit of {rid!r} to length {length}: must lie in [{low}, {req.length}]")
+            after[rid] = (length, req.draft_start, req.cached_pages)
+        finishing = set(release.finishes)
+        if len({rid for rid, _ in release.inserts}) != len(release.inserts):
+            raise InvalidArgument("a request appears twice in cache")
+        for rid, tokens in release.inserts:
+            if rid not in held:
+                raise NotFound(f"request {rid!r} is not held by this session")
+            req = held[rid]
+            length, start, cached = after.get(rid, (req.length, req.draft_start, req.cached_pages))
+            if len(tokens) > length:
+                raise InvalidArgument(f"request {rid!r}: {len(tokens)} tokens to cache, but it holds {length} positions")
+            if any(t < 0 for t in tokens):
+                raise InvalidArgument(f"request {rid!r}: token ids must be >= 0")
+            if len(tokens) > len(req.prefix) and tuple(tokens[: len(req.prefix)]) != req.prefix:
+                raise InvalidArgument(f"request {rid!r}: the tokens to cache disagree with its cached prefix")
+            if rid not in finishing and self._checkpoints(req):
+                after[rid] = (length, start, max(cached, len(tokens) // self.P))
         for rid in release.trims:
-            length, start = after.get(rid, (held[rid].length, held[rid].draft_start))
-            after[rid] = (length, self._trim_frontier(length, start))
+            req = held[rid]
+            length, start, cached = after.get(rid, (req.length, req.draft_start, req.cached_pages))
+            after[rid] = (length, self._trim_frontier(length, start), cached)
         for rid in release.finishes:
             after[rid] = None
         return after
@@ -176,14 +303,25 @@ class SlotManager:
         freed_t = freed_d = 0
         for rid, state in after.items():
             req = held[rid]
-            if state is None:
-                freed_t += len(req.target_pages)
-                freed_d += len(req.target_pages) - req.draft_start // self.P
+            if state is None:  # every own page goes back to the pools or into the cache (evictable)
+                freed_t += len(req.target_pages) - req.cached_pages
+                freed_d += len(req.target_pages) - self._own_draft_from(req)
                 continue
-            length, start = state
+            # A checkpoint turns own pages into cached (protected) ones: counted as freeing nothing,
+            # and the trim after it frees only what is still the request's own.
+            length, start, cached = state
+            own_from = max(req.draft_start // self.P, cached)
             freed_t += len(req.target_pages) - self._pages_for(length)
-            freed_d += len(req.target_pages) - self._pages_for(length) + (start - req.draft_start) // self.P
+            freed_d += len(req.target_pages) - self._pages_for(length) + max(0, start // self.P - own_from)
         return freed_t, freed_d, len(release.finishes)
+
+    def _checkpoints(self, req: Request) -> bool:
+        """A running request's cache op takes effect only where its draft KV (if any) is valid."""
+        return self.mode is DraftMode.NONE or self.writes_draft[req.session]
+
+    def _own_draft_from(self, req: Request) -> int:
+        """First page of the request's own live draft KV (earlier live ones belong to the cache)."""
+        return max(req.draft_start // self.P, req.cached_pages)
 
     def _plan_allocs(self, held, after, extends, grows) -> tuple[int, int]:
         """Validates allocations; returns (new requests, pages needed per side)."""
@@ -194,7 +332,7 @@ class SlotManager:
             if state is None:
                 if prefix_len != 0:
                     raise FailedPrecondition(
-                        f"request {rid!r} is new: prefill starts at 0 (reusing a prefix needs the prefix cache)"
+                        f"request {rid!r} is new: prefill starts at 0 (MatchPrefix starts a request from a cached prefix)"
                     )
                 new_rows += 1
                 length = 0
@@ -270,21 +408,71 @@ class SlotManager:
         if frontier == req.draft_start:
             return
         first, last = req.draft_start // self.P, frontier // self.P
-        self._clear_mapping(self._slots(req.target_pages, np.arange(req.draft_start, frontier)), [])
-        self.draft.free(req.draft_pages[first:last])
+        own = max(first, min(last, req.cached_pages))  # the cache's pages keep their draft KV (and mapping)
+        self._clear_mapping(self._slots(req.target_pages, np.arange(own * self.P, frontier)), [])
+        self.draft.free(req.draft_pages[own:last])
         req.draft_pages[first:last] = [0] * (last - first)
         req.draft_start = frontier
+        if req.locked and frontier >= req.cached_pages * self.P:
+            self.cache.release_draft(req.holder)  # its window has left the cached prefix: evictable now
 
-    def _finish(self, req: Request) -> None:
-        """Free the whole request: both sides, its mapping and its row."""
+    def _checkpoint(self, req: Request, tokens) -> None:
+        """Cache a running request's first whole pages of `tokens` (SGLang's cache_unfinished_req).
+        They become the cache's, locked by the request: its later out-of-window trims leave the draft
+        KV of that prefix's window to the cache, so the prompt stays reusable after a long generation.
+        Where the cache already held those tokens the request switches to the cache's pages (its own
+        go back to the pools, its slot table is rewritten)."""
+        keep = len(tokens) // self.P
+        if keep <= req.cached_pages or not self._checkpoints(req):
+            return
+        if req.locked:
+            self.cache.unlock(req.holder)
+        self.cache.insert(tokens, req.target_pages[:keep], req.draft_pages[:keep] if self.draft is not None else [],
+                          revive_held=True)
+        match = self.cache.path(tokens, keep, req.draft_start // self.P)
+        moved = [i for i in range(keep) if req.target_pages[i] != match.target_pages[i]]
+        req.target_pages[:keep] = match.target_pages
+        if self.draft is not None:
+            first = req.draft_start // self.P
+            req.draft_pages[first:keep] = match.draft_pages[first:keep]
+        if moved:
+            positions = (np.asarray(moved)[:, None] * self.P + np.arange(self.P)).reshape(-1)
+            positions = positions[positions < req.length]
+            self._write("req_to_token", req.row * self.req_to_token.shape[1] + positions,
+                        self._slots(req.target_pages, positions))
+        req.cached_pages, req.prefix, req.locked = keep, tuple(tokens[: keep * self.P]), True
+        self.cache.lock(req.holder, match)
+
+    def _finish(self, req: Request, tokens) -> None:
+        """End the request: unlock its cached prefix; its own pages for the first whole pages of
+        `tokens` go into the cache (None: nothing is cached), every other own page back to the pools.
+        A client that does not write draft KV caches no draft KV. Its row is freed."""
         positions = np.arange(req.length)
         self._write("req_to_token", req.row * self.req_to_token.shape[1] + positions, np.zeros(req.length, np.int32))
-        self._clear_mapping(np.empty(0, np.int32), req.target_pages)
-        self.target.free(req.target_pages)
+        if req.locked:
+            self.cache.unlock(req.holder)
+        keep = len(tokens) // self.P if tokens is not None else req.cached_pages
+        if self.mode is DraftMode.IDENTITY and not self.writes_draft[req.session]:
+            keep = req.cached_pages  # its draft slots (== target slots) hold no draft KV: cache nothing
+        own_draft = self._own_draft_from(req)
+        if self.draft is not None and not self.writes_draft[req.session]:
+            self._drop_draft(req, own_draft, keep)  # never written: not cached
+        if keep > req.cached_pages:
+            self.cache.insert(tokens, req.target_pages[:keep], req.draft_pages[:keep] if self.draft is not None else [])
+        rest = req.target_pages[max(keep, req.cached_pages) :]
+        self._clear_mapping(np.empty(0, np.int32), rest)
+        self.target.free(rest)
         if self.draft is not None:
-            self.draft.free(req.draft_pages[req.draft_start // self.P :])
+            self.draft.free(req.draft_pages[max(keep, own_draft) :])
         self.free_rows.append(req.row)
         del self.sessions[req.session][req.rid]
+
+    def _drop_draft(self, req: Request, first: int, last: int) -> None:
+        """Free own draft pages [first, last) that hold no valid KV, before they could be cached."""
+        if last > first:
+            self._clear_mapping(self._slots(req.target_pages, np.arange(first * self.P, last * self.P)), [])
+            self.draft.free(req.draft_pages[first:last])
+            req.draft_pages[first:last] = [0] * (last - first)
 
     # ---- helpers --------------------------------------------------------------------------
     def _slots(self, pages: list[int], positions: np.ndarray) -> np.ndarray:
@@ -340,9 +528,9 @@ class SlotManager:
         """Tokens held by running requests (of one session, or all), per side."""
         reqs = self.sessions.get(session, {}).values() if session else self.requests()
         target = draft = 0
-        for req in reqs:
-            target += len(req.target_pages) * self.P
-            draft += (len(req.target_pages) - req.draft_start // self.P) * self.P
+        for req in reqs:  # own pages only: the cache's are counted as evictable or protected
+            target += (len(req.target_pages) - req.cached_pages) * self.P
+            draft += (len(req.target_pages) - self._own_draft_from(req)) * self.P
         if self.mode is DraftMode.NONE:
             draft = 0
         return target, draft

@@ -154,6 +154,8 @@ class Engine:
                 self.scheduler.commit(item.req, item.req.computed)
             else:
                 item.req.computed += item.num_tokens
+                if item.req.computed - item.num_tokens < len(item.req.prompt_ids) <= item.req.computed:
+                    self.scheduler.checkpoint(item.req)  # the prompt is computed: memd caches it now
             if self.trim_draft:
                 self.scheduler.trim(item.req)
             results.append((item, tokens))
@@ -220,7 +222,7 @@ class Engine:
                 req.in_memd = False  # the lease of a lost session frees its slots in memd
             self._complete(req)
         if not memd_alive:
-            self.scheduler.releases.clear()
+            self.scheduler.drop_releases()  # the lost session's slots are gone with it
             return
         try:
             self.scheduler.flush_releases()

@@ -19,8 +19,10 @@ class StartupError(RuntimeError):
 
 
 class MemdLink:
-    def __init__(self, address: str, connect_timeout: float, on_health: Callable[[bool], None]):
+    def __init__(self, address: str, connect_timeout: float, on_health: Callable[[bool], None],
+                 writes_draft_kv: bool):
         self.address = address
+        self.writes_draft_kv = writes_draft_kv  # told to memd: prefixes cached without it keep no draft KV
         self.on_health = on_health  # called with False when the session is lost, True when re-attached
         self.check: Callable = lambda layout: None  # raises StartupError for a layout modeld cannot use
         self.rebinders: list[Callable[[MemdSession, dict], None]] = []
@@ -28,12 +30,15 @@ class MemdLink:
         deadline = time.monotonic() + connect_timeout
         while True:
             try:
-                self.session = MemdSession(address, "modeld", connect_timeout=max(1.0, min(5.0, deadline - time.monotonic())))
+                self.session = self._attach(max(1.0, min(5.0, deadline - time.monotonic())))
                 break
             except grpc.FutureTimeoutError:
                 if time.monotonic() > deadline:
                     raise StartupError(f"memd does not answer at {address}") from None
         self.pools = self.session.map()
+
+    def _attach(self, timeout: float) -> MemdSession:
+        return MemdSession(self.address, "modeld", connect_timeout=timeout, writes_draft_kv=self.writes_draft_kv)
 
     @property
     def layout(self):
@@ -62,7 +67,7 @@ class MemdLink:
                 stopped.wait(0.5)
                 continue
             try:
-                session = MemdSession(self.address, "modeld", connect_timeout=5.0)
+                session = self._attach(5.0)
             except grpc.FutureTimeoutError:
                 continue
             try:

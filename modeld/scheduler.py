@@ -2,7 +2,9 @@
 
 Each step asks memd once (Alloc) for every request in the batch: decodes grow by one
 token, prompts are prefilled in chunks under a token budget, and the releases of
-requests that finished (or were preempted) since the last call ride along. When memd
+requests that finished (or were preempted) since the last call ride along, with the
+tokens whose K/V they computed, for memd's prefix cache. A request is admitted from the
+usable cached prefix memd matches for it (MatchPrefix): only the rest is prefilled. When memd
 answers RESOURCE_EXHAUSTED nothing changed there, and the step is planned again:
 first without new admissions and prefill chunks (they wait), then by preempting the
 newest running request (its slots are released and it is recomputed later from its
@@ -43,6 +45,7 @@ class Scheduler:
         # Releases that ride on the next memd call: finished requests, verified lengths
         # (the uncommitted speculative tail goes back), and out-of-window draft trims.
         self.releases: list[str] = []
+        self.cache: dict[str, list[int]] = {}  # computed tokens for memd's prefix cache: released or checkpointed
         self.commits: dict[str, int] = {}
         self.trims: set[str] = set()
         self.preemptions = 0
@@ -56,8 +59,13 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        self._release(req)
+
+    def _release(self, req: Request) -> None:
+        """memd frees the request on the next call; the tokens whose K/V it computed go into the cache."""
         if req.in_memd:
             self.releases.append(req.rid)
+            self.cache[req.rid] = req.all_ids[: req.computed]
             req.in_memd = False
         self.commits.pop(req.rid, None)
         self.trims.discard(req.rid)
@@ -66,15 +74,23 @@ class Scheduler:
         """After verification: memd keeps positions [0, length) of the request, frees the rest."""
         self.commits[req.rid] = length
 
+    def checkpoint(self, req: Request) -> None:
+        """Ask memd to cache a running request's computed tokens (its prompt, once prefilled): the
+        prompt stays reusable, its draft window included, however long the generation runs."""
+        if req.in_memd and req.rid not in self.releases:
+            self.cache[req.rid] = req.all_ids[: req.computed]
+
     def trim(self, req: Request) -> None:
         """Ask memd to free the request's out-of-window draft slots."""
         self.trims.add(req.rid)
 
     def _release_args(self) -> dict:
-        return dict(finishes=self.releases, commits=list(self.commits.items()), trims=sorted(self.trims))
+        return dict(finishes=self.releases, commits=list(self.commits.items()), trims=sorted(self.trims),
+                    cache=list(self.cache.items()))
 
-    def _released(self) -> None:
+    def drop_releases(self) -> None:
         self.releases.clear()
+        self.cache.clear()
         self.commits.clear()
         self.trims.clear()
 
@@ -82,7 +98,7 @@ class Scheduler:
         """Idle: nothing to batch the releases with, so free them now."""
         if self.releases or self.commits or self.trims:
             self.session.free(**self._release_args())
-            self._released()
+            self.drop_releases()
 
     def next_step(self) -> tuple[list[StepItem], list[Request]]:
         """The batch of this step, and requests that can never fit (to be failed).
@@ -111,6 +127,8 @@ class Scheduler:
                 level += 1
             elif spec:
                 spec = False
+            elif self._unmatch_waiting():
+                pass  # waiting requests' locked prefixes go back first (evictable on the next call)
             elif len(self.running) > 1:
                 self._preempt(self.running[-1])
             else:
@@ -132,7 +150,7 @@ class Scheduler:
                 raise
             refused.add(key)
             return None
-        self._released()
+        self.drop_releases()
         return answer
 
     def _decode_tokens(self, r: Request, spec: bool) -> int:
@@ -155,6 +173,8 @@ class Scheduler:
         while level == 0 and self.waiting and len(admitted) < admit and len(self.running) + len(admitted) < self.max_running and budget > 0:
             if self.waiting[0].rid in self.releases:
                 break  # preempted this step: memd frees its old slots first
+            if not self.waiting[0].in_memd and not self._match(self.waiting[0]):
+                break
             r = self.waiting.popleft()
             take = min(r.pending, budget)
             plan.append((r, take, False))
@@ -162,10 +182,34 @@ class Scheduler:
             budget -= take
         return plan, admitted
 
+    def _match(self, r: Request) -> bool:
+        """Register a waiting request in memd at its usable cached prefix (the last token is always
+        computed: its logits give the next one). It keeps that row and lock while it waits, until
+        admitted or until memory pressure releases it. False when memd has no request row free now."""
+        try:
+            answer = self.session.match_prefix(r.rid, r.all_ids[:-1])
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            return False
+        r.computed = answer.cached_len
+        r.in_memd = True
+        return True
+
+    def _unmatch_waiting(self) -> bool:
+        """Matched requests still waiting give their rows and locked prefixes back (on the next
+        call): under memory pressure, before any running request is preempted. True if any did."""
+        matched = [r for r in self.waiting if r.in_memd]
+        for r in matched:
+            self._release(r)
+            r.computed = 0
+        return bool(matched)
+
     def _commit(self, plan, admitted, answer) -> list[StepItem]:
         slots = {a.rid: a for a in answer.requests}
         for r in admitted:
-            r.in_memd = True
+            if not r.output_ids and not r.cached_tokens:
+                r.cached_tokens = r.computed  # the prompt tokens served from the prefix cache
             self.running.append(r)
         return [StepItem(r, n, slots[r.rid].row, list(slots[r.rid].target_slots), verify=decode and n > 1)
                 for r, n, decode in plan]
@@ -173,10 +217,7 @@ class Scheduler:
     def _preempt(self, victim: Request) -> None:
         """Release the victim's slots; it is recomputed from its tokens when it is admitted again."""
         self.running.remove(victim)
-        self.releases.append(victim.rid)
-        self.commits.pop(victim.rid, None)
-        self.trims.discard(victim.rid)
-        victim.in_memd = False
+        self._release(victim)
         victim.computed = 0
         self.waiting.appendleft(victim)
         self.preemptions += 1

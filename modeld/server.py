@@ -67,7 +67,7 @@ def serve(cfg: ModeldConfig) -> int:
         for name in ("", SERVICE_NAME):
             health_servicer.set(name, status)
 
-    link = MemdLink(cfg.memd, cfg.connect_timeout, set_health)
+    link = MemdLink(cfg.memd, cfg.connect_timeout, set_health, writes_draft_kv=cfg.speculative_algorithm == "dflash")
     layout = link.layout
     dtype = layout.kv_dtype if cfg.dtype == "auto" else cfg.dtype
     model, tokenizer, hf_config = load_target(cfg.target_model, dtype, cfg.device, cfg.load_format)

@@ -87,10 +87,12 @@ class Layout(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., page_size: _Optional[int] = ..., target: _Optional[_Union[PoolGeometry, _Mapping]] = ..., has_draft: _Optional[bool] = ..., draft: _Optional[_Union[PoolGeometry, _Mapping]] = ..., draft_kv_ratio: _Optional[float] = ..., draft_window: _Optional[int] = ..., draft_block_size: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., context_len: _Optional[int] = ..., request_cap: _Optional[int] = ..., buffers: _Optional[_Iterable[_Union[BufferDesc, _Mapping]]] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., chunked_prefill_size: _Optional[int] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
-    __slots__ = ("client_name",)
+    __slots__ = ("client_name", "writes_draft_kv")
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    WRITES_DRAFT_KV_FIELD_NUMBER: _ClassVar[int]
     client_name: str
-    def __init__(self, client_name: _Optional[str] = ...) -> None: ...
+    writes_draft_kv: bool
+    def __init__(self, client_name: _Optional[str] = ..., writes_draft_kv: _Optional[bool] = ...) -> None: ...
 
 class Attached(_message.Message):
     __slots__ = ("session_id", "layout")
@@ -122,17 +124,27 @@ class CommitOp(_message.Message):
     length: int
     def __init__(self, rid: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
 
+class CacheOp(_message.Message):
+    __slots__ = ("rid", "token_ids")
+    RID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    rid: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, rid: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class FreeRequest(_message.Message):
-    __slots__ = ("session_id", "commits", "trim_draft", "finish")
+    __slots__ = ("session_id", "commits", "trim_draft", "finish", "cache")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITS_FIELD_NUMBER: _ClassVar[int]
     TRIM_DRAFT_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     commits: _containers.RepeatedCompositeFieldContainer[CommitOp]
     trim_draft: _containers.RepeatedScalarFieldContainer[str]
     finish: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session_id: _Optional[str] = ..., commits: _Optional[_Iterable[_Union[CommitOp, _Mapping]]] = ..., trim_draft: _Optional[_Iterable[str]] = ..., finish: _Optional[_Iterable[str]] = ...) -> None: ...
+    cache: _containers.RepeatedCompositeFieldContainer[CacheOp]
+    def __init__(self, session_id: _Optional[str] = ..., commits: _Optional[_Iterable[_Union[CommitOp, _Mapping]]] = ..., trim_draft: _Optional[_Iterable[str]] = ..., finish: _Optional[_Iterable[str]] = ..., cache: _Optional[_Iterable[_Union[CacheOp, _Mapping]]] = ...) -> None: ...
 
 class ExtendOp(_message.Message):
     __slots__ = ("rid", "prefix_len", "num_tokens")
@@ -185,6 +197,42 @@ class AllocResponse(_message.Message):
     def __init__(self, requests: _Optional[_Iterable[_Union[RequestSlots, _Mapping]]] = ...) -> None: ...
 
 class FreeResponse(_message.Message):
+    __slots__ = ("target_freed", "draft_freed")
+    TARGET_FREED_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FREED_FIELD_NUMBER: _ClassVar[int]
+    target_freed: int
+    draft_freed: int
+    def __init__(self, target_freed: _Optional[int] = ..., draft_freed: _Optional[int] = ...) -> None: ...
+
+class MatchPrefixRequest(_message.Message):
+    __slots__ = ("session_id", "rid", "token_ids")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    rid: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., rid: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MatchPrefixResponse(_message.Message):
+    __slots__ = ("rid", "row", "cached_len", "target_slots", "draft_slots")
+    RID_FIELD_NUMBER: _ClassVar[int]
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
+    TARGET_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    rid: str
+    row: int
+    cached_len: int
+    target_slots: _containers.RepeatedScalarFieldContainer[int]
+    draft_slots: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, rid: _Optional[str] = ..., row: _Optional[int] = ..., cached_len: _Optional[int] = ..., target_slots: _Optional[_Iterable[int]] = ..., draft_slots: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class FlushCacheRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FlushCacheResponse(_message.Message):
     __slots__ = ("target_freed", "draft_freed")
     TARGET_FREED_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FREED_FIELD_NUMBER: _ClassVar[int]

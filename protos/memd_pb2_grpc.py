@@ -49,6 +49,16 @@ class MemdStub:
                 request_serializer=protos_dot_memd__pb2.FreeRequest.SerializeToString,
                 response_deserializer=protos_dot_memd__pb2.FreeResponse.FromString,
                 _registered_method=True)
+        self.MatchPrefix = channel.unary_unary(
+                '/memd.v1.Memd/MatchPrefix',
+                request_serializer=protos_dot_memd__pb2.MatchPrefixRequest.SerializeToString,
+                response_deserializer=protos_dot_memd__pb2.MatchPrefixResponse.FromString,
+                _registered_method=True)
+        self.FlushCache = channel.unary_unary(
+                '/memd.v1.Memd/FlushCache',
+                request_serializer=protos_dot_memd__pb2.FlushCacheRequest.SerializeToString,
+                response_deserializer=protos_dot_memd__pb2.FlushCacheResponse.FromString,
+                _registered_method=True)
         self.Translate = channel.unary_unary(
                 '/memd.v1.Memd/Translate',
                 request_serializer=protos_dot_memd__pb2.TranslateRequest.SerializeToString,
@@ -77,6 +87,18 @@ class MemdServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Free(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MatchPrefix(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FlushCache(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -111,6 +133,16 @@ def add_MemdServicer_to_server(servicer, server):
                     servicer.Free,
                     request_deserializer=protos_dot_memd__pb2.FreeRequest.FromString,
                     response_serializer=protos_dot_memd__pb2.FreeResponse.SerializeToString,
+            ),
+            'MatchPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.MatchPrefix,
+                    request_deserializer=protos_dot_memd__pb2.MatchPrefixRequest.FromString,
+                    response_serializer=protos_dot_memd__pb2.MatchPrefixResponse.SerializeToString,
+            ),
+            'FlushCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.FlushCache,
+                    request_deserializer=protos_dot_memd__pb2.FlushCacheRequest.FromString,
+                    response_serializer=protos_dot_memd__pb2.FlushCacheResponse.SerializeToString,
             ),
             'Translate': grpc.unary_unary_rpc_method_handler(
                     servicer.Translate,
@@ -204,6 +236,60 @@ class Memd:
             '/memd.v1.Memd/Free',
             protos_dot_memd__pb2.FreeRequest.SerializeToString,
             protos_dot_memd__pb2.FreeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MatchPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memd.v1.Memd/MatchPrefix',
+            protos_dot_memd__pb2.MatchPrefixRequest.SerializeToString,
+            protos_dot_memd__pb2.MatchPrefixResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FlushCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memd.v1.Memd/FlushCache',
+            protos_dot_memd__pb2.FlushCacheRequest.SerializeToString,
+            protos_dot_memd__pb2.FlushCacheResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,8 +46,44 @@ class MemdProcess:
             if all(p.free == p.total for p in pools) or time.monotonic() > deadline:
                 return cap
 
+    def wait_idle(self, timeout: float = 3.0) -> memd_pb2.CapacityResponse:
+        """Poll until no request holds anything: every slot is free or in the prefix cache,
+        unprotected (leases end and releases ride on later calls, asynchronously)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            cap = self.capacity()
+            if is_idle(cap) or time.monotonic() > deadline:
+                return cap
+            time.sleep(0.01)
+
+    def flush_and_wait_free(self, timeout: float = 3.0) -> memd_pb2.CapacityResponse:
+        """Wait until idle, drop the prefix cache, then wait_all_free: the pools are free at the
+        end of a test that cached prefixes."""
+        self.wait_idle(timeout)
+        self.stub.FlushCache(memd_pb2.FlushCacheRequest(), timeout=5)
+        return self.wait_all_free(timeout)
+
+    def assert_idle_then_flush(self, timeout: float = 3.0) -> memd_pb2.CapacityResponse:
+        """The end-of-test check: nothing held but by the prefix cache; after FlushCache both
+        pools fully free. Returns the idle answer (before the flush)."""
+        idle = self.wait_idle(timeout)
+        assert is_idle(idle), f"memd's pools are not free or cached: {idle}"
+        self.stub.FlushCache(memd_pb2.FlushCacheRequest(), timeout=5)
+        cap = self.wait_all_free(timeout)
+        pools = [("target", cap.target)] + ([("draft", cap.draft)] if cap.has_draft else [])
+        busy = [f"{side} free {p.free}/{p.total}" for side, p in pools if p.free != p.total]
+        assert not busy, f"memd's pools not free after FlushCache: {busy}"
+        return idle
+
     def shm_entries(self) -> list[str]:
         return [p.name for p in pathlib.Path("/dev/shm").glob(f"memd-{self.proc.pid}-*")]
+
+
+def is_idle(cap: memd_pb2.CapacityResponse) -> bool:
+    """No request holds a slot: per pool, free + evictable == total and nothing held or protected."""
+    pools = [cap.target] + ([cap.draft] if cap.has_draft else [])
+    return cap.running_requests == 0 and all(
+        p.free + p.evictable == p.total and p.held_by_requests == 0 and p.protected == 0 for p in pools)
 
 
 def child_env(*paths: str) -> dict:
@@ -85,7 +121,8 @@ def stop_daemon(proc: subprocess.Popen, timeout: float) -> None:
 def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: bool = True, ready_timeout: float = 60,
              address: str | None = None):
     """memd on a Unix socket in a fresh owner-only folder (or at `address`); stopped with SIGTERM afterwards.
-    Unless check_free is False, the test ends by asserting both pools are fully free."""
+    Unless check_free is False, the test ends by asserting that nothing is held but by the prefix cache,
+    and that FlushCache then leaves both pools fully free."""
     folder = pathlib.Path(tempfile.mkdtemp(prefix="memd-", dir="/tmp"))
     address = address or f"unix://{folder / 'memd.sock'}"
     log_path = folder / "memd.log"
@@ -96,10 +133,7 @@ def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: 
         wait_ready(proc, log_path, "memd ready", ready_timeout)
         yield memd
         if check_free and proc.poll() is None:
-            cap = memd.wait_all_free()
-            assert cap.target.free == cap.target.total, f"target pool not free at test end: {cap}"
-            if cap.has_draft:
-                assert cap.draft.free == cap.draft.total, f"draft pool not free at test end: {cap}"
+            memd.assert_idle_then_flush()
     finally:
         memd.channel.close()
         stop_daemon(proc, timeout=10)

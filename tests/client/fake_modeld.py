@@ -101,14 +101,23 @@ class FakeModeld(modeld_pb2_grpc.ModeldServicer):
 
 
 class FakeMemd(memd_pb2_grpc.MemdServicer):
-    """Answers Capacity only."""
+    """Answers Capacity, and FlushCache: the first flush frees 64 target / 16 draft tokens, later ones 0."""
+
+    def __init__(self):
+        self.flushed = False
 
     def Capacity(self, request, context):
         return fake_memd_capacity()
 
+    def FlushCache(self, request, context):
+        freed = (0, 0) if self.flushed else (64, 16)
+        self.flushed = True
+        return memd_pb2.FlushCacheResponse(target_freed=freed[0], draft_freed=freed[1])
+
 
 def fake_memd_capacity() -> memd_pb2.CapacityResponse:
-    target = memd_pb2.PoolCapacity(total=1000, free=900, used=100, held_by_requests=100, bytes=1 << 33)
+    target = memd_pb2.PoolCapacity(total=1000, free=900, used=100, held_by_requests=70, evictable=20, protected=10,
+                                   bytes=1 << 33)
     return memd_pb2.CapacityResponse(target=target, page_size=1, request_cap=1000, max_running_requests=8,
                                      running_requests=2, sessions=1)
 

@@ -73,6 +73,20 @@ def test_capacity_directly_from_memd(memd_address, capsys):
     assert capacity["target"]["used"] == 100 and "memd" not in capacity
 
 
+def test_capacity_table_shows_the_prefix_cache(memd_address, capsys):
+    assert main(["--memd", memd_address, "capacity"]) == 0
+    header, target, *_ = capsys.readouterr().out.splitlines()
+    row = dict(zip(header.split(), target.split()))
+    assert (row["used"], row["held"], row["evictable"], row["protected"]) == ("100", "70", "20", "10")
+
+
+def test_flush_cache_asks_memd(memd_address, capsys):
+    assert main(["--memd", memd_address, "flush-cache"]) == 0
+    assert capsys.readouterr().out.strip() == "flushed prefix cache: target_freed=64 draft_freed=16"
+    assert main(["--memd", memd_address, "flush-cache", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"target_freed": 0, "draft_freed": 0}
+
+
 def test_info_prints_json(fake_modeld, capsys):
     assert main(["--addr", fake_modeld.address, "info"]) == 0
     assert json.loads(capsys.readouterr().out)["target_model"] == "fake-target"
@@ -82,4 +96,6 @@ def test_unreachable_daemons_exit_non_zero(nowhere, capsys):
     assert main(["--addr", nowhere, "--connect-timeout", "0.2", "capacity"]) == 1
     assert capsys.readouterr().err.startswith(f"error: UNAVAILABLE: could not connect to {nowhere}")
     assert main(["--memd", nowhere, "capacity"]) == 1
+    assert capsys.readouterr().err.startswith("error: UNAVAILABLE: ")
+    assert main(["--memd", nowhere, "flush-cache"]) == 1
     assert capsys.readouterr().err.startswith("error: UNAVAILABLE: ")

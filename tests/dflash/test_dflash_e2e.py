@@ -212,11 +212,10 @@ def pools_free_after_each_test(daemons):
     for pair in daemons.live():
         if pair.memd.proc.poll() is not None:
             pytest.fail(f"{pair.name}: memd exited with {pair.memd.proc.returncode}\n{pair.logs()}")
-        cap = pair.memd.wait_all_free(timeout=10)
-        pools = [("target", cap.target)] + ([("draft", cap.draft)] if cap.has_draft else [])
-        busy = [f"{side} free {p.free}/{p.total}" for side, p in pools if p.free != p.total]
-        assert not busy and cap.running_requests == 0, (
-            f"{pair.name}: memd's pools not free after the test: {busy}, running {cap.running_requests}\n{pair.logs()}")
+        try:
+            pair.memd.assert_idle_then_flush(timeout=10)
+        except AssertionError as exc:
+            raise AssertionError(f"{pair.name}: {exc}\n{pair.logs()}") from None
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import pytest
 import client
 from client.messages import build_generate_request
 from protos import modeld_pb2_grpc
-from tests.daemons import REPO, child_env, run_memd, run_modeld
+from tests.daemons import REPO, child_env, is_idle, run_memd, run_modeld
 
 MAX_NEW = 16
 LONG = dict(max_new_tokens=2000, temperature=0, ignore_eos=True)  # runs until aborted or cancelled
@@ -41,8 +41,7 @@ def wait_idle(memd, c, timeout: float = 5.0):
     deadline = time.monotonic() + timeout
     while True:
         cap, mine = memd.capacity(), c.capacity()
-        idle = (cap.target.free == cap.target.total and cap.running_requests == 0
-                and mine["running_requests"] == 0 and mine["waiting_requests"] == 0)
+        idle = is_idle(cap) and mine["running_requests"] == 0 and mine["waiting_requests"] == 0
         if idle or time.monotonic() > deadline:
             return cap, mine
         time.sleep(0.05)
@@ -54,9 +53,9 @@ def pools_free_after(request):
     if "daemons" not in request.fixturenames:
         return  # the memd-lost test runs (and kills) its own daemons
     memd, _, c = request.getfixturevalue("daemons")
-    cap, mine = wait_idle(memd, c)
-    assert cap.target.free == cap.target.total and cap.running_requests == 0, cap
+    _, mine = wait_idle(memd, c)
     assert mine["running_requests"] == 0 and mine["waiting_requests"] == 0, mine
+    memd.assert_idle_then_flush()
 
 
 def new_rid(prefix: str) -> str:
@@ -77,7 +76,7 @@ def test_abort_ends_a_running_stream(daemons, aborter):
     chunks = iter(handle)
     seen = [next(chunks), next(chunks)]
     assert handle.request_id == rid
-    assert memd.capacity().target.used > 0 and c.capacity()["running_requests"] == 1
+    assert memd.capacity().target.held_by_requests > 0 and c.capacity()["running_requests"] == 1
 
     if aborter == "same-client":
         assert c.abort(rid) is True
@@ -93,7 +92,7 @@ def test_abort_ends_a_running_stream(daemons, aborter):
     assert 2 <= result.completion_tokens == len(result.output_ids) < LONG["max_new_tokens"]
 
     cap, mine = wait_idle(memd, c)
-    assert cap.target.used == 0 and cap.running_requests == 0 and mine["running_requests"] == 0
+    assert is_idle(cap) and mine["running_requests"] == 0
     assert c.abort(rid) is False  # finished: modeld no longer knows it
 
 

@@ -25,7 +25,8 @@ import pytest
 
 from memd.errors import MemdError
 from memd.invariants import check_structure
-from memd.slots import DraftMode, Release, SlotManager
+from memd.service import release_from_message
+from memd.slots import DraftMode, SlotManager
 from modeld.request import Request
 from modeld.sampling import SamplingParams
 from modeld.scheduler import Scheduler, StepItem
@@ -77,18 +78,14 @@ class Call:
         return {r for r, _, _ in self.extends} | {r for r, _ in self.grows}
 
 
-def _release_msg(commits, trims, finishes) -> memd_pb2.FreeRequest:
+def _release_msg(commits, trims, finishes, cache) -> memd_pb2.FreeRequest:
     return memd_pb2.FreeRequest(
         session_id=SESSION,
         commits=[memd_pb2.CommitOp(rid=r, length=n) for r, n in commits],
         trim_draft=list(trims),
         finish=list(finishes),
+        cache=[memd_pb2.CacheOp(rid=r, token_ids=list(ids)) for r, ids in cache],
     )
-
-
-def _release(msg: memd_pb2.FreeRequest) -> Release:
-    return Release(commits=tuple((op.rid, op.length) for op in msg.commits), trims=tuple(msg.trim_draft),
-                   finishes=tuple(msg.finish))
 
 
 class FakeSession:
@@ -98,16 +95,23 @@ class FakeSession:
         self.mgr = mgr
         mgr.open_session(SESSION)
         self.calls: list[Call] = []
+        self.matches: list[Call] = []
 
-    def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), timeout: float = 10.0):
+    def match_prefix(self, rid: str, token_ids, timeout: float = 10.0):
+        call = Call("match", [], [], [], [], [])
+        self.matches.append(call)  # kept apart: `calls` are the per-step Alloc / Free round trips
+        matched = self._serve(call, self.mgr.match_prefix, SESSION, rid, list(token_ids))
+        return memd_pb2.MatchPrefixResponse(rid=rid, row=matched.row, cached_len=matched.cached_len)
+
+    def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
         request = memd_pb2.AllocRequest(
             session_id=SESSION,
-            release=_release_msg(commits, trims, finishes),
+            release=_release_msg(commits, trims, finishes, cache),
             extends=[memd_pb2.ExtendOp(rid=r, prefix_len=p, num_tokens=n) for r, p, n in extends],
             grows=[memd_pb2.GrowOp(rid=r, num_tokens=n) for r, n in grows],
         )
         call = self._record("alloc", request.release, request)
-        allocated = self._serve(call, self.mgr.step, request.session_id, _release(request.release),
+        allocated = self._serve(call, self.mgr.step, request.session_id, release_from_message(request.release),
                                 call.extends, call.grows)
         return memd_pb2.AllocResponse(requests=[
             memd_pb2.RequestSlots(rid=a.rid, row=a.row, start=a.start, target_slots=a.target_slots.tolist(),
@@ -115,10 +119,10 @@ class FakeSession:
             for a in allocated
         ])
 
-    def free(self, commits=(), trims=(), finishes=(), timeout: float = 10.0):
-        request = _release_msg(commits, trims, finishes)
+    def free(self, commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
+        request = _release_msg(commits, trims, finishes, cache)
         call = self._record("free", request, None)
-        freed = self._serve(call, self.mgr.apply_release, request.session_id, _release(request))
+        freed = self._serve(call, self.mgr.apply_release, request.session_id, release_from_message(request))
         return memd_pb2.FreeResponse(target_freed=freed[0], draft_freed=freed[1])
 
     def _record(self, kind: str, release: memd_pb2.FreeRequest, alloc: memd_pb2.AllocRequest | None) -> Call:
@@ -246,8 +250,10 @@ class Sim:
         sched, held = self.sched, self._held()
         check_structure(self.mgr)
         assert len(sched.running) <= sched.max_running
-        # memd holds exactly the running requests and those whose release is still to be sent
-        assert set(held) == {r.rid for r in sched.running} | set(sched.releases)
+        # memd holds exactly the running requests, the waiting ones matched at their cached prefix,
+        # and those whose release is still to be sent
+        matched = {r.rid for r in sched.waiting if r.in_memd}
+        assert set(held) == {r.rid for r in sched.running} | matched | set(sched.releases)
         assert len(set(sched.releases)) == len(sched.releases)
         for req in sched.running:
             assert req.in_memd and req.pending >= 1
@@ -257,16 +263,19 @@ class Sim:
                 assert sched.commits[req.rid] == req.computed
             slots = self.mgr.req_to_token[mem.row, : req.computed]
             assert self.kv[slots].tolist() == req.all_ids[: req.computed], f"{req.rid}: KV does not match its tokens"
-        for req in sched.waiting:
-            assert not req.in_memd and req.computed == 0
+        for req in sched.waiting:  # matched (in memd at its cached prefix) or not in memd at all
+            assert req.computed == (held[req.rid].length if req.in_memd else 0)
         if not sched.running and not sched.waiting and not sched.releases:
             self.assert_all_free()
 
     def assert_all_free(self) -> None:
+        """Idle: nothing held by requests; every page free or in the prefix cache, evictable."""
         assert not list(self.mgr.requests())
-        assert self.mgr.target.free_pages == self.mgr.target.num_pages
+        evictable_t, protected_t, evictable_d, protected_d = self.mgr.cache_counts()
+        assert protected_t == protected_d == 0
+        assert self.mgr.target.free_tokens + evictable_t == self.mgr.target.total_tokens
         if self.mgr.draft is not None:
-            assert self.mgr.draft.free_pages == self.mgr.draft.num_pages
+            assert self.mgr.draft.free_tokens + evictable_d == self.mgr.draft.total_tokens
         assert len(self.mgr.free_rows) == self.mgr.max_requests
 
     def idle(self) -> bool:
