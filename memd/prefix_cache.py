@@ -184,18 +184,42 @@ class PrefixCache:
                 node.draft_holders.discard(holder)
                 self._account(node, +1)
 
-    def released_by(self, holders: set[Holder]) -> tuple[int, int]:
-        """Pages (target, live draft) that would turn evictable if these holders unlocked."""
+    def released_by(self, holders: set[Holder], draft_only: set[Holder] = frozenset()) -> tuple[int, int]:
+        """Pages (target, live draft) that would turn evictable if `holders` unlocked and `draft_only`
+        released their draft protection."""
         seen, target, draft = set(), 0, 0
-        for holder in holders:
+        releasing = set(holders) | set(draft_only)
+        for holder in releasing:
             for node in self._path(self.locks[holder]):
                 if id(node) in seen:
                     continue
                 seen.add(id(node))
                 if node.holders and node.holders <= holders:
                     target += len(node.target_pages)
-                if node.draft_holders and node.draft_holders <= holders:
+                if node.draft_holders and node.draft_holders <= releasing:
                     draft += len(node.live_draft())
+        return target, draft
+
+    def newly_protected(self, tokens, pages: int, draft_from: int, gone: set[Holder], gone_draft: set[Holder]) -> tuple[int, int]:
+        """Pages (target, live draft) now evictable, or freed of their holders by this call (`gone`,
+        `gone_draft`), that locking the path of `pages` pages of `tokens` from `draft_from` would protect."""
+        _, path, at = self._walk(tokens, pages, split=False)
+        target = draft = 0
+        for node in path:
+            live = node.draft_pages[: max(0, min(at, node.end) - node.start)]
+            if node.holders <= gone:
+                target += len(live) if self.draft is not None else max(0, min(at, node.end) - node.start)
+            if min(at, node.end) > draft_from and node.draft_holders <= gone_draft:
+                draft += sum(1 for d in live if d)
+        return target, draft
+
+    def duplicates(self, tokens, first: int, last: int, draft_pages: list[int]) -> tuple[int, int]:
+        """Pages (target, draft) that inserting pages [first, last) of `tokens` would hand back as
+        duplicates of what the tree holds (draft: a live request page where the tree's is live too)."""
+        _, path, at = self._walk(tokens, last, split=False)
+        flat_d = [d for n in path for d in n.draft_pages]
+        target = max(0, min(at, last) - first)
+        draft = sum(1 for i in range(first, min(at, last)) if draft_pages and draft_pages[i] and flat_d[i])
         return target, draft
 
     # ---- insert -------------------------------------------------------------------------

@@ -208,8 +208,20 @@ class SlotManager:
         after = self._plan_release(held, release)
         new_rows, need = self._plan_allocs(held, after, extends, grows)
         freed_t, freed_d, freed_rows = self._freed(held, after, release)
-        # Pages the cache can give back: evictable now, plus what the finishes unlock.
-        unlocked_t, unlocked_d = self.cache.released_by({held[rid].holder for rid in release.finishes if held[rid].locked})
+        # Pages the cache can give back: evictable now, plus what the finishes unlock and what trims
+        # whose window leaves a cached prefix stop protecting (requests locked before this call).
+        finishing = {held[rid].holder for rid in release.finishes if held[rid].locked}
+        leaving = {held[rid].holder for rid in release.trims if held[rid].locked and after[rid] is not None
+                   and after[rid][1] >= after[rid][2] * self.P and after[rid][2] == held[rid].cached_pages}
+        unlocked_t, unlocked_d = self.cache.released_by(finishing, leaving)
+        # ... less what checkpoints lock: cached pages that nothing else will protect after this call.
+        inserts = dict(release.inserts)
+        for rid, tokens in release.inserts:
+            state = after.get(rid)
+            if state is not None and state[2] > held[rid].cached_pages:
+                locked_t, locked_d = self.cache.newly_protected(tokens, state[2], held[rid].draft_start // self.P,
+                                                                finishing, finishing | leaving)
+                unlocked_t, unlocked_d = unlocked_t - locked_t, unlocked_d - locked_d
         avail_t = self.target.free_pages + freed_t + self.cache.evictable_t + unlocked_t
         short = []
         if need > avail_t:
@@ -301,15 +313,20 @@ class SlotManager:
     def _freed(self, held, after, release) -> tuple[int, int, int]:
         """Pages each side gets back from the release, and request rows."""
         freed_t = freed_d = 0
+        inserts = dict(release.inserts)
         for rid, state in after.items():
             req = held[rid]
             if state is None:  # every own page goes back to the pools or into the cache (evictable)
                 freed_t += len(req.target_pages) - req.cached_pages
                 freed_d += len(req.target_pages) - self._own_draft_from(req)
                 continue
-            # A checkpoint turns own pages into cached (protected) ones: counted as freeing nothing,
-            # and the trim after it frees only what is still the request's own.
+            # A checkpoint turns own pages into cached (protected) ones and frees those the cache held
+            # already; the trim after it frees only what is still the request's own.
             length, start, cached = state
+            if cached > req.cached_pages:
+                dup_t, dup_d = self.cache.duplicates(inserts[rid], req.cached_pages, cached,
+                                                     req.draft_pages if self.draft is not None else [])
+                freed_t, freed_d = freed_t + dup_t, freed_d + (dup_d if self.draft is not None else dup_t)
             own_from = max(req.draft_start // self.P, cached)
             freed_t += len(req.target_pages) - self._pages_for(length)
             freed_d += len(req.target_pages) - self._pages_for(length) + max(0, start // self.P - own_from)
