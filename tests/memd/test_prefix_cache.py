@@ -755,6 +755,26 @@ def test_a_checkpoint_and_a_trim_past_it_in_one_step_count_for_its_allocation(P)
     assert_all_free(mgr)
 
 
+@pages
+@modes
+def test_two_checkpoints_of_the_same_tokens_in_one_step_count_for_its_allocation(P, mode):
+    """BUG (memd 1dffa79, a spurious RESOURCE_EXHAUSTED): r1 and r2 prefilled the same 8 tokens and both
+    checkpoint them in one release: r1's pages go into the cache, r2's are then duplicates and go back to
+    the pools, so the allocation of the same step fits, as it does after the same release alone. The
+    check looks for duplicates in the tree as it was before the release, so it counts none. (The same for
+    two checkpoints that newly lock one evictable node: each subtracts it.)"""
+    mgr = make(P, mode, target=32, draft=32)
+    A = seq(1, 8)
+    step(mgr, extends=[("r1", 0, 8), ("r2", 0, 8)])  # 16 free on each side
+    release = Release(inserts=(("r1", tuple(A)), ("r2", tuple(A))))
+    step(mgr, "s", release, extends=[("x", 0, 24)])  # 16 free + r2's 8 duplicates
+    assert mgr.cache_counts()[:2] == (0, 8)
+    for rid in ("x", "r1", "r2"):
+        finish(mgr, rid)
+    mgr.flush_cache()
+    assert_all_free(mgr)
+
+
 # ---- randomized: a state machine over prompts that share prefixes, with fake KV content ---------------
 
 
@@ -783,10 +803,11 @@ class Req:
 
 
 # A step's feasibility check is exact: when it refuses, the same release alone followed by the same
-# allocations is refused too. One known exception (test_a_checkpoint_and_a_trim_past_it_in_one_step_...):
-# a release that checkpoints a request and trims it past the new cached prefix; the machine tolerates a
-# refusal there, and only there, while this is True.
-TOLERATE_CHECKPOINT_THEN_TRIM = True
+# allocations is refused too. Known exceptions (memd 1dffa79; the unit tests
+# test_a_checkpoint_and_a_trim_past_it_in_one_step_... and test_two_checkpoints_of_the_same_tokens_...):
+# a release that checkpoints a request and trims it, or that checkpoints more than one request. While
+# this is True the machine tolerates a refusal there, and only there.
+TOLERATE_KNOWN_INEXACT = True
 
 POISON = -1  # draft KV a client that writes none leaves behind: never to be served
 
@@ -1005,11 +1026,12 @@ class PrefixMachine(RuleBasedStateMachine):
                 except ResourceExhausted:
                     pass
                 else:
-                    checkpoint_then_trim = set(release.trims) & (set(dict(release.inserts)) - set(finishes))
-                    assert TOLERATE_CHECKPOINT_THEN_TRIM and checkpoint_then_trim, (
+                    checkpoints = set(dict(release.inserts)) - set(finishes)
+                    known = len(checkpoints) > 1 or set(release.trims) & checkpoints
+                    assert TOLERATE_KNOWN_INEXACT and known, (
                         f"step({release}, extends={extends}, grows={grows}) was refused, but the release alone and then"
                         f" the allocations succeed (before: cache counts {counts}, free {pools})")
-                    event("spurious refusal (a checkpoint and a trim of one request)")
+                    event("known spurious refusal (checkpoints)")
                     for (rid, _), a in zip([(rid, 0) for rid, _, _ in extends] + [(rid, 0) for rid, _ in grows], out):
                         if (session, rid) not in self.reqs:
                             prompt, full = news[rid]
