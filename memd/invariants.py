@@ -44,11 +44,10 @@ def check_structure(mgr: SlotManager) -> None:
     np.add.at(target_owner, cached_target, 1)
     np.add.at(draft_owner, [d for _, d in cached_live], 1)
     if expected_map is not None:
-        for t, d in cached_live:
-            expected_map[t * P : (t + 1) * P] = np.arange(d * P, (d + 1) * P)
+        pairs = np.asarray(cached_live, np.int64).reshape(-1, 2)
         if mgr.mode is DraftMode.IDENTITY:
-            for t in cached_target:
-                expected_map[t * P : (t + 1) * P] = np.arange(t * P, (t + 1) * P)
+            pairs = np.repeat(np.asarray(cached_target, np.int64), 2).reshape(-1, 2)
+        expected_map[(pairs[:, :1] * P + np.arange(P)).ravel()] = (pairs[:, 1:] * P + np.arange(P)).ravel()
     cached_set, cached_draft = set(cached_target), dict(cached_live)
     for req in mgr.requests():
         if len(req.target_pages) != -(-req.length // P) or req.draft_start % P:
