@@ -174,14 +174,10 @@ class SlotManager:
 
     def _set_mapping(self, target_pages: list[int], draft_pages: list[int] | None) -> None:
         """Whole pages of the mapping: target page -> draft page, or cleared."""
-        if self.mapping is None or not target_pages:
-            return
-        slots = (np.asarray(target_pages, np.int64)[:, None] * self.P + np.arange(self.P)).reshape(-1)
         if draft_pages is None:
-            values = np.zeros(len(slots), np.int32)
-        else:
-            values = (np.asarray(draft_pages, np.int64)[:, None] * self.P + np.arange(self.P)).reshape(-1).astype(np.int32)
-        self._write("target_to_draft", slots, values)
+            self._clear_mapping(np.empty(0, np.int32), target_pages)
+        elif self.mapping is not None:
+            self._write("target_to_draft", self._page_slots(target_pages), self._page_slots(draft_pages).astype(np.int32))
 
     def _requests(self, session: str) -> dict[str, Request]:
         if session not in self.sessions:
@@ -215,7 +211,6 @@ class SlotManager:
                    and after[rid][1] >= after[rid][2] * self.P and after[rid][2] == held[rid].cached_pages}
         unlocked_t, unlocked_d = self.cache.released_by(finishing, leaving)
         # ... less what checkpoints lock: cached pages that nothing else will protect after this call.
-        inserts = dict(release.inserts)
         for rid, tokens in release.inserts:
             state = after.get(rid)
             if state is not None and state[2] > held[rid].cached_pages:
@@ -453,7 +448,7 @@ class SlotManager:
             first = req.draft_start // self.P
             req.draft_pages[first:keep] = match.draft_pages[first:keep]
         if moved:
-            positions = (np.asarray(moved)[:, None] * self.P + np.arange(self.P)).reshape(-1)
+            positions = self._page_slots(moved)  # the positions of the moved pages
             positions = positions[positions < req.length]
             self._write("req_to_token", req.row * self.req_to_token.shape[1] + positions,
                         self._slots(req.target_pages, positions))
@@ -505,11 +500,14 @@ class SlotManager:
             return target
         return np.zeros_like(target)
 
+    def _page_slots(self, pages) -> np.ndarray:
+        """Every slot (or position) of whole pages, in order."""
+        return (np.asarray(pages, np.int64)[:, None] * self.P + np.arange(self.P)).reshape(-1)
+
     def _clear_mapping(self, slots: np.ndarray, pages: list[int]) -> None:
         if self.mapping is None:
             return
-        page_slots = (np.asarray(pages, np.int64)[:, None] * self.P + np.arange(self.P)).reshape(-1)
-        idx = np.concatenate([slots.astype(np.int64), page_slots])
+        idx = np.concatenate([slots.astype(np.int64), self._page_slots(pages)])
         self._write("target_to_draft", idx, np.zeros(len(idx), np.int32))
 
     def _write(self, name: str, flat_idx: np.ndarray, values: np.ndarray) -> None:
