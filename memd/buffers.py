@@ -162,7 +162,8 @@ class CudaBuffers(SharedBuffers):
 
     def sync(self):
         """One scatter per table per call. The host mirror holds the final value of every
-        index, so an index written twice in one call (freed, then reused) ends right."""
+        index, so an index written twice in one call (freed, then reused) ends right. Before the
+        reply, memd waits for its own stream (the scatters) only: never for the whole device."""
         cupy = self.cupy
         with self.device:
             for name, parts in self.dirty.items():
@@ -170,7 +171,7 @@ class CudaBuffers(SharedBuffers):
                 values = self.tables[name].reshape(-1)[idx]
                 self.device_tables[name].reshape(-1)[cupy.asarray(idx)] = cupy.asarray(values)
             self.dirty.clear()
-            cupy.cuda.runtime.deviceSynchronize()
+            cupy.cuda.get_current_stream().synchronize()
 
     def close(self):
         self.sync()

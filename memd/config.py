@@ -17,6 +17,7 @@ class MemdConfig:
     draft_window: int | None = None
     num_draft_tokens: int | None = None  # overrides the draft's block size
     draft_eviction_interval: int = 8  # scheduler steps between out-of-window frees
+    decode_lookahead: int = 32  # decode slots a client may hold ahead of need, per request (sized into the draft cap)
     page_size: int = 1
     max_running_requests: int = 16
     chunked_prefill_size: int = 2048
@@ -39,6 +40,7 @@ class MemdConfig:
             (self.max_running_requests >= 1, "--max-running-requests must be >= 1"),
             (self.chunked_prefill_size >= 1, "--chunked-prefill-size must be >= 1"),
             (self.draft_eviction_interval >= 0, "--draft-eviction-interval must be >= 0"),
+            (self.decode_lookahead >= 0, "--decode-lookahead must be >= 0"),
             (self.kv_budget_bytes is None or self.kv_budget_bytes > 0, "--kv-budget-bytes must be > 0"),
             (self.mem_fraction is None or 0 < self.mem_fraction < 1, "--mem-fraction must be in (0, 1)"),
             (self.max_total_tokens is None or self.max_total_tokens > 0, "--max-total-tokens must be > 0"),
@@ -61,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-window", type=int, help="draft KV window in tokens (required below ratio 1)")
     p.add_argument("--num-draft-tokens", type=int, help="draft block size (default: the draft's block_size)")
     p.add_argument("--draft-eviction-interval", type=int, default=8, help="steps between out-of-window draft frees")
+    p.add_argument("--decode-lookahead", type=int, default=32,
+                   help="decode slots a client may hold ahead of need per request; the bounded draft pool's request "
+                        "cap includes them (published in the layout)")
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--max-running-requests", type=int, default=16)
     p.add_argument("--chunked-prefill-size", type=int, default=2048)
@@ -99,6 +104,7 @@ def config_from_args(argv: list[str] | None = None) -> MemdConfig:
         draft_window=args.draft_window,
         num_draft_tokens=args.num_draft_tokens,
         draft_eviction_interval=args.draft_eviction_interval,
+        decode_lookahead=args.decode_lookahead,
         page_size=args.page_size,
         max_running_requests=args.max_running_requests,
         chunked_prefill_size=args.chunked_prefill_size,

@@ -27,6 +27,7 @@ class PoolPlan:
     block_size: int  # 0 without a draft
     window: int  # 0 unless ratio < 1 or given
     eviction_interval: int
+    decode_lookahead: int
     max_running_requests: int
     context_len: int
     chunked_prefill_size: int
@@ -86,7 +87,8 @@ def make_plan(cfg: MemdConfig) -> PoolPlan:
     cap = 0
     if draft is not None:
         window = cfg.draft_window or 0
-        shape = DraftShape(draft.kv_bytes_per_token(kv_dtype), block, window, cfg.draft_eviction_interval)
+        shape = DraftShape(draft.kv_bytes_per_token(kv_dtype), block, window, cfg.draft_eviction_interval,
+                           cfg.decode_lookahead)
         if cfg.draft_kv_ratio < 1:
             cap = request_cap(shape, cfg.page_size, cfg.max_running_requests, cfg.chunked_prefill_size)
     target_cost = target.kv_bytes_per_token(kv_dtype)
@@ -114,6 +116,7 @@ def make_plan(cfg: MemdConfig) -> PoolPlan:
         # At ratio 1 the window is the draft's own (reported, not enforced by memd).
         window=cfg.draft_window or (draft.sliding_window or 0 if draft else 0),
         eviction_interval=cfg.draft_eviction_interval,
+        decode_lookahead=cfg.decode_lookahead,
         max_running_requests=cfg.max_running_requests,
         context_len=min(context, sizes.target_tokens),
         chunked_prefill_size=cfg.chunked_prefill_size,

@@ -62,6 +62,7 @@ def build_pools(plan: PoolPlan, buffers: SharedBuffers, epoch: int) -> tuple[Slo
         target_model=plan.target.path,
         draft_model=plan.draft.path if plan.draft else "",
         chunked_prefill_size=plan.chunked_prefill_size,
+        decode_lookahead=plan.decode_lookahead,
     )
     return mgr, layout
 

@@ -30,6 +30,7 @@ class DraftShape:
     block_size: int
     window: int | None  # required below ratio 1
     eviction_interval: int  # scheduler steps between out-of-window frees
+    lookahead: int = 0  # decode positions a request may hold ahead of need
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,10 @@ def validate_ratio(ratio: float) -> None:
 
 def request_cap(draft: DraftShape, page: int, max_running: int, chunked_prefill: int) -> int:
     """Most draft slots the running requests hold at once: per request the window, the
-    blocks in flight over the eviction interval, a page of slack and the block being
-    verified; times the requests; plus one prefill chunk and its partial page."""
-    per_request = draft.window + draft.eviction_interval * draft.block_size + page + page_ceil(draft.block_size, page)
+    blocks in flight over the eviction interval, a page of slack, the block being verified
+    and the decode lookahead; times the requests; plus one prefill chunk and its partial page."""
+    per_request = (draft.window + draft.eviction_interval * draft.block_size + page + page_ceil(draft.block_size, page)
+                   + draft.lookahead)
     return per_request * max_running + chunked_prefill + page
 
 

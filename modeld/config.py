@@ -18,6 +18,8 @@ class ModeldConfig:
     load_format: str = "auto"
     dtype: str = "auto"  # auto: memd's KV dtype
     chunked_prefill_size: int = 512
+    decode_lookahead: int = 32  # decode positions memd grants ahead of need, so most steps make no memd call
+    disable_cuda_graph: bool = False  # CUDA graphs of decode and verify steps (on CUDA only)
     connect_timeout: float = 60.0
     log_level: str = "INFO"
 
@@ -34,6 +36,8 @@ class ModeldConfig:
             raise ValueError(f"bad --dtype {self.dtype!r}")
         if self.chunked_prefill_size < 1:
             raise ValueError("--chunked-prefill-size must be >= 1")
+        if self.decode_lookahead < 0:
+            raise ValueError("--decode-lookahead must be >= 0")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
                    help="auto: memd's KV dtype (memd's --kv-cache-dtype must match any other choice)")
     p.add_argument("--chunked-prefill-size", type=int, default=512)
+    p.add_argument("--decode-lookahead", type=int, default=32,
+                   help="decode positions memd grants a request ahead of need: most decode steps then make no memd "
+                        "call (0: one call per step, exactly what the step needs)")
+    p.add_argument("--disable-cuda-graph", action="store_true",
+                   help="run every step eagerly (default on CUDA: decode and DFLASH verify steps replay CUDA graphs)")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for memd at start")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -71,6 +80,8 @@ def config_from_args(argv=None) -> ModeldConfig:
         load_format=args.load_format,
         dtype=args.dtype,
         chunked_prefill_size=args.chunked_prefill_size,
+        decode_lookahead=args.decode_lookahead,
+        disable_cuda_graph=args.disable_cuda_graph,
         connect_timeout=args.connect_timeout,
         log_level=args.log_level,
     )

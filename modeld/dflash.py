@@ -24,13 +24,12 @@ from modeld.kernels.kv_write import store_kv_prefix_valid, store_kv_translated
 from modeld.model import CausalLM
 
 
-def accept(drafts: list[int], target: list[int]) -> list[int]:
-    """Tokens committed by a verified block: drafts d_1..d_{B-1}, target tokens y_0..y_{B-1}
-    (y_i follows position L+i). The accepted drafts, then the bonus."""
-    a = 0
-    while a < len(drafts) and drafts[a] == target[a]:
-        a += 1
-    return drafts[:a] + [target[a]]
+def accept_lengths(drafts: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Tokens committed by each verified block, on the device: drafts d_1..d_{B-1} [N, B-1], target tokens
+    y_0..y_{B-1} [N, B] (y_i follows position L+i). The block commits the longest prefix of drafts with
+    d_i == y_{i-1}, then the bonus: a + 1 tokens, which are exactly target[:, :a + 1]."""
+    matched = (drafts == target[:, :-1]).to(torch.int32).cumprod(dim=1)
+    return matched.sum(dim=1) + 1
 
 
 class DflashWorker:
@@ -39,13 +38,28 @@ class DflashWorker:
         self.target = target
         self.block = draft.spec.block_size
         self.taps = draft.spec.target_layer_ids
+        self.graphs = None
         self.bind(pools)
 
     def bind(self, pools: dict[str, torch.Tensor]) -> None:
-        """memd's buffers (again after a re-attach)."""
+        """memd's buffers (again after a re-attach: the draft's graphs read them, so they are captured again)."""
         self.draft_kv = pools["draft_kv"]  # [draft layers, 2, rows, kv_heads, head_dim]
         self.mapping = pools["target_to_draft"]
         self.req_to_token = pools["req_to_token"]
+        if self.graphs is not None:
+            self.graphs.capture_draft(self)
+
+    def use_graphs(self, graphs) -> None:
+        """Propose through CUDA graphs on verify steps that replay a target graph (a draft whose every layer
+        slides: its context gather has a fixed width, window - 1)."""
+        if None not in self.draft.spec.windows:
+            self.graphs = graphs
+            graphs.capture_draft(self)
+
+    @property
+    def graph_width(self) -> int:
+        """The context positions a captured propose() gathers: the widest window's."""
+        return max(self.draft.spec.windows) - 1
 
     @torch.inference_mode()
     def write_context(self, captured: list[torch.Tensor], positions: torch.Tensor, target_slots: torch.Tensor) -> None:
@@ -65,8 +79,10 @@ class DflashWorker:
                                   k.reshape(n, b, *k.shape[1:]), v.reshape(n, b, *v.shape[1:]), mapping=self.mapping)
 
     @torch.inference_mode()
-    def propose(self, rows: torch.Tensor, starts: torch.Tensor, last_tokens: torch.Tensor) -> list[list[int]]:
-        """Greedy drafts d_1..d_{B-1} for N requests (rows of req_to_token, L, t)."""
+    def propose(self, rows: torch.Tensor, starts: torch.Tensor, last_tokens: torch.Tensor, max_start: int) -> torch.Tensor:
+        """Greedy drafts d_1..d_{B-1} [N, B-1] on the device for N requests (rows of req_to_token, L, t).
+        max_start, at least the largest L (known on the host), sizes the context gather without a device sync;
+        a sliding layer never reads more than window - 1 positions, so window - 1 serves any L (the graphs)."""
         n, b = len(rows), self.block
         offsets = torch.arange(b, device=rows.device)
         positions = starts[:, None] + offsets  # [N, B]
@@ -76,22 +92,23 @@ class DflashWorker:
         contexts, cache = [], {}
         for layer, window in enumerate(self.draft.spec.windows):
             if window not in cache:
-                cache[window] = self._context_slots(rows, starts, positions, window)
+                width = max_start if window is None else min(max_start, window - 1)
+                cache[window] = self._context_slots(rows, starts, positions, window, width)
             slots, valid, visible = cache[window]
             keep = valid[:, :, None, None]  # never let a sink row (slot 0) into the block, even masked
             k = torch.where(keep, self.draft_kv[layer, 0][slots], 0)
             v = torch.where(keep, self.draft_kv[layer, 1][slots], 0)
             contexts.append((k, v, visible))
         hidden = self.draft.block_hidden(embeds, positions, contexts)
-        return self.target.logits(hidden[:, 1:]).argmax(dim=-1).tolist()
+        return self.target.logits(hidden[:, 1:]).argmax(dim=-1)
 
-    def _context_slots(self, rows, starts, positions, window):
-        """Draft slots of the context positions the block may see, and which each query sees:
-        all positions before L (full attention), or those within `window` of the query (HF
-        sliding semantics: query t sees p when t - p < window). Unmapped positions are never read."""
+    def _context_slots(self, rows, starts, positions, window, width: int):
+        """Draft slots of the `width` context positions the block may see (width >= every request's
+        L - first), and which each query sees: all positions before L (full attention), or those within
+        `window` of the query (HF sliding semantics: query t sees p when t - p < window). Unmapped
+        positions are never read."""
         first = starts - window + 1 if window is not None else torch.zeros_like(starts)
         first = first.clamp(min=0)
-        width = int((starts - first).max())
         pos = first[:, None] + torch.arange(width, device=rows.device)  # [N, C]
         valid = pos < starts[:, None]
         safe = torch.where(valid, pos, torch.zeros_like(pos))

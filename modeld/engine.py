@@ -9,7 +9,7 @@ import grpc
 import torch
 
 from modeld.detokenize import new_text
-from modeld.dflash import DflashWorker, accept
+from modeld.dflash import DflashWorker, accept_lengths
 from modeld.memd_link import MemdLink
 from modeld.request import Finish, Request
 from modeld.runner import ModelRunner, StepOutput
@@ -72,22 +72,31 @@ class Engine:
 
     # ---- the engine thread ----------------------------------------------------------------
     def _loop(self) -> None:
-        while not self.stopped.is_set():
-            if self.link.lost:  # memd is gone: its lease freed our slots; fail what runs, wait for memd
-                self._fail_all("UNAVAILABLE", "memd is unreachable", memd_alive=False)
-                self.link.reattach(self.stopped)
-                continue
-            self._drain_inbox()
-            try:
-                busy = self._step()
-            except grpc.RpcError as exc:  # memd is gone or refused the step
-                log.error("memd call failed: %s %s", exc.code().name, exc.details())
-                self._fail_all(exc.code().name, f"memd: {exc.details()}", memd_alive=exc.code() != grpc.StatusCode.UNAVAILABLE)
-                busy = False
-            if not busy:
-                self.wake.wait(0.5)
-                self.wake.clear()
-        self._fail_all("UNAVAILABLE", "modeld is shutting down", memd_alive=True)
+        try:
+            while not self.stopped.is_set():
+                if self.link.lost:  # memd is gone: its lease freed our slots; fail what runs, wait for memd
+                    self._fail_all("UNAVAILABLE", "memd is unreachable", memd_alive=False)
+                    self.link.reattach(self.stopped)
+                    continue
+                self._drain_inbox()
+                try:
+                    busy = self._step()
+                except grpc.RpcError as exc:  # memd is gone or refused the step
+                    log.error("memd call failed: %s %s", exc.code().name, exc.details())
+                    self._fail_all(exc.code().name, f"memd: {exc.details()}", memd_alive=exc.code() != grpc.StatusCode.UNAVAILABLE)
+                    busy = False
+                except Exception as exc:  # a bug outside the forward: fail what runs, keep serving
+                    log.exception("engine step failed")
+                    self._fail_all("INTERNAL", f"engine step failed: {exc}", memd_alive=True)
+                    busy = False
+                if not busy:
+                    self.wake.wait(0.5)
+                    self.wake.clear()
+            self._fail_all("UNAVAILABLE", "modeld is shutting down", memd_alive=True)
+        except BaseException:
+            log.critical("the engine thread stopped", exc_info=True)
+            self.link.on_health(False)  # never die silently: health turns NOT_SERVING
+            raise
 
     def _drain_inbox(self) -> None:
         while True:
@@ -124,31 +133,47 @@ class Engine:
         return True
 
     def _run(self, items: list[StepItem]) -> list[tuple[StepItem, list[int]]]:
-        """Draft (DFLASH), one target forward, sampling, acceptance: the tokens each item commits."""
-        verify = [item for item in items if item.verify]
+        """Draft (DFLASH), one target forward, sampling, acceptance: the tokens each item commits. Everything
+        stays on the device until one copy of the step's sampled tokens (and accepted lengths) to the host."""
+        inputs = self.runner.prepare(items)
+        verify = [items[i] for i in inputs.verify]
+        drafts = None
         if verify:
-            t = self.runner.tensor
-            drafts = self.dflash.propose(t([i.row for i in verify]), t([i.req.computed for i in verify]),
-                                         t([i.req.all_ids[i.req.computed] for i in verify]))
-            for item, proposed in zip(verify, drafts):
-                item.tokens = [item.req.all_ids[item.req.computed]] + proposed
-        out = self.runner.forward(items, capture=self.dflash.taps if self.dflash else ())
+            if inputs.graph is not None and len(verify) == len(items) and self.dflash.graphs is not None:
+                drafts = self.runner.graphs.replay_draft(inputs.graph[0])[: len(verify)]
+            else:
+                rows, starts, last = inputs.verify_inputs()
+                drafts = self.dflash.propose(rows, starts, last, max(i.req.computed for i in verify))
+            inputs.put_drafts(drafts)
+        out = self.runner.forward(inputs)
+        # Rows sampled per item: a verify block's every row; otherwise the last row, once the item's
+        # pending tokens are all computed (a prompt chunk short of the end samples nothing).
         counts = [item.num_tokens if item.verify else int(item.num_tokens == item.req.pending) for item in items]
-        rows = [off + item.num_tokens - n + j for item, off, n in zip(items, out.offsets, counts) for j in range(n)]
         owners = [item for item, n in zip(items, counts) for _ in range(n)]
-        sampled = []
-        if rows:
-            logits = self.runner.model.logits(out.hidden[self.runner.tensor(rows)])
+        sampled = lengths = None
+        if owners:
+            rows = self._rows([off + item.num_tokens - n + j for item, off, n in zip(items, out.offsets, counts)
+                               for j in range(n)], len(out.hidden))
+            logits = self.runner.model.logits(out.hidden[rows])
             sampled = sample(logits, [o.req.params for o in owners], [o.req.generator for o in owners])
         if self.dflash is not None:
             self._write_plain_context([i for i in items if not i.verify], items, out)
-        results, at, lengths = [], 0, []
+        if verify:
+            target = self._verify_rows(sampled, items, counts, inputs.verify).view(len(verify), -1)
+            lengths = accept_lengths(drafts, target)
+            if inputs.graph is not None and len(verify) == len(items) and self.dflash.graphs is not None:
+                self.runner.graphs.replay_commit(inputs.graph[0], lengths)
+            else:
+                self._write_committed(verify, items, out, lengths)
+        host = (sampled if lengths is None else torch.cat([sampled, lengths])).tolist() if owners else []
+        committed_lens = host[len(owners):]
+        results, at, k = [], 0, 0
         for item, n in zip(items, counts):
-            tokens = sampled[at : at + n]
+            tokens = host[at : at + n]
             at += n
             if item.verify:
-                tokens = accept(item.tokens[1:], tokens)
-                lengths.append(len(tokens))
+                tokens = tokens[: committed_lens[k]]
+                k += 1
                 self._count_verify(item.req, len(tokens))
                 item.req.computed += len(tokens)  # the block's first token and the accepted drafts
                 self.scheduler.commit(item.req, item.req.computed)
@@ -159,9 +184,19 @@ class Engine:
             if self.trim_draft:
                 self.scheduler.trim(item.req)
             results.append((item, tokens))
-        if verify:
-            self._write_committed(verify, items, out, lengths)
         return results
+
+    def _rows(self, rows: list[int], total: int):
+        """An index of hidden rows: a slice when it is all of them in order (a decode step), else a tensor."""
+        if len(rows) == total and rows == list(range(total)):
+            return slice(None)
+        return self.runner.tensor(rows)
+
+    def _verify_rows(self, sampled, items, counts, verify_idx):
+        """The sampled target tokens of the verify items, [V * block]."""
+        starts = [sum(counts[:i]) for i in verify_idx]
+        rows = [s + j for s, i in zip(starts, verify_idx) for j in range(counts[i])]
+        return sampled[self._rows(rows, len(sampled))]
 
     def _count_verify(self, req: Request, committed: int) -> None:
         req.spec_verify_ct += 1
@@ -169,20 +204,20 @@ class Engine:
         self.spec["spec_draft_tokens"] += self.dflash.block - 1
         self.spec["spec_accepted_tokens"] += committed - 1
 
-    def _item_rows(self, chosen, items, out) -> torch.Tensor:
+    def _item_rows(self, chosen, items, out):
         offsets = {id(item): off for item, off in zip(items, out.offsets)}
-        return self.runner.tensor([offsets[id(i)] + j for i in chosen for j in range(i.num_tokens)])
+        rows = [offsets[id(i)] + j for i in chosen for j in range(i.num_tokens)]
+        return self._rows(rows, len(out.hidden))
 
     def _write_plain_context(self, plain, items, out: StepOutput) -> None:
         if plain:
             rows = self._item_rows(plain, items, out)
             self.dflash.write_context([c[rows] for c in out.captured], out.positions[rows], out.slots[rows])
 
-    def _write_committed(self, verify, items, out: StepOutput, lengths: list[int]) -> None:
+    def _write_committed(self, verify, items, out: StepOutput, lengths: torch.Tensor) -> None:
         rows = self._item_rows(verify, items, out)
         slots_2d = out.slots[rows].reshape(len(verify), -1)
-        self.dflash.write_committed([c[rows] for c in out.captured], out.positions[rows], slots_2d,
-                                    self.runner.tensor(lengths))
+        self.dflash.write_committed([c[rows] for c in out.captured], out.positions[rows], slots_2d, lengths)
 
     def _append(self, req: Request, tokens: list[int]) -> None:
         """Commit tokens to the output, stopping at the first that finishes the request."""

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from modeld.model import CausalLM
+from modeld.model import CausalLM, fuse_checkpoint
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -65,7 +65,7 @@ def _load_state(model: CausalLM, state: dict, cfg) -> None:
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
     if tied:
         state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(fuse_checkpoint(state, cfg.num_hidden_layers), strict=False)
     missing = [k for k in missing if not (tied and k == "lm_head.weight")]
     if missing or unexpected:
         raise ValueError(f"checkpoint does not fit the model: missing {missing[:8]}, unexpected {unexpected[:8]}")
@@ -73,10 +73,12 @@ def _load_state(model: CausalLM, state: dict, cfg) -> None:
 
 @torch.no_grad()
 def _random_init(model: CausalLM, cfg) -> None:
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    """Seeded random weights, drawn on the model's device (an 8B model's in seconds on a GPU)."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(0)
     std = getattr(cfg, "initializer_range", 0.02)
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
             p.fill_(1.0)
         else:
-            p.copy_(torch.randn(p.shape, generator=gen) * std)
+            p.copy_(torch.randn(p.shape, generator=gen, device=device) * std)

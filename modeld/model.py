@@ -1,8 +1,10 @@
 """The target's forward over memd's paged KV pools: Llama, Qwen2 and Qwen3 decoder LMs.
 
-Module and parameter names follow Hugging Face's (model.layers.N.self_attn.q_proj, ...) so a
-checkpoint's state dict loads as it is. Numerics follow HF's too (fp32 RMSNorm statistics,
-cos/sin in fp32 cast to the activation dtype), which is what the logits tests compare against.
+Numerics follow Hugging Face's (fp32 RMSNorm statistics, cos/sin in fp32 cast to the activation dtype), which is what
+the logits tests compare against. For speed the layers run fused: one q|k|v and one gate|up projection (the
+checkpoint's separate matrices are concatenated at load, `fuse_checkpoint`), residual add + RMSNorm in one kernel,
+rotary from a table computed once, and every step's shapes free of host syncs, so a decode forward can be captured
+in a CUDA graph (modeld/cuda_graph.py).
 """
 
 from dataclasses import dataclass
@@ -12,6 +14,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from modeld.kernels.attention import paged_attention
+from modeld.kernels.fused import rms_norm, rotary, silu_mul
 from modeld.kernels.kv_write import store_kv
 
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3")
@@ -23,12 +26,13 @@ class ForwardBatch:
 
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
-    out_slots: torch.Tensor  # [T] target slots the new tokens' K/V go to
+    out_slots: torch.Tensor  # [T] target slots the new tokens' K/V go to (< 0: write nothing)
     rows: torch.Tensor  # [B] rows of req_to_token
     q_starts: torch.Tensor  # [B] position of each request's first new token
     q_lens: torch.Tensor  # [B] new tokens per request
     kv_lens: torch.Tensor  # [B] positions with K/V after this forward (q_start + q_len)
     req_to_token: torch.Tensor  # memd's shared table
+    qo_indptr: torch.Tensor | None = None  # [B] first token of each request in the packed T (cumsum of q_lens if None)
 
 
 class RMSNorm(nn.Module):
@@ -43,10 +47,18 @@ class RMSNorm(nn.Module):
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
+    def fused(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual) in one kernel; without residual, (norm(x), x)."""
+        return rms_norm(x, self.weight, self.eps, residual)
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def head_dim_of(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
 class Attention(nn.Module):
@@ -55,12 +67,11 @@ class Attention(nn.Module):
         self.layer_id = layer_id
         self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.head_dim = head_dim_of(cfg)
         self.scale = self.head_dim**-0.5
         bias = cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False))
-        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.split = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bool(getattr(cfg, "attention_bias", False)))
         self.qk_norm = cfg.model_type == "qwen3"
         if self.qk_norm:
@@ -69,22 +80,23 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, batch: ForwardBatch, k_cache, v_cache) -> torch.Tensor:
         T = x.shape[0]
-        q = self.q_proj(x).view(T, self.heads, self.head_dim)
-        k = self.k_proj(x).view(T, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(T, self.kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.unflatten(-1, (self.heads, self.head_dim))
+        k = k.unflatten(-1, (self.kv_heads, self.head_dim))
+        v = v.unflatten(-1, (self.kv_heads, self.head_dim))
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+            q = self.q_norm.fused(q.reshape(-1, self.head_dim))[0].view(T, self.heads, self.head_dim)
+            k = self.k_norm.fused(k.reshape(-1, self.head_dim))[0].view(T, self.kv_heads, self.head_dim)
+        q, k = rotary(q, k, cos, sin)
         store_kv(k_cache, v_cache, batch.out_slots, k, v)
-        out = paged_attention(
-            q, k_cache, v_cache, batch.req_to_token, batch.rows, batch.q_starts, batch.q_lens, batch.kv_lens, self.scale
-        )
-        return self.o_proj(out.reshape(T, self.heads * self.head_dim))
+        out = paged_attention(q, k_cache, v_cache, batch.req_to_token, batch.rows, batch.q_starts, batch.q_lens,
+                              batch.kv_lens, self.scale, qo_indptr=batch.qo_indptr)
+        return self.o_proj(out.view(T, self.heads * self.head_dim))
 
 
 class MLP(nn.Module):
+    """HF's gate / up / down MLP (the DFLASH draft's layers, loaded by their checkpoint names)."""
+
     def __init__(self, cfg):
         super().__init__()
         bias = bool(getattr(cfg, "mlp_bias", False))
@@ -98,17 +110,35 @@ class MLP(nn.Module):
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class FusedMLP(nn.Module):
+    """The same MLP with gate|up in one matrix and silu(gate) * up in one kernel."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        bias = bool(getattr(cfg, "mlp_bias", False))
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"unsupported hidden_act {cfg.hidden_act!r}")
+
+    def forward(self, x):
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg, layer_id: int):
         super().__init__()
         self.self_attn = Attention(cfg, layer_id)
-        self.mlp = MLP(cfg)
+        self.mlp = FusedMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, batch, k_cache, v_cache):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, k_cache, v_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, cos, sin, batch, k_cache, v_cache):
+        """The layer's output is `x + residual` of what it returns: the add is fused into the next norm."""
+        h, residual = self.input_layernorm.fused(x, residual)
+        h = self.self_attn(h, cos, sin, batch, k_cache, v_cache)
+        h, residual = self.post_attention_layernorm.fused(h, residual)
+        return self.mlp(h), residual
 
 
 class Backbone(nn.Module):
@@ -134,19 +164,33 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if getattr(cfg, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, head_dim] in `dtype`, gathered from a table HF's rotary embedding fills once in fp32
+        (the same values it computes per call: an outer product of positions and frequencies)."""
+        if self.rope_table is None:
+            limit = self.config.max_position_embeddings
+            all_positions = torch.arange(limit, device=positions.device)[None, :]
+            probe = torch.empty(0, dtype=torch.float32, device=positions.device)
+            cos, sin = self.model.rotary_emb(probe, all_positions)
+            self.rope_table = cos[0].float(), sin[0].float()
+        cos, sin = self.rope_table
+        return cos[positions].to(dtype), sin[positions].to(dtype)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_pool: torch.Tensor, capture_layers=()):
         """kv_pool: memd's target_kv buffer [layers, 2, rows, kv_heads, head_dim]."""
         x = self.model.embed_tokens(batch.input_ids)
-        cos, sin = self.model.rotary_emb(x, batch.positions[None, :])
-        cos, sin = cos[0], sin[0]
-        captured = {}
+        if batch.qo_indptr is None:
+            batch.qo_indptr = torch.cumsum(batch.q_lens, 0) - batch.q_lens
+        cos, sin = self.rope(batch.positions, x.dtype)
+        captured, residual = {}, None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, batch, kv_pool[i, 0], kv_pool[i, 1])
+            x, residual = layer(x, residual, cos, sin, batch, kv_pool[i, 0], kv_pool[i, 1])
             if i in capture_layers:
-                captured[i] = x
-        x = self.model.norm(x)
+                captured[i] = x + residual
+        x, _ = self.model.norm.fused(x, residual)
         # HF's hidden_states[L] (what a tap of the last layer means in the z-lab format) is normed.
         captured[len(self.model.layers) - 1] = x
         return x, [captured[i] for i in capture_layers]
@@ -154,3 +198,17 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+
+def fuse_checkpoint(state: dict, num_layers: int) -> dict:
+    """HF's separate q/k/v and gate/up matrices (and biases) -> the fused qkv_proj and gate_up_proj."""
+    state = dict(state)
+    for i in range(num_layers):
+        for parent, parts, fused in (("self_attn", ("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+                                     ("mlp", ("gate_proj", "up_proj"), "gate_up_proj")):
+            prefix = f"model.layers.{i}.{parent}."
+            for kind in ("weight", "bias"):
+                names = [f"{prefix}{p}.{kind}" for p in parts]
+                if all(n in state for n in names):
+                    state[f"{prefix}{fused}.{kind}"] = torch.cat([state.pop(n) for n in names])
+    return state

@@ -25,9 +25,16 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     computed: int = 0  # positions whose K/V are in memd's pools
     in_memd: bool = False  # memd holds a row and slots for it
+    row: int = 0  # memd's req_to_token row while in memd
+    held: int = 0  # positions memd holds slots for (>= computed: decode slots are granted ahead)
+    slots: list[int] = field(default_factory=list)  # target slots of positions [slots_from, held)
+    slots_from: int = 0
     cached_tokens: int = 0
     spec_verify_ct: int = 0
     finish: Finish | None = None
+    text: str = ""  # stable text of output_ids[:read_offset] (modeld.detokenize)
+    prefix_offset: int = 0  # the detokenizer's window starts here
+    read_offset: int = 0
     sent_text: str = ""  # text already streamed
     sent_ids: int = 0  # output tokens already streamed
     events: queue.Queue = field(default_factory=queue.Queue)
@@ -35,6 +42,20 @@ class Request:
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    def token_at(self, position: int) -> int:
+        """all_ids[position] without building all_ids (the hot path's cost must not grow with the output)."""
+        n = len(self.prompt_ids)
+        return self.prompt_ids[position] if position < n else self.output_ids[position - n]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """all_ids[start:end] without building all_ids."""
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return self.prompt_ids[start:] + self.output_ids[: end - n]
 
     @property
     def pending(self) -> int:

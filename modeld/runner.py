@@ -1,16 +1,45 @@
-"""Turns a scheduled step into one forward over memd's pools."""
+"""Turns a scheduled step into one forward over memd's pools: the step's inputs are packed on the host and
+copied to the device in one transfer, and the forward replays a CUDA graph when the step has a captured shape
+(every request decoding one token, or every request verifying one DFLASH block), else runs eagerly."""
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from modeld.cuda_graph import GraphRunner
 from modeld.model import CausalLM, ForwardBatch
+from modeld.packed_inputs import DRAFT_AT, FIELDS, IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
 from modeld.scheduler import StepItem
 
 
 @dataclass
+class StepInputs:
+    batch: ForwardBatch
+    offsets: list[int]  # first token of each item
+    num_tokens: int  # real tokens (the batch may be padded to a graph's shape)
+    draft_at: torch.Tensor  # [V * (block - 1)]: where the verify items' drafts go in input_ids
+    verify: list[int]  # indexes of the verify items
+    graph: tuple[int, int] | None  # (bucket, tokens per request) when a captured graph runs the step
+
+    def verify_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The verify items' req_to_token rows, first new positions and last committed tokens, on the device."""
+        b, n = self.batch, len(self.verify)
+        if n == len(self.offsets):  # every item verifies a block: the common step, read in place
+            block = self.num_tokens // n
+            return b.rows[:n], b.q_starts[:n], b.input_ids[: n * block].view(n, block)[:, 0]
+        idx = torch.tensor(self.verify, dtype=torch.int64, device=b.rows.device)
+        firsts = torch.tensor([self.offsets[i] for i in self.verify], dtype=torch.int64, device=b.rows.device)
+        return b.rows[idx], b.q_starts[idx], b.input_ids[firsts]
+
+    def put_drafts(self, drafts: torch.Tensor) -> None:
+        """The proposed drafts [V, block - 1] (on the device) into the verify items' input ids."""
+        self.batch.input_ids.index_copy_(0, self.draft_at, drafts.reshape(-1))
+
+
+@dataclass
 class StepOutput:
-    hidden: torch.Tensor  # [T, hidden]: the final hidden state of every token of the step
+    hidden: torch.Tensor  # [T, hidden]: the final hidden state of every real token of the step
     captured: list[torch.Tensor]  # per tapped layer [T, hidden] (DFLASH)
     offsets: list[int]  # first row of each item in `hidden`
     positions: torch.Tensor  # [T]
@@ -18,38 +47,72 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, pools: dict[str, torch.Tensor], device: str):
+    def __init__(self, model: CausalLM, pools: dict[str, torch.Tensor], device: str, taps=(), graphs: GraphRunner | None = None):
         self.model = model
         self.device = device
+        self.taps = tuple(taps)
+        self.graphs = graphs
         self.bind(pools)
 
     def bind(self, pools: dict[str, torch.Tensor]) -> None:
-        """memd's buffers (again after a re-attach)."""
+        """memd's buffers (again after a re-attach: graphs read them, so they are captured again)."""
         self.kv_pool = pools["target_kv"]
         self.req_to_token = pools["req_to_token"]
+        if self.graphs is not None:
+            self.graphs.capture(self.model, self.kv_pool, self.req_to_token, self.taps)
 
     def tensor(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=self.device)
 
-    def forward(self, items: list[StepItem], capture=()) -> StepOutput:
-        """Computes (and stores) the K/V of every item's new tokens: an item's tokens are its
-        block (`item.tokens`, DFLASH verification) or its request's next tokens."""
-        ids, positions, slots, offsets = [], [], [], []
-        for item in items:
-            start = item.req.computed
-            offsets.append(len(ids))
-            ids += item.tokens if item.tokens is not None else item.req.all_ids[start : start + item.num_tokens]
-            positions += range(start, start + item.num_tokens)
-            slots += item.slots
+    def prepare(self, items: list[StepItem], block: int = 0) -> StepInputs:
+        """Packs the step's inputs. A verify item's ids are its last committed token and `block - 1` placeholders
+        that put_drafts fills on the device; every other item's ids are its request's next tokens."""
+        q_lens = [item.num_tokens for item in items]
+        graph = self.graphs.shape_for(q_lens) if self.graphs is not None else None
+        n_tok, n_req = sum(q_lens), len(items)
+        width = max(n_tok, n_req) if graph is None else graph[0] * graph[1]
+        host = np.zeros((FIELDS, width), dtype=np.int64)
+        offsets, verify, at = [], [], 0
+        draft_at = []
+        for i, item in enumerate(items):
+            req, n = item.req, item.num_tokens
+            offsets.append(at)
+            if item.verify:
+                verify.append(i)
+                host[IDS, at] = req.token_at(req.computed)
+                draft_at.extend(range(at + 1, at + n))
+            else:
+                host[IDS, at : at + n] = req.tokens(req.computed, req.computed + n)
+            host[POSITIONS, at : at + n] = np.arange(req.computed, req.computed + n)
+            host[SLOTS, at : at + n] = item.slots
+            at += n
+        host[ROWS, :n_req] = [item.row for item in items]
+        host[STARTS, :n_req] = [item.req.computed for item in items]
+        host[LENS, :n_req] = q_lens
+        host[INDPTR, :n_req] = offsets
+        host[DRAFT_AT, : len(draft_at)] = draft_at
+        if graph is not None:  # padding: requests of row 0 (never used by memd), writing no K/V
+            bucket, q = graph
+            host[SLOTS, n_tok:] = -1
+            host[LENS, n_req:bucket] = q
+            host[INDPTR, n_req:bucket] = np.arange(n_req, bucket) * q
+        host[KV_LENS] = host[STARTS] + host[LENS]
+        dev = self.graphs.load(host) if graph is not None else torch.from_numpy(host).to(self.device, non_blocking=True)
+        n_batch = graph[0] if graph is not None else n_req
         batch = ForwardBatch(
-            input_ids=self.tensor(ids),
-            positions=self.tensor(positions),
-            out_slots=self.tensor(slots),
-            rows=self.tensor([i.row for i in items]),
-            q_starts=self.tensor([i.req.computed for i in items]),
-            q_lens=self.tensor([i.num_tokens for i in items]),
-            kv_lens=self.tensor([i.req.computed + i.num_tokens for i in items]),
-            req_to_token=self.req_to_token,
+            input_ids=dev[IDS, :width if graph else n_tok], positions=dev[POSITIONS, :width if graph else n_tok],
+            out_slots=dev[SLOTS, :width if graph else n_tok], rows=dev[ROWS, :n_batch], q_starts=dev[STARTS, :n_batch],
+            q_lens=dev[LENS, :n_batch], kv_lens=dev[KV_LENS, :n_batch], req_to_token=self.req_to_token,
+            qo_indptr=dev[INDPTR, :n_batch],
         )
-        hidden, captured = self.model(batch, self.kv_pool, capture_layers=capture)
-        return StepOutput(hidden, captured, offsets, batch.positions, batch.out_slots)
+        return StepInputs(batch, offsets, n_tok, dev[DRAFT_AT, : len(draft_at)], verify, graph)
+
+    def forward(self, inputs: StepInputs) -> StepOutput:
+        """Computes (and stores) the K/V of every item's new tokens; returns the taps' outputs too."""
+        b = inputs.batch
+        if inputs.graph is not None:
+            hidden, captured = self.graphs.replay(inputs.graph)
+        else:
+            hidden, captured = self.model(b, self.kv_pool, capture_layers=self.taps)
+        n = inputs.num_tokens
+        return StepOutput(hidden[:n], [c[:n] for c in captured], inputs.offsets, b.positions[:n], b.out_slots[:n])

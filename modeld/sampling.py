@@ -39,12 +39,14 @@ class SamplingParams:
         return self.temperature == 0 or self.top_k == 1
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
-    """One token per row of logits [B, V] (fp32)."""
-    out = logits.argmax(dim=-1).tolist()
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of logits [B, V] (fp32), as an int64 tensor on the logits' device: nothing here waits for
+    the device. Greedy rows take the argmax; every other row draws from its own filtered distribution with its
+    request's generator (so a seeded request samples the same tokens whatever it is batched with)."""
+    out = logits.argmax(dim=-1)
     for i, p in enumerate(params):
         if not p.greedy:
-            out[i] = int(torch.multinomial(filtered_probs(logits[i], p), 1, generator=generators[i]).item())
+            out[i] = torch.multinomial(filtered_probs(logits[i], p), 1, generator=generators[i])[0]
     return out
 
 

@@ -1,9 +1,14 @@
 """Continuous batching over memd's pools.
 
-Each step asks memd once (Alloc) for every request in the batch: decodes grow by one
-token, prompts are prefilled in chunks under a token budget, and the releases of
-requests that finished (or were preempted) since the last call ride along, with the
-tokens whose K/V they computed, for memd's prefix cache. A request is admitted from the
+A step asks memd (Alloc) at most once for every request in the batch: decodes grow, prompts
+are prefilled in chunks under a token budget, and the releases of requests that finished (or
+were preempted) since the last call ride along, with the tokens whose K/V they computed, for
+memd's prefix cache. With a lookahead, a decode that needs slots is granted `lookahead` more
+positions than it needs, and once memd is called every decode running short is topped up, so
+most decode steps need no memd call at all (memd stays the only allocator: the spare slots are
+the request's, freed with it or given back by a commit). Spares are given back when memory is
+short (the "lean" plan) and before an out-of-window draft trim (memd trims from the request's
+length, which must then be the computed one). A request is admitted from the
 usable cached prefix memd matches for it (MatchPrefix): only the rest is prefilled. When memd
 answers RESOURCE_EXHAUSTED nothing changed there, and the step is planned again:
 first without new admissions and prefill chunks (they wait), then by preempting the
@@ -29,13 +34,14 @@ class StepItem:
     num_tokens: int
     row: int
     slots: list[int]  # target slots of the new positions
-    verify: bool = False  # a DFLASH block: [last token, drafts], set by the engine before the forward
-    tokens: list[int] | None = None  # the block's tokens; None: the request's next tokens
+    verify: bool = False  # a DFLASH block: [last token, drafts] (the drafts are proposed on the device)
 
 
 class Scheduler:
-    def __init__(self, session: MemdSession, max_running: int, chunk_tokens: int, context_len: int, block: int = 0):
+    def __init__(self, session: MemdSession, max_running: int, chunk_tokens: int, context_len: int, block: int = 0,
+                 lookahead: int = 0):
         self.session = session
+        self.lookahead = lookahead  # decode positions granted beyond a step's need (0: exactly what it needs)
         self.max_running = max_running
         self.chunk_tokens = chunk_tokens
         self.context_len = context_len
@@ -67,6 +73,7 @@ class Scheduler:
             self.releases.append(req.rid)
             self.cache[req.rid] = req.all_ids[: req.computed]
             req.in_memd = False
+        req.held, req.slots, req.slots_from = 0, [], 0
         self.commits.pop(req.rid, None)
         self.trims.discard(req.rid)
 
@@ -81,11 +88,23 @@ class Scheduler:
             self.cache[req.rid] = req.all_ids[: req.computed]
 
     def trim(self, req: Request) -> None:
-        """Ask memd to free the request's out-of-window draft slots."""
+        """Ask memd to free the request's out-of-window draft slots (with its spare slots given back first)."""
         self.trims.add(req.rid)
+        if self.lookahead:
+            self.commits[req.rid] = req.computed
 
-    def _release_args(self) -> dict:
-        return dict(finishes=self.releases, commits=list(self.commits.items()), trims=sorted(self.trims),
+    def _outgoing_commits(self, lean: bool) -> dict[str, int]:
+        """Commits this call sends. Without a lookahead every verified length goes out; with one, spare slots
+        stay granted, except before a trim and in a lean plan (memory is short: every spare goes back)."""
+        if not self.lookahead:
+            return dict(self.commits)
+        out = {rid: n for rid, n in self.commits.items() if rid in self.trims}
+        if lean:
+            out.update({r.rid: r.computed for r in self.running if r.in_memd and r.held > r.computed})
+        return out
+
+    def _release_args(self, lean: bool = True) -> dict:
+        return dict(finishes=self.releases, commits=list(self._outgoing_commits(lean).items()), trims=sorted(self.trims),
                     cache=list(self.cache.items()))
 
     def drop_releases(self) -> None:
@@ -94,32 +113,43 @@ class Scheduler:
         self.commits.clear()
         self.trims.clear()
 
+    def _sent(self, commits: dict[str, int]) -> None:
+        """A call carried the releases: requests committed back hold their computed length now."""
+        for r in self.running:
+            if r.rid in commits:
+                r.held = commits[r.rid]
+        self.drop_releases()
+
     def flush_releases(self) -> None:
         """Idle: nothing to batch the releases with, so free them now."""
         if self.releases or self.commits or self.trims:
-            self.session.free(**self._release_args())
-            self.drop_releases()
+            commits = self._outgoing_commits(lean=True)
+            self.session.free(**self._release_args(lean=True))
+            self._sent(commits)
 
     def next_step(self) -> tuple[list[StepItem], list[Request]]:
         """The batch of this step, and requests that can never fit (to be failed).
 
-        When memd refuses, the plan shrinks: fewer new admissions, then none (running requests
-        only), then decodes only, then (DFLASH) single-token decodes instead of verify blocks;
-        below that the newest running request is preempted. A request that cannot be admitted
-        even alone into an idle pool can never run: it is failed."""
+        When memd refuses, the plan shrinks: first every spare slot goes back and nothing is
+        granted ahead (lean), then fewer new admissions, then none (running requests only), then
+        decodes only, then (DFLASH) single-token decodes instead of verify blocks; below that the
+        newest running request is preempted. A request that cannot be admitted even alone into an
+        idle pool can never run: it is failed."""
         hopeless: list[Request] = []
         refused: set[tuple] = set()  # plans memd refused this step: a level that changes nothing is not asked again
-        admit, level, spec = self.max_running, 0, bool(self.block)
+        admit, level, spec, lean = self.max_running, 0, bool(self.block), not self.lookahead
         while True:
-            plan, admitted = self._plan(level, admit, spec)
+            plan, admitted = self._plan(level, admit, spec, lean)
             if plan:
-                answer = self._ask(plan, refused)
+                answer = self._ask(plan, refused, lean)
                 if answer is not None:
                     return self._commit(plan, admitted, answer), hopeless
                 self.waiting.extendleft(reversed(admitted))
             elif level == 0 or not self.running:
                 return [], hopeless
-            if level == 0 and len(admitted) > 1:
+            if not lean:
+                lean = True
+            elif level == 0 and len(admitted) > 1:
                 admit = len(admitted) - 1
             elif level == 0 and admitted and not self.running:
                 hopeless.append(self._give_up(admitted[0]))
@@ -134,41 +164,42 @@ class Scheduler:
             else:
                 hopeless.append(self._give_up(self.running[0]))
 
-    def _ask(self, plan, refused: set[tuple]):
-        """memd's answer to a plan, or None when it is (or was already) refused."""
-        key = (tuple((r.rid, n, decode) for r, n, decode in plan), tuple(self.releases))
+    def _ask(self, plan, refused: set[tuple], lean: bool):
+        """memd's answer to a plan ({} when the step needs no call), or None when it is (or was already) refused."""
+        extends = [(r.rid, r.computed, n) for r, n, decode, ask in plan if not decode]
+        grows = [(r.rid, ask) for r, n, decode, ask in plan if decode and ask]
+        if not (extends or grows or self.releases or self.cache):
+            return {}  # every decode runs on slots granted ahead; commits and trims wait for the next call
+        key = (tuple(extends), tuple(grows), tuple(self.releases), lean)
         if key in refused:
             return None
+        commits = self._outgoing_commits(lean)
         try:
-            answer = self.session.alloc(
-                extends=[(r.rid, r.computed, n) for r, n, decode in plan if not decode],
-                grows=[(r.rid, n) for r, n, decode in plan if decode],
-                **self._release_args(),
-            )
+            answer = self.session.alloc(extends=extends, grows=grows, **self._release_args(lean))
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise
             refused.add(key)
             return None
-        self.drop_releases()
-        return answer
+        self._sent(commits)
+        return {a.rid: a for a in answer.requests}
 
     def _decode_tokens(self, r: Request, spec: bool) -> int:
         """A decode computes the last token; with DFLASH it verifies a whole block when it fits."""
         return self.block if spec and r.computed + self.block <= self.context_len else 1
 
-    def _plan(self, level: int, admit: int, spec: bool) -> tuple[list[tuple[Request, int, bool]], list[Request]]:
-        """(request, tokens, is_decode) for this step, and the requests newly admitted: level 0
-        admits up to `admit` waiting requests, level 1 serves running requests only, level 2 decodes."""
-        plan = [(r, self._decode_tokens(r, spec), True) for r in self.running if r.pending == 1]
-        if level == 2:
-            return plan, []
-        budget = self.chunk_tokens
-        for r in self.running:
-            if r.pending > 1 and budget > 0:
-                take = min(r.pending, budget)
-                plan.append((r, take, False))
-                budget -= take
+    def _plan(self, level: int, admit: int, spec: bool, lean: bool):
+        """(request, tokens, is_decode, tokens to ask memd for) for this step, and the requests newly admitted:
+        level 0 admits up to `admit` waiting requests, level 1 serves running requests only, level 2 decodes."""
+        decodes = [(r, self._decode_tokens(r, spec)) for r in self.running if r.pending == 1]
+        plan = []
+        if level < 2:
+            budget = self.chunk_tokens
+            for r in self.running:
+                if r.pending > 1 and budget > 0:
+                    take = min(r.pending, budget)
+                    plan.append((r, take, False, take))
+                    budget -= take
         admitted = []
         while level == 0 and self.waiting and len(admitted) < admit and len(self.running) + len(admitted) < self.max_running and budget > 0:
             if self.waiting[0].rid in self.releases:
@@ -177,10 +208,24 @@ class Scheduler:
                 break
             r = self.waiting.popleft()
             take = min(r.pending, budget)
-            plan.append((r, take, False))
+            plan.append((r, take, False, take))
             admitted.append(r)
             budget -= take
-        return plan, admitted
+        calling = lean or bool(plan or self.releases or self.cache) or any(r.computed + n > r.held for r, n in decodes)
+        commits = self._outgoing_commits(lean) if calling else {}
+        return [(r, n, True, self._grant(r, n, commits.get(r.rid, r.held), lean, calling)) for r, n in decodes] + plan, admitted
+
+    def _grant(self, r: Request, n: int, base: int, lean: bool, calling: bool) -> int:
+        """Positions to ask memd for, for a decode of n tokens of a request memd holds `base` positions of
+        (after this call's commits): what it lacks plus the lookahead; when memd is called anyway, a top-up
+        of a decode whose spare has fallen under half the lookahead; nothing beyond need when lean."""
+        need = r.computed + n
+        full = min(need + self.lookahead, self.context_len)
+        if lean or not self.lookahead:
+            return max(0, need - base)
+        if need > base or (calling and base - need < self.lookahead // 2):
+            return max(0, full - base)
+        return 0
 
     def _match(self, r: Request) -> bool:
         """Register a waiting request in memd at its usable cached prefix (the last token is always
@@ -192,8 +237,8 @@ class Scheduler:
             if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise
             return False
-        r.computed = answer.cached_len
-        r.in_memd = True
+        r.computed = r.held = answer.cached_len
+        r.row, r.in_memd = answer.row, True
         return True
 
     def _unmatch_waiting(self) -> bool:
@@ -206,13 +251,20 @@ class Scheduler:
         return bool(matched)
 
     def _commit(self, plan, admitted, answer) -> list[StepItem]:
-        slots = {a.rid: a for a in answer.requests}
         for r in admitted:
             if not r.output_ids and not r.cached_tokens:
                 r.cached_tokens = r.computed  # the prompt tokens served from the prefix cache
             self.running.append(r)
-        return [StepItem(r, n, slots[r.rid].row, list(slots[r.rid].target_slots), verify=decode and n > 1)
-                for r, n, decode in plan]
+        items = []
+        for r, n, decode, ask in plan:
+            got = answer.get(r.rid)
+            if got is not None:  # slots of positions [got.start, got.start + ask); earlier spare slots stay
+                kept = r.slots[r.computed - r.slots_from : got.start - r.slots_from] if decode else []
+                r.slots, r.slots_from, r.row = kept + list(got.target_slots), r.computed, got.row
+                r.held = got.start + len(got.target_slots)
+            at = r.computed - r.slots_from
+            items.append(StepItem(r, n, r.row, r.slots[at : at + n], verify=decode and n > 1))
+        return items
 
     def _preempt(self, victim: Request) -> None:
         """Release the victim's slots; it is recomputed from its tokens when it is admitted again."""

@@ -6,6 +6,7 @@ import signal
 import sys
 import threading
 from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 import torch
@@ -15,11 +16,13 @@ from grpc_reflection.v1alpha import reflection
 from memd.plan import ConfigError
 from memd.sockets import CHANNEL_OPTIONS, prepare_socket, unix_path
 from modeld.config import ModeldConfig, config_from_args
+from modeld.cuda_graph import GraphRunner
 from modeld.dflash import DflashWorker
 from modeld.draft import DraftError, load_draft
 from modeld.engine import Engine
 from modeld.loader import load_target
 from modeld.memd_link import MemdLink, StartupError
+from modeld.packed_inputs import FIELDS
 from modeld.runner import ModelRunner
 from modeld.scheduler import Scheduler
 from modeld.service import ModeldService, eos_token_ids
@@ -59,14 +62,17 @@ def check_draft_pool(layout, draft) -> None:
                                f"modeld would verify {draft.spec.block_size}")
 
 
-def serve(cfg: ModeldConfig) -> int:
-    health_servicer = health.HealthServicer()
+@dataclass
+class Built:
+    engine: Engine
+    link: MemdLink
+    info: dict
+    tokenizer: object
+    vocab_size: int
 
-    def set_health(serving: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", SERVICE_NAME):
-            health_servicer.set(name, status)
 
+def build_engine(cfg: ModeldConfig, set_health) -> Built:
+    """Attach to memd, load the target (and draft), capture CUDA graphs, wire the engine (not started)."""
     link = MemdLink(cfg.memd, cfg.connect_timeout, set_health, writes_draft_kv=cfg.speculative_algorithm == "dflash")
     layout = link.layout
     dtype = layout.kv_dtype if cfg.dtype == "auto" else cfg.dtype
@@ -87,13 +93,24 @@ def serve(cfg: ModeldConfig) -> int:
     chunk = min(cfg.chunked_prefill_size, layout.chunked_prefill_size)
     if chunk < cfg.chunked_prefill_size:
         log.info("prefill chunk lowered to memd's %d tokens", chunk)
-    scheduler = Scheduler(link.session, layout.max_running_requests, chunk, layout.context_len, worker.block if worker else 0)
-    runner = ModelRunner(model, link.pools, cfg.device)
+    trim_draft = worker is not None and layout.draft_kv_ratio < 1
+    lookahead = cfg.decode_lookahead
+    if trim_draft and layout.decode_lookahead < lookahead:  # memd's bounded draft pool is sized for its own
+        lookahead = layout.decode_lookahead
+        log.info("decode lookahead lowered to memd's %d (its draft request cap holds no more)", lookahead)
+    scheduler = Scheduler(link.session, layout.max_running_requests, chunk, layout.context_len,
+                          worker.block if worker else 0, lookahead=lookahead)
+    graphs = None
+    if cfg.device == "cuda" and not cfg.disable_cuda_graph:
+        graphs = GraphRunner(layout.max_running_requests, (1, worker.block) if worker else (1,), FIELDS, cfg.device)
+    runner = ModelRunner(model, link.pools, cfg.device, taps=worker.taps if worker else (), graphs=graphs)
+    if worker is not None and graphs is not None:
+        worker.use_graphs(graphs)
     link.rebinders += [lambda session, pools: setattr(scheduler, "session", session), lambda session, pools: runner.bind(pools)]
     if worker is not None:
         link.rebinders.append(lambda session, pools: worker.bind(pools))
     engine = Engine(runner, scheduler, tokenizer, eos_token_ids(tokenizer, hf_config, cfg.target_model),
-                    layout.context_len, link, dflash=worker, trim_draft=worker is not None and layout.draft_kv_ratio < 1)
+                    layout.context_len, link, dflash=worker, trim_draft=trim_draft)
     info = dict(
         target_model=cfg.target_model, draft_model=cfg.draft_model or "", dtype=dtype, device=cfg.device,
         speculative_algorithm=cfg.speculative_algorithm, block_size=worker.block if worker else 0,
@@ -101,7 +118,20 @@ def serve(cfg: ModeldConfig) -> int:
         max_running_requests=layout.max_running_requests, context_len=layout.context_len,
         target_tokens=layout.target.tokens, draft_tokens=layout.draft.tokens, vocab_size=hf_config.vocab_size,
     )
-    service = ModeldService(engine, tokenizer, hf_config.vocab_size, layout.context_len, cfg.device, info, link)
+    return Built(engine, link, info, tokenizer, hf_config.vocab_size)
+
+
+def serve(cfg: ModeldConfig) -> int:
+    health_servicer = health.HealthServicer()
+
+    def set_health(serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            health_servicer.set(name, status)
+
+    built = build_engine(cfg, set_health)
+    engine, link, layout = built.engine, built.link, built.link.layout
+    service = ModeldService(engine, built.tokenizer, built.vocab_size, layout.context_len, cfg.device, built.info, link)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * layout.max_running_requests + 16),
                          options=CHANNEL_OPTIONS)
     modeld_pb2_grpc.add_ModeldServicer_to_server(service, server)
@@ -121,7 +151,7 @@ def serve(cfg: ModeldConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     bound = cfg.listen if sock else f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
-    log.info("modeld ready: listening on %s (%s, %s, memd %s)", bound, cfg.device, dtype, cfg.memd)
+    log.info("modeld ready: listening on %s (%s, %s, memd %s)", bound, cfg.device, built.info["dtype"], cfg.memd)
     stop.wait()
     log.info("modeld shutting down")
     link.closing = True

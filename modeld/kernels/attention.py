@@ -12,7 +12,7 @@ import triton.language as tl
 
 
 def paged_attention_torch(q, k_cache, v_cache, req_to_token, rows, q_starts, q_lens, kv_lens, sm_scale,
-                          window=None, mapping=None, out=None):
+                          window=None, mapping=None, out=None, qo_indptr=None):
     """Reference for `paged_attention`: per request, gather the keys the queries may see and softmax in fp32."""
     out = torch.empty_like(q) if out is None else out
     group = q.shape[1] // k_cache.shape[1]
@@ -110,7 +110,7 @@ def _paged_attention_kernel(
 
 
 def paged_attention_triton(q, k_cache, v_cache, req_to_token, rows, q_starts, q_lens, kv_lens, sm_scale,
-                           window=None, mapping=None, out=None, block_m=64, block_n=64):
+                           window=None, mapping=None, out=None, qo_indptr=None, block_m=64, block_n=64):
     """Triton version of `paged_attention`; block_m (tile rows = queries x group heads) and block_n (keys per
     step) are powers of two >= 16."""
     out = torch.empty_like(q) if out is None else out
@@ -118,7 +118,8 @@ def paged_attention_triton(q, k_cache, v_cache, req_to_token, rows, q_starts, q_
     kv_heads = k_cache.shape[1]
     group = q_heads // kv_heads
     block_m = max(block_m, triton.next_power_of_2(group))
-    qo_indptr = torch.cumsum(q_lens, 0) - q_lens
+    if qo_indptr is None:
+        qo_indptr = torch.cumsum(q_lens, 0) - q_lens
     # Query blocks per request: bounded by total_q (>= max q_len) so no device->host sync is needed; blocks past a
     # request's own q_len exit at once.
     queries_per_block = block_m // group
@@ -136,7 +137,7 @@ def paged_attention_triton(q, k_cache, v_cache, req_to_token, rows, q_starts, q_
 
 
 def paged_attention(q, k_cache, v_cache, req_to_token, rows, q_starts, q_lens, kv_lens, sm_scale,
-                    window=None, mapping=None, out=None):
+                    window=None, mapping=None, out=None, qo_indptr=None):
     """Causal GQA attention of B requests' packed queries over their keys in a paged KV pool.
 
     q: [total_q, q_heads, head_dim], request b's q_lens[b] queries back to back (in request order);
@@ -149,7 +150,9 @@ def paged_attention(q, k_cache, v_cache, req_to_token, rows, q_starts, q_lens, k
     mapping[req_to_token[rows[b], p]]. Only positions from max(0, q_starts[b] - W + 1) to kv_lens[b] - 1 are
     ever read, so rows outside may hold anything (NaN, unmapped 0). Scores are scaled by sm_scale and
     accumulated in fp32; returns `out` (allocated like q if None) [total_q, q_heads, head_dim] in q's dtype.
+    qo_indptr ([B], request b's first row of q; the exclusive cumsum of q_lens) may be given once per forward
+    instead of being computed per layer; the torch reference walks q in order and does not need it.
     """
     fn = paged_attention_triton if q.is_cuda else paged_attention_torch
     return fn(q, k_cache, v_cache, req_to_token, rows, q_starts, q_lens, kv_lens, sm_scale,
-              window=window, mapping=mapping, out=out)
+              window=window, mapping=mapping, out=out, qo_indptr=qo_indptr)

@@ -163,7 +163,8 @@ class Sim:
     """The engine's use of the scheduler (modeld/engine.py _step / _run / _append / _complete)."""
 
     def __init__(self, *, pages: int, max_running: int = 8, chunk: int = 64, context: int = 64, block: int = 0,
-                 draft_pages: int = 0, window: int = 0, trim_gap: int = 0, max_requests: int = 8, accept=None):
+                 draft_pages: int = 0, window: int = 0, trim_gap: int = 0, max_requests: int = 8, accept=None,
+                 lookahead: int = 0):
         mode = DraftMode.BOUNDED if block else DraftMode.NONE
         self.mgr = SlotManager(
             target_pages=pages, draft_pages=draft_pages, page_size=P, mode=mode, window=window, trim_gap=trim_gap,
@@ -172,7 +173,7 @@ class Sim:
             req_to_token=np.zeros((max_requests + 1, context), np.int32),
         )
         self.session = FakeSession(self.mgr)
-        self.sched = Scheduler(self.session, max_running, chunk, context, block)
+        self.sched = Scheduler(self.session, max_running, chunk, context, block, lookahead=lookahead)
         self.context = context
         self.block = block
         self.accept = accept or (lambda req: block - 1)  # drafts accepted by a verify of `req`
@@ -782,3 +783,70 @@ def test_dflash_request_that_fits_with_plain_decodes_is_not_failed():
     sim.run(max_steps=50)
     assert not sim.failed, f"failed: {x.finish}"
     assert x.output_ids == expected_outputs(10)
+
+
+# ---- 9. decode slots granted ahead (lookahead): most steps make no memd call ------------------
+
+
+def test_lookahead_decodes_skip_memd_and_outputs_and_kv_stay_right():
+    sim = Sim(pages=128, max_running=4, chunk=16, context=64, lookahead=8)
+    for i in range(6):
+        sim.request(f"r{i}", 5 + 2 * i, max_new=20 + i)
+    steps = sim.run()
+    calls = [c for c in sim.session.calls if c.kind == "alloc"]
+    assert len(calls) * 3 < steps, f"{len(calls)} memd calls in {steps} steps: the lookahead saves nothing"
+    # a grant covers the step's need plus up to the lookahead, never beyond the context
+    assert all(n <= 1 + 8 for c in calls for _, n in c.grows)
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {f"r{i}": expected_outputs(20 + i) for i in range(6)}
+    sim.assert_all_free()
+
+
+def test_lookahead_spares_go_back_under_pressure():
+    """A tight pool: the lean plan returns every spare before admissions shrink or anything is preempted."""
+    sim = Sim(pages=12, max_running=5, chunk=12, context=64, lookahead=8)
+    lengths = [(7, 12), (3, 20), (11, 6), (5, 15), (9, 9), (2, 25), (6, 3)]
+    for i, (prompt, max_new) in enumerate(lengths):
+        sim.request(f"r{i}", prompt, max_new)
+    sim.run()
+    lean = [c for c in sim.session.calls if c.ok and c.commits]
+    assert lean, "no spare was ever given back: the pool was never short"
+    assert not sim.failed
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {
+        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)}
+    sim.assert_all_free()
+
+
+def test_lookahead_dflash_trims_commit_spares_first_and_draft_stays_bounded():
+    window, gap = 8, 4
+    sim = dflash_sim(pages=100, draft_pages=40, window=window, trim_gap=gap, max_running=3, context=128,
+                     max_requests=4, lookahead=8)
+    for rid, prompt in (("a", 20), ("b", 7), ("c", 33)):
+        sim.request(rid, prompt, max_new=128 - prompt)
+    lengths, seen, trimmed = {}, [0], [0]
+
+    def watch(items, hopeless):
+        for call in sim.session.calls[seen[0]:]:  # this step's calls, planned from the lengths before it
+            for rid in (call.trims if call.ok else []):
+                # memd trims from the request's length: a trim goes with a commit back to the computed length
+                assert dict(call.commits)[rid] == lengths[rid]
+                trimmed[0] += 1
+        seen[0] = len(sim.session.calls)
+        lengths.update({r.rid: r.computed for r in sim.sched.running})
+
+    steps = sim.run(each=watch)
+    assert trimmed[0] and len(sim.session.calls) < steps
+    assert not sim.failed
+    assert all(r.output_ids == expected_outputs(len(r.output_ids)) for r in sim.done.values())
+    sim.assert_all_free()
+
+
+def test_lookahead_dflash_preemption_under_pressure_keeps_kv_and_draft_consistent():
+    sim = dflash_sim(pages=14, draft_pages=14, window=8, trim_gap=1, max_running=3, context=64, lookahead=6)
+    for i, (prompt, max_new) in enumerate([(9, 30), (5, 24), (12, 18), (3, 33)]):
+        sim.request(f"r{i}", prompt, max_new)
+    sim.run()
+    assert not sim.failed
+    _no_rid_released_and_allocated(sim.session.calls)
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {
+        f"r{i}": expected_outputs(m) for i, m in enumerate([30, 24, 18, 33])}
+    sim.assert_all_free()

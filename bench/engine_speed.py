@@ -1,0 +1,289 @@
+"""Decode speed of modeld's engine, side by side in one run: Hugging Face `generate`, modeld as it ran before graphs
+(eager, one memd call per step), modeld with CUDA graphs and decode slots granted ahead, and DFLASH; at batch 1 and
+at each --concurrency; with a per-step breakdown (forward, draft, sampling, memd, host) and MBU.
+
+    python -m bench.engine_speed [--target DIR] [--load-format dummy] [--draft DIR|none] [--new-tokens 128]
+        [--concurrency 16,64] [--page 16] [--ratio 0.25] [--skip-hf]
+
+One memd (a child process, on the GPU, with a bounded draft pool when there is a draft) serves every modeld
+configuration in turn; each modeld runs in this process (its engine thread, no gRPC), so the breakdown can time
+its phases. Breakdown runs are separate from the throughput runs: they synchronise the device after each phase.
+"""
+
+import argparse
+import contextlib
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+import modeld.engine
+from memd.sockets import reachable
+from modeld.config import ModeldConfig
+from modeld.fetch_default import ensure_default_model
+from modeld.request import Request
+from modeld.sampling import SamplingParams
+from modeld.server import build_engine
+
+H200_BANDWIDTH = 4.8e12  # bytes/s, the datasheet's HBM3e figure (a device copy here measured about 4.3e12)
+CHAT = [
+    "What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
+    "Explain recursion to a child in two sentences.", "Why is the sky blue?", "Name a famous painting and its painter.",
+    "Give me a recipe for pancakes.", "How do vaccines work?", "Write a short story about a robot learning to paint.",
+    "What are the benefits of exercise?", "Describe the water cycle.", "Explain what a black hole is.",
+    "Suggest three names for a bakery.", "How do I reverse a list in Python?", "What causes seasons on Earth?",
+    "Summarise the plot of Romeo and Juliet.",
+]
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    graphs: bool
+    lookahead: int
+    dflash: bool
+
+
+VARIANTS = [
+    Variant("modeld eager, memd call every step (before)", graphs=False, lookahead=0, dflash=False),
+    Variant("modeld graphs + lookahead", graphs=True, lookahead=32, dflash=False),
+    Variant("modeld DFLASH graphs + lookahead", graphs=True, lookahead=32, dflash=True),
+]
+
+
+@contextlib.contextmanager
+def memd_process(target: str, draft: str | None, args):
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="bench-memd-"))
+    address = f"unix://{folder / 'memd.sock'}"
+    cmd = [sys.executable, "-m", "memd", "--device", "cuda", "--target-model", target, "--listen", address,
+           "--page-size", str(args.page), "--max-running-requests", str(max(args.concurrency)),
+           "--mem-fraction", "0.3", "--kv-cache-dtype", "bfloat16", "--draft-model", draft or "none"]
+    if draft:
+        cmd += ["--draft-kv-ratio", str(args.ratio), "--draft-window", str(args.window)]
+    log = open(folder / "memd.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not reachable(address):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"memd did not start:\n{(folder / 'memd.log').read_text()}")
+            time.sleep(0.1)
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def prompts_for(tokenizer, vocab: int, count: int) -> list[list[int]]:
+    if tokenizer is None:
+        gen = torch.Generator().manual_seed(0)
+        return [torch.randint(100, vocab, (24,), generator=gen).tolist() for _ in range(count)]
+    return [tokenizer.apply_chat_template([{"role": "user", "content": CHAT[i % len(CHAT)]}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False) for i in range(count)]
+
+
+def generate_all(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: bool, tag: str) -> tuple[int, float, int]:
+    """Submits every prompt at once; (generated tokens, seconds, verify steps) when all completed."""
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=ignore_eos)
+    reqs = [Request(rid=f"{tag}-{i}", prompt_ids=list(p), params=params) for i, p in enumerate(prompts)]
+    begin = time.perf_counter()
+    for r in reqs:
+        assert engine.submit(r)
+    for r in reqs:
+        while True:
+            kind, *_ = r.events.get(timeout=600)
+            if kind == "complete":
+                break
+    seconds = time.perf_counter() - begin
+    failed = [r.finish for r in reqs if r.finish.reason == "abort"]
+    assert not failed, failed
+    return sum(len(r.output_ids) for r in reqs), seconds, sum(r.spec_verify_ct for r in reqs)
+
+
+class Breakdown:
+    """Per-step phase times of an engine, each phase ended by a device synchronise."""
+
+    PHASES = ("forward", "draft", "sampling", "memd")
+
+    def __init__(self, engine):
+        self.engine, self.totals, self.steps, self.step_time = engine, dict.fromkeys(self.PHASES, 0.0), 0, 0.0
+        self.undo = []
+        runner, sched = engine.runner, engine.scheduler
+        self._wrap(runner, "prepare", "forward")
+        self._wrap(runner, "forward", "forward")
+        if engine.dflash is not None:
+            self._wrap(engine.dflash, "propose", "draft")
+        self._wrap(sched.session, "alloc", "memd")
+        self._wrap(sched.session, "free", "memd")
+        self._wrap(modeld.engine, "sample", "sampling")
+        step = engine._step
+
+        def timed_step():
+            begin = time.perf_counter()
+            busy = step()
+            if busy:
+                self.steps += 1
+                self.step_time += time.perf_counter() - begin
+            return busy
+
+        engine._step = timed_step
+        self.undo.append(lambda: delattr(engine, "_step"))
+
+    def _wrap(self, owner, name, phase):
+        original = getattr(owner, name)
+
+        def timed(*a, **kw):
+            begin = time.perf_counter()
+            out = original(*a, **kw)
+            torch.cuda.synchronize()
+            self.totals[phase] += time.perf_counter() - begin
+            return out
+
+        setattr(owner, name, timed)
+        self.undo.append(lambda: setattr(owner, name, original))
+
+    def close(self) -> dict:
+        for undo in reversed(self.undo):
+            undo()
+        per_step = {k: 1000 * v / max(self.steps, 1) for k, v in self.totals.items()}
+        step_ms = 1000 * self.step_time / max(self.steps, 1)
+        per_step["host"] = step_ms - sum(per_step.values())
+        per_step["step"] = step_ms
+        return per_step
+
+
+def weight_bytes(model) -> int:
+    """Bytes a decode step reads: every weight once (the embedding table only if it is not also the LM head)."""
+    embed = model.model.embed_tokens.weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    return total - (0 if model.lm_head.weight is embed else embed.numel() * embed.element_size())
+
+
+def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
+    cfg = ModeldConfig(device="cuda", memd=memd, target_model=args.target, load_format=args.load_format,
+                       draft_model=args.draft if v.dflash else None, speculative_algorithm="dflash" if v.dflash else "none",
+                       decode_lookahead=v.lookahead, disable_cuda_graph=not v.graphs, chunked_prefill_size=2048)
+    built = build_engine(cfg, lambda serving: None)
+    engine = built.engine
+    engine.start()
+    try:
+        generate_all(engine, prompts[:2], 8, True, "warm")
+        row = {"name": v.name}
+        tokens = seconds = verifies = 0
+        for i, p in enumerate(prompts[: args.batch1]):
+            n, s, k = generate_all(engine, [p], args.new_tokens, ignore_eos, f"b1-{i}")
+            tokens, seconds, verifies = tokens + n, seconds + s, verifies + k
+        row["bs1"] = tokens / seconds
+        row["accept"] = tokens / verifies if verifies else None
+        for c in args.concurrency:
+            n, s, _ = generate_all(engine, [prompts[i % len(prompts)] for i in range(c)], args.new_tokens, ignore_eos, f"c{c}")
+            row[f"c{c}"] = n / s
+        for c in (1, 16):
+            prof = Breakdown(engine)
+            generate_all(engine, [prompts[i % len(prompts)] for i in range(c)], args.new_tokens, ignore_eos, f"prof{c}")
+            row[f"breakdown{c}"] = prof.close()
+        row["weight_bytes"] = weight_bytes(engine.runner.model)
+        return row
+    finally:
+        engine.stop()
+        built.link.close()
+        del engine, built
+        torch.cuda.empty_cache()
+
+
+def hf_generate(args, prompts, ignore_eos: bool) -> float:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if args.load_format == "dummy":
+        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.target), dtype=torch.bfloat16)
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16)
+    hf = hf.cuda().eval()
+    tokens = seconds = 0
+    for p in prompts[: args.batch1]:
+        ids = torch.tensor([p], device="cuda")
+        extra = dict(min_new_tokens=args.new_tokens) if ignore_eos else {}
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        out = hf.generate(ids, max_new_tokens=args.new_tokens, do_sample=False, attention_mask=torch.ones_like(ids), **extra)
+        torch.cuda.synchronize()
+        seconds += time.perf_counter() - begin
+        tokens += out.shape[1] - ids.shape[1]
+    del hf
+    torch.cuda.empty_cache()
+    return tokens / seconds
+
+
+def report(rows: list[dict], hf: float | None, args) -> str:
+    plain = next(r for r in rows if r["name"] == "modeld graphs + lookahead")
+    cs = args.concurrency
+    lines = [f"GPU: {torch.cuda.get_device_name()}; target {pathlib.Path(args.target).name} ({args.load_format}), "
+             f"{args.new_tokens} new tokens, greedy, page {args.page}",
+             "", "| config | accept length | batch 1 tok/s | x HF | x plain | " + " | ".join(
+                 f"{c} concurrent tok/s | x plain" for c in cs) + " |",
+             "|---|---|---|---|---|" + "---|---|" * len(cs)]
+    if hf is not None:
+        lines.append(f"| HF generate (eager, bs 1) | - | {hf:.1f} | 1.00 | {hf / plain['bs1']:.2f} | " + " | ".join("- | -" for _ in cs) + " |")
+    for r in rows:
+        accept = "-" if r["accept"] is None else f"{r['accept']:.2f}"
+        xhf = f"{r['bs1'] / hf:.2f}" if hf else "-"
+        lines.append(f"| {r['name']} | {accept} | {r['bs1']:.1f} | {xhf} | {r['bs1'] / plain['bs1']:.2f} | " + " | ".join(
+            f"{r[f'c{c}']:.1f} | {r[f'c{c}'] / plain[f'c{c}']:.2f}" for c in cs) + " |")
+    lines += ["", "Per-step breakdown (ms; separate runs that synchronise after each phase):", "",
+              "| config | batch | step | forward | draft | sampling | memd | host | memd share | MBU (bs 1) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for c in (1, 16):
+            b = r[f"breakdown{c}"]
+            mbu = f"{r['weight_bytes'] / (b['step'] / 1000) / H200_BANDWIDTH:.0%}" if c == 1 and not r["accept"] else "-"
+            lines.append(f"| {r['name']} | {c} | {b['step']:.2f} | {b['forward']:.2f} | {b['draft']:.2f} | "
+                         f"{b['sampling']:.2f} | {b['memd']:.3f} | {b['host']:.2f} | {b['memd'] / b['step']:.1%} | {mbu} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.engine_speed", description=__doc__.splitlines()[0])
+    p.add_argument("--target", help="HF folder (default: the project's SmolLM2-135M-Instruct)")
+    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
+    p.add_argument("--draft", default=str(pathlib.Path(__file__).parents[1] / "modeld" / "default_draft"),
+                   help="z-lab format draft, or 'none'")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--batch1", type=int, default=4, help="prompts answered one at a time")
+    p.add_argument("--concurrency", default="16,64")
+    p.add_argument("--page", type=int, default=16)
+    p.add_argument("--ratio", type=float, default=0.25)
+    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--json", help="write the rows here too")
+    args = p.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.target = args.target or str(ensure_default_model())
+    draft = None if args.draft == "none" else args.draft
+    dummy = args.load_format == "dummy"
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer = None if dummy else AutoTokenizer.from_pretrained(args.target)
+    prompts = prompts_for(tokenizer, AutoConfig.from_pretrained(args.target).vocab_size, max(args.concurrency))
+    hf = None if args.skip_hf else hf_generate(args, prompts, ignore_eos=dummy)
+    rows = []
+    with memd_process(args.target, draft, args) as memd:
+        for v in VARIANTS:
+            if v.dflash and draft is None:
+                continue
+            rows.append(run_variant(v, memd, args, prompts, ignore_eos=dummy))
+            print(json.dumps(rows[-1]), flush=True)
+    text = report(rows, hf, args)
+    print(text)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"hf": hf, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""CUDA graphs of the target forward for the shapes decoding repeats every step: B requests of q tokens each,
+q = 1 (plain decode) or q = the DFLASH block (verify), B padded up to a bucket.
+
+A graph reads its inputs from one static device array (the rows of modeld.runner's packed inputs), written by one
+host->device copy per step, so nothing per step is frozen at capture: token ids, positions, slots, request rows,
+lengths and offsets are all data. Padding requests use row 0 of req_to_token, which memd never hands out (its
+entries are 0, the sink slot), and slot -1, which writes no K/V. Graphs capture memd's buffers by address, so they
+are captured again whenever modeld maps new pools (a re-attach). Triton kernels are compiled by one eager run of
+each shape before its capture.
+"""
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from modeld.model import CausalLM, ForwardBatch
+from modeld.packed_inputs import IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
+
+log = logging.getLogger("modeld")
+
+
+def batch_buckets(max_requests: int) -> list[int]:
+    """Batch sizes with a graph: 1, 2, 4, 8, then every 8 up to 64, every 16 up to 256, every 32 beyond."""
+    sizes = [1, 2, 4, 8] + list(range(16, 65, 8)) + list(range(80, 257, 16)) + list(range(288, max_requests + 1, 32))
+    return sorted({s for s in sizes if s < max_requests} | {max_requests})
+
+
+class GraphRunner:
+    def __init__(self, max_requests: int, tokens_per_request: tuple[int, ...], fields: int, device: str):
+        self.buckets = batch_buckets(max_requests)
+        self.tokens_per_request = tokens_per_request
+        width = max_requests * max(tokens_per_request)
+        self.static = torch.zeros((fields, width), dtype=torch.int64, device=device)
+        self.staging = torch.zeros((fields, width), dtype=torch.int64).pin_memory()
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, list[torch.Tensor]]] = {}
+        self.draft_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.commit_lengths = torch.zeros(max_requests, dtype=torch.int64, device=device)
+        self.pool = None
+
+    def shape_for(self, q_lens: list[int]) -> tuple[int, int] | None:
+        """(bucket, q) of the graph that runs requests of these token counts, or None (eager)."""
+        if not q_lens or len(set(q_lens)) != 1 or q_lens[0] not in self.tokens_per_request:
+            return None
+        bucket = next((b for b in self.buckets if b >= len(q_lens)), None)
+        return None if bucket is None else (bucket, q_lens[0])
+
+    def load(self, host: np.ndarray) -> torch.Tensor:
+        """Copies a step's packed inputs [fields, width] into the static array; returns the array. The staging
+        buffer is reused: the engine reads the step's tokens (a sync) before it packs the next step."""
+        width = host.shape[1]
+        self.staging[:, :width].numpy()[:] = host
+        self.static[:, :width].copy_(self.staging[:, :width], non_blocking=True)
+        return self.static
+
+    def replay_draft(self, bucket: int) -> torch.Tensor:
+        """The DFLASH drafts [bucket, block - 1] of a verify step whose inputs are in the static array."""
+        graph, drafts = self.draft_graphs[bucket]
+        graph.replay()
+        return drafts
+
+    def replay_commit(self, bucket: int, lengths: torch.Tensor) -> None:
+        """Draft K/V of the committed prefix of each verified block of the last verify replay (padding commits 0)."""
+        self.commit_lengths.zero_()
+        self.commit_lengths[: len(lengths)] = lengths
+        self.commit_graphs[bucket].replay()
+
+    def replay(self, shape: tuple[int, int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        graph, hidden, captured = self.graphs[shape]
+        graph.replay()
+        return hidden, captured
+
+    def _batch(self, bucket: int, q: int, req_to_token: torch.Tensor) -> ForwardBatch:
+        s, n = self.static, bucket * q
+        return ForwardBatch(input_ids=s[IDS, :n], positions=s[POSITIONS, :n], out_slots=s[SLOTS, :n],
+                            rows=s[ROWS, :bucket], q_starts=s[STARTS, :bucket], q_lens=s[LENS, :bucket],
+                            kv_lens=s[KV_LENS, :bucket], req_to_token=req_to_token, qo_indptr=s[INDPTR, :bucket])
+
+    def _pad_inputs(self, bucket: int, q: int) -> None:
+        """Every request a padding request: a warm-up or capture run writes no K/V."""
+        self.static.zero_()
+        self.static[SLOTS].fill_(-1)
+        self.static[LENS, :bucket] = q
+        self.static[KV_LENS, :bucket] = q
+        self.static[INDPTR, :bucket] = torch.arange(bucket, device=self.static.device) * q
+
+    @torch.inference_mode()
+    def capture(self, model: CausalLM, kv_pool: torch.Tensor, req_to_token: torch.Tensor, taps=()) -> None:
+        """(Re)captures every (bucket, q) graph over these pools, largest first, in one shared memory pool."""
+        began = time.monotonic()
+        self.graphs.clear()
+        self.pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for q in self.tokens_per_request:
+                for bucket in reversed(self.buckets):
+                    self._pad_inputs(bucket, q)
+                    batch = self._batch(bucket, q, req_to_token)
+                    model(batch, kv_pool, capture_layers=taps)  # compiles the Triton kernels of this shape
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                        hidden, captured = model(batch, kv_pool, capture_layers=taps)
+                    self.graphs[(bucket, q)] = (graph, hidden, captured)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        log.info("captured %d CUDA graphs (batch buckets %s, tokens per request %s) in %.1f s",
+                 len(self.graphs), self.buckets, list(self.tokens_per_request), time.monotonic() - began)
+
+    @torch.inference_mode()
+    def capture_draft(self, worker) -> None:
+        """(Re)captures the DFLASH draft's propose() per batch bucket of verify steps (q = the block), reading the
+        verify items' rows, first positions and last tokens from the static array as the target's graph does; and
+        the draft K/V write of the committed prefixes, reading the verify graph's taps and `commit_lengths`."""
+        block = worker.block
+        if block not in self.tokens_per_request:
+            return
+        self.draft_graphs.clear()
+        self.commit_graphs.clear()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for bucket in reversed(self.buckets):
+                self._pad_inputs(bucket, block)
+                s = self.static
+                args = (s[ROWS, :bucket], s[STARTS, :bucket], s[IDS, : bucket * block].view(bucket, block)[:, 0])
+                worker.propose(*args, max_start=worker.graph_width)  # warm-up: kernels chosen and loaded
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    drafts = worker.propose(*args, max_start=worker.graph_width)
+                self.draft_graphs[bucket] = (graph, drafts)
+                _, _, captured = self.graphs[(bucket, block)]
+                commit = (captured, s[POSITIONS, : bucket * block], s[SLOTS, : bucket * block].view(bucket, block),
+                          self.commit_lengths[:bucket])
+                worker.write_committed(*commit)  # padding: every length 0, nothing is written
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    worker.write_committed(*commit)
+                self.commit_graphs[bucket] = graph
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()

@@ -1,0 +1,139 @@
+"""CUDA graphs of decode and verify steps against the eager forward (GPU only).
+
+A small Llama with random bf16 weights over paged pools laid out as memd lays them out. Three requests are
+prefilled eagerly, then each decode / verify step runs twice over the same slots: eagerly, and as a graph padded into
+a bucket of 4. Hidden states agree to bf16 rounding (the padded GEMMs may pick other kernels) and the greedy tokens are
+the same; padding rows write no K/V. Re-binding to new pools (memd re-attached) captures the graphs again, and the
+replays read the new pools.
+"""
+
+import json
+
+import pytest
+import torch
+
+from modeld.cuda_graph import GraphRunner, batch_buckets
+from modeld.loader import load_target
+from modeld.packed_inputs import FIELDS
+from modeld.request import Request
+from modeld.runner import ModelRunner
+from modeld.sampling import SamplingParams
+from modeld.scheduler import StepItem
+from tests.modeld.paged import PagedPools
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+CONFIG = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=256, intermediate_size=512,
+              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64, hidden_act="silu",
+              max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+              vocab_size=1000)
+BLOCK = 4
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("graph-llama")
+    (folder / "config.json").write_text(json.dumps(CONFIG))
+    ours, _, cfg = load_target(str(folder), "bfloat16", "cuda", load_format="dummy")
+    return ours, cfg
+
+
+def cuda_pools(cfg):
+    pools = PagedPools(cfg, pages=64, page_size=16, max_requests=8, dtype=torch.bfloat16)
+    pools.kv, pools.req_to_token = pools.kv.cuda(), pools.req_to_token.cuda()
+    return pools
+
+
+def prefilled(model, pools, lengths=(9, 21, 5)):
+    ours, cfg = model
+    gen = torch.Generator().manual_seed(7)
+    reqs = []
+    for i, n in enumerate(lengths):
+        prompt = torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist()
+        req = Request(rid=f"r{i}", prompt_ids=prompt, params=SamplingParams(temperature=0))
+        req.row = i + 1
+        batch = pools.batch([(req.row, prompt)])
+        for name, value in vars(batch).items():
+            if isinstance(value, torch.Tensor):
+                setattr(batch, name, value.cuda())
+        hidden, _ = ours(batch, pools.kv)
+        req.output_ids.append(int(ours.logits(hidden[-1:]).argmax()))
+        req.computed = n
+        reqs.append(req)
+    return reqs
+
+
+def step_items(pools, reqs, n):
+    return [StepItem(r, n, r.row, pools.grow(r.row, n), verify=n > 1) for r in reqs]
+
+
+def runners(model, pools):
+    ours, _ = model
+    bound = {"target_kv": pools.kv, "req_to_token": pools.req_to_token}
+    eager = ModelRunner(ours, bound, "cuda", taps=(1, 2))
+    graphs = ModelRunner(ours, bound, "cuda", taps=(1, 2), graphs=GraphRunner(8, (1, BLOCK), FIELDS, "cuda"))
+    return eager, graphs
+
+
+def run_both(eager, graphs, items, drafts=None):
+    outs = []
+    for runner in (eager, graphs):
+        inputs = runner.prepare(items)
+        if drafts is not None:
+            inputs.put_drafts(drafts)
+        outs.append((inputs.graph, runner.forward(inputs)))
+    return outs
+
+
+def assert_same_step(model, outs):
+    ours, _ = model
+    (g_eager, eager), (g_graph, graph) = outs
+    assert g_eager is None and g_graph is not None
+    torch.testing.assert_close(graph.hidden.float(), eager.hidden.float(), atol=3e-2, rtol=3e-2)
+    for a, b in zip(graph.captured, eager.captured):
+        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=3e-2)
+    assert torch.equal(ours.logits(graph.hidden).argmax(-1), ours.logits(eager.hidden).argmax(-1))
+    return ours.logits(graph.hidden).argmax(-1).tolist()
+
+
+def test_buckets_cover_every_batch_size():
+    for max_requests in (1, 3, 16, 64, 100, 300):
+        buckets = batch_buckets(max_requests)
+        assert buckets[-1] == max_requests and buckets == sorted(set(buckets))
+        assert all(1 <= b <= max_requests for b in buckets)
+
+
+@gpu
+def test_padded_decode_and_verify_graphs_equal_eager(model):
+    pools = cuda_pools(model[1])
+    reqs = prefilled(model, pools)
+    eager, graphs = runners(model, pools)
+    sink_before = pools.kv[:, :, 0].clone()
+    for _ in range(3):  # decode steps: 3 requests in the bucket of 4
+        items = step_items(pools, reqs, 1)
+        tokens = assert_same_step(model, run_both(eager, graphs, items))
+        for r, t in zip(reqs, tokens):
+            r.computed += 1
+            r.output_ids.append(t)
+    # a verify step: [last token, 3 drafts] per request, drafts placed on the device
+    drafts = torch.randint(0, model[1].vocab_size, (len(reqs), BLOCK - 1), device="cuda")
+    assert_same_step(model, run_both(eager, graphs, step_items(pools, reqs, BLOCK), drafts))
+    assert torch.equal(pools.kv[:, :, 0], sink_before), "a padding row wrote K/V into the sink slot"
+
+
+@gpu
+def test_rebind_to_new_pools_captures_again(model):
+    pools = cuda_pools(model[1])
+    reqs = prefilled(model, pools)
+    eager, graphs = runners(model, pools)
+    old = {id(g) for g, *_ in graphs.graphs.graphs.values()}
+    moved = {"target_kv": pools.kv.clone(), "req_to_token": pools.req_to_token.clone()}
+    pools.kv.fill_(float("nan"))  # the old pools die with the old memd: nothing may read them any more
+    pools.kv, pools.req_to_token = moved["target_kv"], moved["req_to_token"]
+    for runner in (eager, graphs):
+        runner.bind(moved)
+    assert old.isdisjoint({id(g) for g, *_ in graphs.graphs.graphs.values()})
+    items = step_items(pools, reqs, 1)
+    outs = run_both(eager, graphs, items)
+    assert torch.isfinite(outs[1][1].hidden.float()).all()
+    assert_same_step(model, outs)

@@ -1,0 +1,53 @@
+"""Incremental detokenization: text streamed token by token equals the decode of the whole output, for text with
+multi-byte characters split across tokens, and no step decodes more than a short window of the output."""
+
+import random
+
+from modeld.detokenize import new_text
+from modeld.request import Finish, Request
+from modeld.sampling import SamplingParams
+
+SAMPLES = ["Hello, world! The café serves crème brûlée. 東京は大きい都市です。 🙂🚀 naïve résumé",
+           "def f(x):\n    return x ** 2  # ∑ of squares\n", "Ünïcödé ✓ and emoji 👩‍🔬 in one line"]
+
+
+class CountingTokenizer:
+    def __init__(self, inner):
+        self.inner, self.longest = inner, 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.longest = max(self.longest, len(ids))
+        return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def stream(tokenizer, ids, stop=()):
+    req = Request(rid="r", prompt_ids=[1], params=SamplingParams(stop=tuple(stop)))
+    for i, token in enumerate(ids):
+        req.output_ids.append(token)
+        if i == len(ids) - 1:
+            req.finish = Finish("length")
+        text, finish = new_text(tokenizer, req)
+        req.sent_text += text
+        if finish is not None:
+            return req.sent_text, finish
+    return req.sent_text, None
+
+
+def test_streamed_text_equals_the_whole_decode(tokenizer):
+    rng = random.Random(0)
+    for sample in SAMPLES * 3:
+        ids = tokenizer(sample)["input_ids"] * rng.randint(1, 4)
+        counting = CountingTokenizer(tokenizer)
+        text, _ = stream(counting, ids)
+        assert text == tokenizer.decode(ids, skip_special_tokens=True)
+    long_ids = tokenizer(" ".join(SAMPLES * 20))["input_ids"]
+    counting = CountingTokenizer(tokenizer)
+    assert stream(counting, long_ids)[0] == tokenizer.decode(long_ids, skip_special_tokens=True)
+    assert counting.longest < 16, f"a step decoded {counting.longest} tokens of a {len(long_ids)}-token output"
+
+
+def test_stop_string_is_cut_and_never_streamed_in_part(tokenizer):
+    ids = tokenizer("The answer is 42. STOP here and nothing after.")["input_ids"]
+    text, finish = stream(tokenizer, ids, stop=["STOP"])
+    assert finish is not None and finish.matched_stop == "STOP"
+    assert text == "The answer is 42. "
