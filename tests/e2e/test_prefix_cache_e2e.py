@@ -32,6 +32,7 @@ RATIO = 0.25
 MAX_RUNNING = 2
 CHUNK = 128  # memd's --chunked-prefill-size (modeld lowers its own prefill chunk to it)
 EVICTION_INTERVAL = 8  # memd's default --draft-eviction-interval
+DECODE_LOOKAHEAD = 32  # memd's default --decode-lookahead
 LONG_NEW = 128  # new tokens of the long greedy generation (about 30 s a run on 2 CPU cores)
 
 # Several draft windows long (> 3 x 256 tokens), so a repeated request is a prefix hit whose draft
@@ -58,10 +59,11 @@ def page_ceil(n: int, page: int) -> int:
 
 
 def expected_request_cap(page: int) -> int:
-    """docs/architecture.md: (window + interval x block + page + page_ceil(block)) x max_running
-    + chunked_prefill + page."""
+    """docs/architecture.md: (window + interval x block + page + page_ceil(block) + decode lookahead)
+    x max_running + chunked_prefill + page."""
     block = draft_block()
-    return (WINDOW + EVICTION_INTERVAL * block + page + page_ceil(block, page)) * MAX_RUNNING + CHUNK + page
+    per_request = WINDOW + EVICTION_INTERVAL * block + page + page_ceil(block, page) + DECODE_LOOKAHEAD
+    return per_request * MAX_RUNNING + CHUNK + page
 
 
 def max_total_tokens(page: int) -> int:

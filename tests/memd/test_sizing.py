@@ -279,9 +279,11 @@ def test_log_line(ratio, page):
 @pytest.mark.parametrize("block", [1, 8, 17])
 @pytest.mark.parametrize("interval", [0, 1, 8])
 @pytest.mark.parametrize("max_running,chunked", [(1, 1), (2, 32), (16, 2048)])
-def test_request_cap_formula(page, block, interval, max_running, chunked):
-    draft = DraftShape(bytes_per_token=DRAFT_COST, block_size=block, window=WINDOW, eviction_interval=interval)
-    expected = (WINDOW + interval * block + page + _page_ceil(block, page)) * max_running + chunked + page
+@pytest.mark.parametrize("lookahead", [0, 32])
+def test_request_cap_formula(page, block, interval, max_running, chunked, lookahead):
+    draft = DraftShape(bytes_per_token=DRAFT_COST, block_size=block, window=WINDOW, eviction_interval=interval,
+                       lookahead=lookahead)
+    expected = (WINDOW + interval * block + page + _page_ceil(block, page) + lookahead) * max_running + chunked + page
     assert request_cap(draft, page, max_running, chunked) == expected
 
 
