@@ -22,6 +22,7 @@ import torch
 from modeld.draft import DFlashDraft
 from modeld.kernels.kv_write import store_kv_prefix_valid, store_kv_translated
 from modeld.model import CausalLM
+from modeld.runner import StepInputs, StepOutput
 
 
 def accept_lengths(drafts: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -61,6 +62,40 @@ class DflashWorker:
         """The context positions a captured propose() gathers: the widest window's."""
         return max(self.draft.spec.windows) - 1
 
+    # ---- the speculative parts of one engine step --------------------------------------------------------------
+    def _graphed(self, inputs: StepInputs) -> bool:
+        """The step replays the target's verify graph with every item verifying: the draft's graphs serve it."""
+        return self.graphs is not None and inputs.graph is not None and len(inputs.verify) == len(inputs.offsets)
+
+    def draft(self, inputs: StepInputs, max_start: int) -> torch.Tensor:
+        """Proposes the verify items' drafts [V, B-1] and places them in the step's input ids."""
+        if self._graphed(inputs):
+            drafts = self.graphs.replay_draft(inputs.graph[0])[: len(inputs.verify)]
+        else:
+            drafts = self.propose(*inputs.verify_inputs(), max_start=max_start)
+        inputs.put_drafts(drafts)
+        return drafts
+
+    def after_forward(self, inputs: StepInputs, out: StepOutput, drafts: torch.Tensor | None,
+                      target: torch.Tensor | None) -> torch.Tensor | None:
+        """Draft K/V of what the target computed: every token of plain items, the committed prefix of each verified
+        block (target: the target's tokens at the verify rows [V * B]). Returns the committed lengths [V]."""
+        plain = [i for i in range(len(out.offsets)) if i not in set(inputs.verify)]
+        if plain:
+            rows = out.rows_of(plain)
+            self.write_context([c[rows] for c in out.captured], out.positions[rows], out.slots[rows])
+        if not inputs.verify:
+            return None
+        lengths = accept_lengths(drafts, target.view(len(inputs.verify), -1))
+        if self._graphed(inputs):
+            self.graphs.replay_commit(inputs.graph[0], lengths)
+        else:
+            rows = out.rows_of(inputs.verify)
+            slots_2d = out.slots[rows].reshape(len(inputs.verify), -1)
+            self.write_committed([c[rows] for c in out.captured], out.positions[rows], slots_2d, lengths)
+        return lengths
+
+    # ---- kernels of the parts -------------------------------------------------------------------------------
     @torch.inference_mode()
     def write_context(self, captured: list[torch.Tensor], positions: torch.Tensor, target_slots: torch.Tensor) -> None:
         """Draft K/V of tokens the target just computed (prefill, plain decode), at their

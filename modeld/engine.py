@@ -1,5 +1,6 @@
-"""The engine thread: schedule a step, run it, sample, stream, finish. One thread owns all
-request state; gRPC handlers talk to it through `submit` / `abort` and each request's queue."""
+"""The engine thread: schedule a step, run it (modeld.runner: inputs -> forward; modeld.dflash: draft, acceptance,
+draft K/V), sample, hand the tokens to output processing (modeld.output: stop rules, streaming), finish. One thread
+owns all request state; gRPC handlers talk to it through `submit` / `abort` and each request's queue."""
 
 import logging
 import queue
@@ -8,11 +9,11 @@ import threading
 import grpc
 import torch
 
-from modeld.detokenize import new_text
-from modeld.dflash import DflashWorker, accept_lengths
+from modeld.dflash import DflashWorker
 from modeld.memd_link import MemdLink
+from modeld.output import OutputProcessor
 from modeld.request import Finish, Request
-from modeld.runner import ModelRunner, StepOutput
+from modeld.runner import ModelRunner, row_index
 from modeld.sampling import sample
 from modeld.scheduler import Scheduler, StepItem
 
@@ -28,9 +29,7 @@ class Engine:
         self.trim_draft = trim_draft  # bounded draft pool: ask memd to free out-of-window draft slots each step
         self.spec = {"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
         self.scheduler = scheduler
-        self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
-        self.context_len = context_len
+        self.output = OutputProcessor(tokenizer, eos_ids, context_len)
         self.inbox: queue.Queue = queue.Queue()
         self.wake = threading.Event()
         self.requests: dict[str, Request] = {}  # the engine thread's own view
@@ -128,49 +127,40 @@ class Engine:
                 self._complete(item.req)
             return True
         for item, tokens in committed:
-            if tokens:
-                self._append(item.req, tokens)
+            if tokens and self.output.append(item.req, tokens):
+                self._complete(item.req)
         return True
 
     def _run(self, items: list[StepItem]) -> list[tuple[StepItem, list[int]]]:
         """Draft (DFLASH), one target forward, sampling, acceptance: the tokens each item commits. Everything
         stays on the device until one copy of the step's sampled tokens (and accepted lengths) to the host."""
         inputs = self.runner.prepare(items)
-        verify = [items[i] for i in inputs.verify]
-        drafts = None
-        if verify:
-            if inputs.graph is not None and len(verify) == len(items) and self.dflash.graphs is not None:
-                drafts = self.runner.graphs.replay_draft(inputs.graph[0])[: len(verify)]
-            else:
-                rows, starts, last = inputs.verify_inputs()
-                drafts = self.dflash.propose(rows, starts, last, max(i.req.computed for i in verify))
-            inputs.put_drafts(drafts)
+        verify = inputs.verify
+        drafts = self.dflash.draft(inputs, max(items[i].req.computed for i in verify)) if verify else None
         out = self.runner.forward(inputs)
         # Rows sampled per item: a verify block's every row; otherwise the last row, once the item's
         # pending tokens are all computed (a prompt chunk short of the end samples nothing).
         counts = [item.num_tokens if item.verify else int(item.num_tokens == item.req.pending) for item in items]
         owners = [item for item, n in zip(items, counts) for _ in range(n)]
-        sampled = lengths = None
+        firsts = [sum(counts[:i]) for i in range(len(items))]  # each item's first sampled row
+        sampled = None
         if owners:
-            rows = self._rows([off + item.num_tokens - n + j for item, off, n in zip(items, out.offsets, counts)
-                               for j in range(n)], len(out.hidden))
-            logits = self.runner.model.logits(out.hidden[rows])
+            rows = [off + item.num_tokens - n + j for item, off, n in zip(items, out.offsets, counts) for j in range(n)]
+            logits = self.runner.model.logits(out.hidden[row_index(rows, len(out.hidden), out.hidden.device)])
             sampled = sample(logits, [o.req.params for o in owners], [o.req.generator for o in owners])
+        lengths = None
         if self.dflash is not None:
-            self._write_plain_context([i for i in items if not i.verify], items, out)
-        if verify:
-            target = self._verify_rows(sampled, items, counts, inputs.verify).view(len(verify), -1)
-            lengths = accept_lengths(drafts, target)
-            if inputs.graph is not None and len(verify) == len(items) and self.dflash.graphs is not None:
-                self.runner.graphs.replay_commit(inputs.graph[0], lengths)
-            else:
-                self._write_committed(verify, items, out, lengths)
+            verify_rows = [firsts[i] + j for i in verify for j in range(counts[i])]
+            target = sampled[row_index(verify_rows, len(owners), sampled.device)] if verify else None
+            lengths = self.dflash.after_forward(inputs, out, drafts, target)
         host = (sampled if lengths is None else torch.cat([sampled, lengths])).tolist() if owners else []
-        committed_lens = host[len(owners):]
-        results, at, k = [], 0, 0
-        for item, n in zip(items, counts):
-            tokens = host[at : at + n]
-            at += n
+        return self._commit_tokens(items, counts, firsts, host, host[len(owners):])
+
+    def _commit_tokens(self, items, counts, firsts, host, committed_lens) -> list[tuple[StepItem, list[int]]]:
+        """Advances every request by what its item computed; the tokens it commits (a verify: the accepted)."""
+        results, k = [], 0
+        for item, n, first in zip(items, counts, firsts):
+            tokens = host[first : first + n]
             if item.verify:
                 tokens = tokens[: committed_lens[k]]
                 k += 1
@@ -186,62 +176,11 @@ class Engine:
             results.append((item, tokens))
         return results
 
-    def _rows(self, rows: list[int], total: int):
-        """An index of hidden rows: a slice when it is all of them in order (a decode step), else a tensor."""
-        if len(rows) == total and rows == list(range(total)):
-            return slice(None)
-        return self.runner.tensor(rows)
-
-    def _verify_rows(self, sampled, items, counts, verify_idx):
-        """The sampled target tokens of the verify items, [V * block]."""
-        starts = [sum(counts[:i]) for i in verify_idx]
-        rows = [s + j for s, i in zip(starts, verify_idx) for j in range(counts[i])]
-        return sampled[self._rows(rows, len(sampled))]
-
     def _count_verify(self, req: Request, committed: int) -> None:
         req.spec_verify_ct += 1
         self.spec["spec_drafts"] += 1
         self.spec["spec_draft_tokens"] += self.dflash.block - 1
         self.spec["spec_accepted_tokens"] += committed - 1
-
-    def _item_rows(self, chosen, items, out):
-        offsets = {id(item): off for item, off in zip(items, out.offsets)}
-        rows = [offsets[id(i)] + j for i in chosen for j in range(i.num_tokens)]
-        return self._rows(rows, len(out.hidden))
-
-    def _write_plain_context(self, plain, items, out: StepOutput) -> None:
-        if plain:
-            rows = self._item_rows(plain, items, out)
-            self.dflash.write_context([c[rows] for c in out.captured], out.positions[rows], out.slots[rows])
-
-    def _write_committed(self, verify, items, out: StepOutput, lengths: torch.Tensor) -> None:
-        rows = self._item_rows(verify, items, out)
-        slots_2d = out.slots[rows].reshape(len(verify), -1)
-        self.dflash.write_committed([c[rows] for c in out.captured], out.positions[rows], slots_2d, lengths)
-
-    def _append(self, req: Request, tokens: list[int]) -> None:
-        """Commit tokens to the output, stopping at the first that finishes the request."""
-        p = req.params
-        for token in tokens:
-            req.output_ids.append(token)
-            if not p.ignore_eos and token in self.eos_ids:
-                req.finish = Finish("stop")
-            elif token in p.stop_token_ids:
-                req.finish = Finish("stop", matched_stop=str(token))
-            elif len(req.output_ids) >= p.max_new_tokens or len(req.all_ids) >= self.context_len:
-                req.finish = Finish("length")
-            if req.finish is not None:
-                break
-        text, stop = new_text(self.tokenizer, req)
-        if stop is not None:
-            req.finish = stop
-        new_ids = req.output_ids[req.sent_ids :]
-        if text or new_ids:
-            req.events.put(("chunk", new_ids, text))
-            req.sent_ids = len(req.output_ids)
-            req.sent_text += text
-        if req.finish is not None:
-            self._complete(req)
 
     def _complete(self, req: Request) -> None:
         self.scheduler.remove(req)

@@ -37,13 +37,26 @@ class StepInputs:
         self.batch.input_ids.index_copy_(0, self.draft_at, drafts.reshape(-1))
 
 
+def row_index(rows: list[int], total: int, device) -> slice | torch.Tensor:
+    """An index of `rows` out of `total`: a slice when it is all of them in order (no copy to the device)."""
+    if len(rows) == total and rows == list(range(total)):
+        return slice(None)
+    return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
 @dataclass
 class StepOutput:
     hidden: torch.Tensor  # [T, hidden]: the final hidden state of every real token of the step
     captured: list[torch.Tensor]  # per tapped layer [T, hidden] (DFLASH)
     offsets: list[int]  # first row of each item in `hidden`
+    q_lens: list[int]  # rows of each item
     positions: torch.Tensor  # [T]
     slots: torch.Tensor  # [T] target slots
+
+    def rows_of(self, chosen: list[int]) -> slice | torch.Tensor:
+        """The token rows of the chosen items (indexes into the step's items), in order."""
+        rows = [self.offsets[i] + j for i in chosen for j in range(self.q_lens[i])]
+        return row_index(rows, len(self.hidden), self.hidden.device)
 
 
 class ModelRunner:
@@ -115,4 +128,5 @@ class ModelRunner:
         else:
             hidden, captured = self.model(b, self.kv_pool, capture_layers=self.taps)
         n = inputs.num_tokens
-        return StepOutput(hidden[:n], [c[:n] for c in captured], inputs.offsets, b.positions[:n], b.out_slots[:n])
+        q_lens = [nxt - off for off, nxt in zip(inputs.offsets, inputs.offsets[1:] + [n])]
+        return StepOutput(hidden[:n], [c[:n] for c in captured], inputs.offsets, q_lens, b.positions[:n], b.out_slots[:n])
