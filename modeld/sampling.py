@@ -1,10 +1,12 @@
 """Sampling parameters, their validation, and the sampler (greedy, temperature, top-k, top-p)."""
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 DEFAULT_MAX_NEW_TOKENS = 128
+GREEDY_BELOW = 1e-5  # temperature: the limit of sampling as T -> 0 is the argmax, and logits / T stay finite above
 
 
 class InvalidRequest(ValueError):
@@ -25,8 +27,8 @@ class SamplingParams:
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise InvalidRequest(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0:
-            raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise InvalidRequest(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -36,7 +38,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        """Temperatures below GREEDY_BELOW sample the argmax (dividing logits by them would overflow)."""
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from modeld.dflash import accept_lengths
-from modeld.sampling import SamplingParams, filtered_probs, sample
+from modeld.sampling import InvalidRequest, SamplingParams, filtered_probs, sample
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -61,3 +61,17 @@ def test_accept_lengths_equal_the_host_rule(device):
         assert lengths[i] == len(expected) and target[i, : lengths[i]].tolist() == expected
         seen.add(lengths[i])
     assert {1, block} <= seen, "the cases never covered nothing accepted and everything accepted"
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf"), -1.0, -1e-30])
+def test_non_finite_or_negative_temperature_is_invalid(temperature):
+    with pytest.raises(InvalidRequest, match="temperature"):
+        SamplingParams(temperature=temperature)
+
+
+@pytest.mark.parametrize("temperature", [1e-37, 1e-30, 9e-6])
+def test_tiny_temperatures_sample_the_argmax_without_overflow(temperature):
+    logits = torch.randn(3, 100) * 50
+    params = [SamplingParams(temperature=temperature, seed=1)] * 3
+    got = sample(logits, params, generators("cpu", [1, 2, 3]))
+    assert got.tolist() == logits.argmax(-1).tolist()
