@@ -67,7 +67,7 @@ class DflashWorker:
         """The step replays the target's verify graph with every item verifying: the draft's graphs serve it."""
         return self.graphs is not None and inputs.graph is not None and len(inputs.verify) == len(inputs.offsets)
 
-    def draft(self, inputs: StepInputs, max_start: int) -> torch.Tensor:
+    def propose_into(self, inputs: StepInputs, max_start: int) -> torch.Tensor:
         """Proposes the verify items' drafts [V, B-1] and places them in the step's input ids."""
         if self._graphed(inputs):
             drafts = self.graphs.replay_draft(inputs.graph[0])[: len(inputs.verify)]

@@ -136,7 +136,7 @@ class Engine:
         stays on the device until one copy of the step's sampled tokens (and accepted lengths) to the host."""
         inputs = self.runner.prepare(items)
         verify = inputs.verify
-        drafts = self.dflash.draft(inputs, max(items[i].req.computed for i in verify)) if verify else None
+        drafts = self.dflash.propose_into(inputs, max(items[i].req.computed for i in verify)) if verify else None
         out = self.runner.forward(inputs)
         # Rows sampled per item: a verify block's every row; otherwise the last row, once the item's
         # pending tokens are all computed (a prompt chunk short of the end samples nothing).
