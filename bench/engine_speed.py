@@ -244,6 +244,11 @@ def report(rows: list[dict], hf: float | None, args) -> str:
             mbu = f"{r['weight_bytes'] / (b['step'] / 1000) / H200_BANDWIDTH:.0%}" if c == 1 and not r["accept"] else "-"
             lines.append(f"| {r['name']} | {c} | {b['step']:.2f} | {b['forward']:.2f} | {b['draft']:.2f} | "
                          f"{b['sampling']:.2f} | {b['memd']:.3f} | {b['host']:.2f} | {b['memd'] / b['step']:.1%} | {mbu} |")
+    spec = next((r for r in rows if r["accept"]), None)
+    if spec is not None:
+        for c in (1, 16):
+            lines.append(f"\nDFLASH step / plain step at batch {c}: "
+                         f"{spec[f'breakdown{c}']['step'] / plain[f'breakdown{c}']['step']:.2f}")
     return "\n".join(lines)
 
 

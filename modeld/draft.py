@@ -128,8 +128,10 @@ class DFlashDraft(nn.Module):
         return self.norm(h)
 
 
-def load_draft(folder: str, target_cfg, dtype: torch.dtype, device: str, block_override: int | None = None) -> DFlashDraft:
-    """Load a z-lab format draft and check that it fits the target."""
+def load_draft(folder: str, target_cfg, dtype: torch.dtype, device: str, block_override: int | None = None,
+               dummy: bool = False) -> DFlashDraft:
+    """Load a z-lab format draft and check that it fits the target; `dummy`: seeded random weights from its
+    config.json alone (benchmarks of the draft's cost at real sizes)."""
     import json
 
     path = pathlib.Path(folder)
@@ -146,6 +148,14 @@ def load_draft(folder: str, target_cfg, dtype: torch.dtype, device: str, block_o
     bad = [i for i in spec.target_layer_ids if not 0 <= i < target_cfg.num_hidden_layers]
     if bad:
         raise DraftError(f"target_layer_ids {bad} do not exist in a target of {target_cfg.num_hidden_layers} layers")
+    if dummy:
+        with torch.device(device):
+            model = DFlashDraft(cfg, spec, target_cfg.hidden_size).to(dtype)
+        gen = torch.Generator(device=device).manual_seed(1)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(torch.ones_like(p) if name.endswith("norm.weight") else torch.randn(p.shape, generator=gen, device=device) * 0.02)
+        return model.eval()
     try:
         state = {k.removeprefix("model."): v for k, v in safetensors_state(path).items()}
     except FileNotFoundError as exc:

@@ -79,7 +79,8 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     model, tokenizer, hf_config = load_target(cfg.target_model, dtype, cfg.device, cfg.load_format)
     draft = None
     if cfg.speculative_algorithm == "dflash":
-        draft = load_draft(cfg.draft_model, hf_config, getattr(torch, dtype), cfg.device, cfg.num_draft_tokens)
+        draft = load_draft(cfg.draft_model, hf_config, getattr(torch, dtype), cfg.device, cfg.num_draft_tokens,
+                           dummy=cfg.load_format == "dummy")
 
     def check(new_layout) -> None:
         check_layout(new_layout, hf_config, dtype)
