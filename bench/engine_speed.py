@@ -201,7 +201,8 @@ def hf_generate(args, prompts, ignore_eos: bool) -> float:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if args.load_format == "dummy":
-        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.target), dtype=torch.bfloat16)
+        with torch.device("cuda"):  # random weights drawn on the GPU: an 8B model in seconds
+            hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.target), dtype=torch.bfloat16)
     else:
         hf = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16)
     hf = hf.cuda().eval()
