@@ -32,12 +32,18 @@ def strided(rows, cols, dtype, device, scale=1.0):
 
 
 def assert_matches(actual, expected):
-    """fp32: within 1e-5. 16-bit: within 1e-2, and at least 99% of elements bit for bit equal."""
+    """fp32: within 1e-5. 16-bit: within 2 units of the dtype's last place (relative, and absolute at the tensor's
+    scale for results of cancellation near 0); through the interpreter, also 99% of elements bit for bit equal.
+    Compiled, the GPU's fast exp / rsqrt and the compiler's contraction of the rounded intermediates (seen on an
+    H200: rotary 73% bit-exact, every element within one ulp) make bit-exactness too strong a demand."""
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
     if expected.dtype == torch.float32:
         torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
-    else:
-        torch.testing.assert_close(actual, expected, atol=1e-2, rtol=1e-2)
+        return
+    eps = torch.finfo(expected.dtype).eps
+    scale = float(expected.float().abs().max())
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=2 * eps, atol=2 * eps * scale)
+    if not actual.is_cuda:
         assert (actual == expected).float().mean().item() >= 0.99
 
 

@@ -251,7 +251,7 @@ def test_good_plan_at_quarter_ratio(target_dir, draft_dir):
     assert plan.kv_dtype == "bfloat16"
     assert sizes.target_bytes_per_token == TARGET_COST
     assert sizes.draft_bytes_per_token == DRAFT_COST
-    shape = DraftShape(DRAFT_COST, BLOCK, 64, 8)
+    shape = DraftShape(DRAFT_COST, BLOCK, 64, 8, lookahead=cfg.decode_lookahead)
     assert sizes.request_cap == request_cap(shape, 1, 2, 32)
     assert sizes.draft_tokens >= sizes.request_cap
     sinks = TARGET_COST + DRAFT_COST
@@ -291,7 +291,7 @@ def test_plan_from_max_total_tokens(target_dir, draft_dir):
 def test_num_draft_tokens_overrides_block_size(target_dir, draft_dir):
     plan = make_plan(memd_config(target_dir, draft_dir, num_draft_tokens=16))
     assert plan.block_size == 16
-    assert plan.sizes.request_cap == request_cap(DraftShape(DRAFT_COST, 16, 64, 8), 1, 2, 32)
+    assert plan.sizes.request_cap == request_cap(DraftShape(DRAFT_COST, 16, 64, 8, lookahead=32), 1, 2, 32)
     assert plan.sizes.request_cap > make_plan(memd_config(target_dir, draft_dir)).sizes.request_cap
 
 
