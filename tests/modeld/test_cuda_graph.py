@@ -118,7 +118,7 @@ def test_padded_decode_and_verify_graphs_equal_eager(model):
     # a verify step: [last token, 3 drafts] per request, drafts placed on the device
     drafts = torch.randint(0, model[1].vocab_size, (len(reqs), BLOCK - 1), device="cuda")
     assert_same_step(model, run_both(eager, graphs, step_items(pools, reqs, BLOCK), drafts))
-    assert torch.equal(pools.kv[:, :, 0], sink_before), "a padding row wrote K/V into the sink slot"
+    assert torch.equal(pools.kv[:, :, 0].nan_to_num(7.0), sink_before.nan_to_num(7.0)), "a padding row wrote K/V into the sink slot"
 
 
 @gpu
@@ -126,13 +126,13 @@ def test_rebind_to_new_pools_captures_again(model):
     pools = cuda_pools(model[1])
     reqs = prefilled(model, pools)
     eager, graphs = runners(model, pools)
-    old = {id(g) for g, *_ in graphs.graphs.graphs.values()}
+    old = dict(graphs.graphs.graphs)  # held, so a new graph cannot take an old one's place
     moved = {"target_kv": pools.kv.clone(), "req_to_token": pools.req_to_token.clone()}
     pools.kv.fill_(float("nan"))  # the old pools die with the old memd: nothing may read them any more
     pools.kv, pools.req_to_token = moved["target_kv"], moved["req_to_token"]
     for runner in (eager, graphs):
         runner.bind(moved)
-    assert old.isdisjoint({id(g) for g, *_ in graphs.graphs.graphs.values()})
+    assert all(graphs.graphs.graphs[shape][0] is not entry[0] for shape, entry in old.items())
     items = step_items(pools, reqs, 1)
     outs = run_both(eager, graphs, items)
     assert torch.isfinite(outs[1][1].hidden.float()).all()

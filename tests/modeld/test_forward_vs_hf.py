@@ -109,5 +109,6 @@ def test_smollm2_bf16_on_gpu_matches_hf():
 
 def to_cuda(batch):
     for name, value in vars(batch).items():
-        setattr(batch, name, value.cuda())
+        if value is not None:
+            setattr(batch, name, value.cuda())
     return batch
