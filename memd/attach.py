@@ -111,6 +111,13 @@ class MemdSession:
         )
         return self.stub.Alloc(request, timeout=timeout)
 
+    def grow_async(self, grows, timeout: float = 10.0):
+        """Grows [(rid, n)] alone, sent without waiting: a future whose result() is the AllocResponse (or raises
+        its grpc.RpcError). The caller sends nothing else on the session until it has the result."""
+        request = memd_pb2.AllocRequest(session_id=self.session_id, release=self._release((), (), ()),
+                                        grows=[memd_pb2.GrowOp(rid=r, num_tokens=n) for r, n in grows])
+        return self.stub.Alloc.future(request, timeout=timeout)
+
     def free(self, commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
         """Releases alone; `cache` [(rid, token_ids)]: finished requests whose first len(token_ids)
         positions go into the prefix cache (each rid also in `finishes`)."""

@@ -39,9 +39,13 @@ class StepItem:
 
 class Scheduler:
     def __init__(self, session: MemdSession, max_running: int, chunk_tokens: int, context_len: int, block: int = 0,
-                 lookahead: int = 0):
+                 lookahead: int = 0, async_top_ups: bool = False):
         self.session = session
         self.lookahead = lookahead  # decode positions granted beyond a step's need (0: exactly what it needs)
+        # Top-ups sent without waiting, answered while the GPU runs the step (not with draft trims: a trim commits
+        # the request back to its computed length, which the steps run meanwhile would have passed).
+        self.async_top_ups = async_top_ups and lookahead > 0
+        self.in_flight = None  # (future, rids) of a top-up memd has not answered yet; nothing else is sent meanwhile
         self.max_running = max_running
         self.chunk_tokens = chunk_tokens
         self.context_len = context_len
@@ -107,6 +111,10 @@ class Scheduler:
         return dict(finishes=self.releases, commits=list(self._outgoing_commits(lean).items()), trims=sorted(self.trims),
                     cache=list(self.cache.items()))
 
+    def rebind(self, session: MemdSession) -> None:
+        """A new memd session (re-attached): nothing of the old one is in flight any more."""
+        self.session, self.in_flight = session, None
+
     def drop_releases(self) -> None:
         self.releases.clear()
         self.cache.clear()
@@ -122,6 +130,7 @@ class Scheduler:
 
     def flush_releases(self) -> None:
         """Idle: nothing to batch the releases with, so free them now."""
+        self._settle_top_up(wait=True)
         if self.releases or self.commits or self.trims:
             commits = self._outgoing_commits(lean=True)
             self.session.free(**self._release_args(lean=True))
@@ -136,6 +145,7 @@ class Scheduler:
         newest running request is preempted. A request that cannot be admitted even alone into an
         idle pool can never run: it is failed."""
         hopeless: list[Request] = []
+        self._settle_top_up(wait=self._may_call())
         refused: set[tuple] = set()  # plans memd refused this step: a level that changes nothing is not asked again
         admit, level, spec, lean = self.max_running, 0, bool(self.block), not self.lookahead
         while True:
@@ -143,7 +153,10 @@ class Scheduler:
             if plan:
                 answer = self._ask(plan, refused, lean)
                 if answer is not None:
-                    return self._commit(plan, admitted, answer), hopeless
+                    items = self._commit(plan, admitted, answer)
+                    if not answer and self.async_top_ups:
+                        self._send_top_up(items)
+                    return items, hopeless
                 self.waiting.extendleft(reversed(admitted))
             elif level == 0 or not self.running:
                 return [], hopeless
@@ -170,6 +183,7 @@ class Scheduler:
         grows = [(r.rid, ask) for r, n, decode, ask in plan if decode and ask]
         if not (extends or grows or self.releases or self.cache):
             return {}  # every decode runs on slots granted ahead; commits and trims wait for the next call
+        self._settle_top_up(wait=True)
         key = (tuple(extends), tuple(grows), tuple(self.releases), lean)
         if key in refused:
             return None
@@ -183,6 +197,47 @@ class Scheduler:
             return None
         self._sent(commits)
         return {a.rid: a for a in answer.requests}
+
+    # ---- top-ups answered while the step runs --------------------------------------------------------------
+    def _may_call(self) -> bool:
+        """Whether this step might call memd (then an in-flight top-up must be answered first)."""
+        spec = bool(self.block)
+        return bool(self.waiting or self.releases or self.cache) or any(
+            r.pending > 1 or r.computed + self._decode_tokens(r, spec) > r.held for r in self.running)
+
+    def _send_top_up(self, items: list[StepItem]) -> None:
+        """After a step that needed no call: grant ahead, without waiting, every decode whose spare is under half
+        the lookahead. Its answer is applied before the next step that needs it (or at once if it is there)."""
+        if self.in_flight is not None:
+            return
+        grows = []
+        for item in items:
+            r, need = item.req, item.req.computed + item.num_tokens
+            if r.held - need < self.lookahead // 2 and r.held < self.context_len:
+                grows.append((r.rid, min(need + self.lookahead, self.context_len) - r.held))
+        if grows:
+            self.in_flight = (self.session.grow_async(grows), {rid for rid, _ in grows})
+
+    def _settle_top_up(self, wait: bool) -> None:
+        """Applies the in-flight top-up's grants once memd answered (waiting for it when `wait`). A refusal
+        changes nothing in memd and is dropped: the next step that needs slots asks again, waiting."""
+        if self.in_flight is None or (not wait and not self.in_flight[0].done()):
+            return
+        future, _ = self.in_flight
+        self.in_flight = None
+        try:
+            answer = future.result()
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            return
+        running = {r.rid: r for r in self.running}
+        for got in answer.requests:
+            r = running.get(got.rid)
+            if r is None or not r.in_memd:  # finished or preempted since: its release frees the grant too
+                continue
+            r.slots = r.slots[r.computed - r.slots_from : got.start - r.slots_from] + list(got.target_slots)
+            r.slots_from, r.held = r.computed, got.start + len(got.target_slots)
 
     def _decode_tokens(self, r: Request, spec: bool) -> int:
         """A decode computes the last token; with DFLASH it verifies a whole block when it fits."""

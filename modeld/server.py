@@ -100,14 +100,14 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
         lookahead = layout.decode_lookahead
         log.info("decode lookahead lowered to memd's %d (its draft request cap holds no more)", lookahead)
     scheduler = Scheduler(link.session, layout.max_running_requests, chunk, layout.context_len,
-                          worker.block if worker else 0, lookahead=lookahead)
+                          worker.block if worker else 0, lookahead=lookahead, async_top_ups=not trim_draft)
     graphs = None
     if cfg.device == "cuda" and not cfg.disable_cuda_graph:
         graphs = GraphRunner(layout.max_running_requests, (1, worker.block) if worker else (1,), FIELDS, cfg.device)
     runner = ModelRunner(model, link.pools, cfg.device, taps=worker.taps if worker else (), graphs=graphs)
     if worker is not None and graphs is not None:
         worker.use_graphs(graphs)
-    link.rebinders += [lambda session, pools: setattr(scheduler, "session", session), lambda session, pools: runner.bind(pools)]
+    link.rebinders += [lambda session, pools: scheduler.rebind(session), lambda session, pools: runner.bind(pools)]
     if worker is not None:
         link.rebinders.append(lambda session, pools: worker.bind(pools))
     engine = Engine(runner, scheduler, tokenizer, eos_token_ids(tokenizer, hf_config, cfg.target_model),

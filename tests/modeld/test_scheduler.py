@@ -16,6 +16,7 @@ req_to_token, by the K/V of the right token. That is what makes preemption + rec
 commit-after-verify observable without a model.
 """
 
+import concurrent.futures
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -119,6 +120,16 @@ class FakeSession:
             for a in allocated
         ])
 
+    def grow_async(self, grows, timeout: float = 10.0):
+        """MemdSession.grow_async: served at once here, recorded as a "top-up" call."""
+        future = concurrent.futures.Future()
+        try:
+            future.set_result(self.alloc(grows=grows))
+        except grpc.RpcError as exc:
+            future.set_exception(exc)
+        self.calls[-1].kind = "top-up"
+        return future
+
     def free(self, commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
         request = _release_msg(commits, trims, finishes, cache)
         call = self._record("free", request, None)
@@ -164,7 +175,7 @@ class Sim:
 
     def __init__(self, *, pages: int, max_running: int = 8, chunk: int = 64, context: int = 64, block: int = 0,
                  draft_pages: int = 0, window: int = 0, trim_gap: int = 0, max_requests: int = 8, accept=None,
-                 lookahead: int = 0):
+                 lookahead: int = 0, async_top_ups: bool = False):
         mode = DraftMode.BOUNDED if block else DraftMode.NONE
         self.mgr = SlotManager(
             target_pages=pages, draft_pages=draft_pages, page_size=P, mode=mode, window=window, trim_gap=trim_gap,
@@ -173,7 +184,8 @@ class Sim:
             req_to_token=np.zeros((max_requests + 1, context), np.int32),
         )
         self.session = FakeSession(self.mgr)
-        self.sched = Scheduler(self.session, max_running, chunk, context, block, lookahead=lookahead)
+        self.sched = Scheduler(self.session, max_running, chunk, context, block, lookahead=lookahead,
+                               async_top_ups=async_top_ups)
         self.context = context
         self.block = block
         self.accept = accept or (lambda req: block - 1)  # drafts accepted by a verify of `req`
@@ -849,4 +861,37 @@ def test_lookahead_dflash_preemption_under_pressure_keeps_kv_and_draft_consisten
     _no_rid_released_and_allocated(sim.session.calls)
     assert {rid: r.output_ids for rid, r in sim.done.items()} == {
         f"r{i}": expected_outputs(m) for i, m in enumerate([30, 24, 18, 33])}
+    sim.assert_all_free()
+
+
+def test_async_top_ups_keep_decode_steps_free_of_waiting_calls():
+    """Top-ups go out after a step that needed no call and are answered while it runs: once every request is
+    decoding, no step waits for memd; outputs and the KV check hold every step."""
+    sim = Sim(pages=128, max_running=4, chunk=64, context=96, lookahead=8, async_top_ups=True)
+    for i in range(4):
+        sim.request(f"r{i}", 4 + i, max_new=60)
+    waited = []
+
+    def watch(items, hopeless):
+        waited.append(sum(c.kind == "alloc" for c in sim.session.calls))
+
+    steps = sim.run(each=watch)
+    top_ups = [c for c in sim.session.calls if c.kind == "top-up"]
+    assert top_ups and all(c.ok and not c.finishes and not c.commits for c in top_ups)
+    decoding = waited[2:-4]  # after the prefills, before the finishes
+    assert decoding[0] == decoding[-1], f"steps waited for memd while decoding: {waited}"
+    assert len(sim.session.calls) < steps
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {f"r{i}": expected_outputs(60) for i in range(4)}
+    sim.assert_all_free()
+
+
+def test_async_top_ups_under_pressure_keep_outputs_right():
+    sim = Sim(pages=12, max_running=5, chunk=12, context=64, lookahead=8, async_top_ups=True)
+    lengths = [(7, 12), (3, 20), (11, 6), (5, 15), (9, 9), (2, 25), (6, 3)]
+    for i, (prompt, max_new) in enumerate(lengths):
+        sim.request(f"r{i}", prompt, max_new)
+    sim.run()
+    assert not sim.failed
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {
+        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)}
     sim.assert_all_free()
