@@ -113,6 +113,7 @@ class Breakdown:
 
     def __init__(self, engine):
         self.engine, self.totals, self.steps, self.step_time = engine, dict.fromkeys(self.PHASES, 0.0), 0, 0.0
+        self.memd_calls = 0  # calls the engine waited for
         self.undo = []
         runner, sched = engine.runner, engine.scheduler
         self._wrap(runner, "prepare", "forward")
@@ -143,6 +144,7 @@ class Breakdown:
             out = original(*a, **kw)
             torch.cuda.synchronize()
             self.totals[phase] += time.perf_counter() - begin
+            self.memd_calls += phase == "memd"
             return out
 
         setattr(owner, name, timed)
@@ -155,6 +157,7 @@ class Breakdown:
         step_ms = 1000 * self.step_time / max(self.steps, 1)
         per_step["host"] = step_ms - sum(per_step.values())
         per_step["step"] = step_ms
+        per_step["memd_calls_per_100_steps"] = 100 * self.memd_calls / max(self.steps, 1)
         return per_step
 
 
@@ -237,14 +240,15 @@ def report(rows: list[dict], hf: float | None, args) -> str:
         lines.append(f"| {r['name']} | {accept} | {r['bs1']:.1f} | {xhf} | {r['bs1'] / plain['bs1']:.2f} | " + " | ".join(
             f"{r[f'c{c}']:.1f} | {r[f'c{c}'] / plain[f'c{c}']:.2f}" for c in cs) + " |")
     lines += ["", "Per-step breakdown (ms; separate runs that synchronise after each phase):", "",
-              "| config | batch | step | forward | draft | sampling | memd | host | memd share | MBU (bs 1) |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| config | batch | step | forward | draft | sampling | memd | host | memd share | waited memd calls / 100 steps | MBU (bs 1) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for c in (1, 16):
             b = r[f"breakdown{c}"]
             mbu = f"{r['weight_bytes'] / (b['step'] / 1000) / H200_BANDWIDTH:.0%}" if c == 1 and not r["accept"] else "-"
             lines.append(f"| {r['name']} | {c} | {b['step']:.2f} | {b['forward']:.2f} | {b['draft']:.2f} | "
-                         f"{b['sampling']:.2f} | {b['memd']:.3f} | {b['host']:.2f} | {b['memd'] / b['step']:.1%} | {mbu} |")
+                         f"{b['sampling']:.2f} | {b['memd']:.3f} | {b['host']:.2f} | {b['memd'] / b['step']:.1%} | "
+                         f"{b['memd_calls_per_100_steps']:.1f} | {mbu} |")
     spec = next((r for r in rows if r["accept"]), None)
     if spec is not None:
         for c in (1, 16):
