@@ -26,6 +26,8 @@ from memd.attach import MemdSession
 from modeld.request import Finish, Request
 
 log = logging.getLogger("modeld")
+# memd is gone or not answering: the engine fails what runs and waits for it (nothing to reconcile step by step).
+MEMD_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Scheduler:
         self.cache: dict[str, list[int]] = {}  # computed tokens for memd's prefix cache: released or checkpointed
         self.commits: dict[str, int] = {}
         self.trims: set[str] = set()
+        self.left_out: dict[str, grpc.RpcError | None] = {}  # requests memd refused alone this step (None: no room)
         self.preemptions = 0
 
     def add(self, req: Request) -> None:
@@ -133,7 +136,14 @@ class Scheduler:
         self._settle_top_up(wait=True)
         if self.releases or self.commits or self.trims:
             commits = self._outgoing_commits(lean=True)
-            self.session.free(**self._release_args(lean=True))
+            try:
+                self.session.free(**self._release_args(lean=True))
+            except grpc.RpcError as exc:
+                if exc.code() in MEMD_GONE:
+                    raise
+                log.error("memd refused the releases (%s: %s): they go one by one", exc.code().name, exc.details())
+                self._releases_one_by_one(lean=True)
+                return
             self._sent(commits)
 
     def next_step(self) -> tuple[list[StepItem], list[Request]]:
@@ -151,8 +161,10 @@ class Scheduler:
         while True:
             plan, admitted = self._plan(level, admit, spec, lean)
             if plan:
+                self.left_out = {}
                 answer = self._ask(plan, refused, lean)
                 if answer is not None:
+                    plan, admitted = self._leave_out(plan, admitted, hopeless)
                     items = self._commit(plan, admitted, answer)
                     if not answer and self.async_top_ups:
                         self._send_top_up(items)
@@ -191,12 +203,50 @@ class Scheduler:
         try:
             answer = self.session.alloc(extends=extends, grows=grows, **self._release_args(lean))
         except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                refused.add(key)
+                return None
+            if exc.code() in MEMD_GONE:
                 raise
-            refused.add(key)
-            return None
+            log.error("memd refused a step (%s: %s): its operations go one by one", exc.code().name, exc.details())
+            self._releases_one_by_one(lean)
+            return self._allocs_one_by_one(plan)
         self._sent(commits)
         return {a.rid: a for a in answer.requests}
+
+    # ---- a refused step: find what memd refuses, drop or fail only that --------------------------------------
+    def _releases_one_by_one(self, lean: bool) -> None:
+        """Sends each pending release on its own, in memd's order (commits, checkpoints, trims, finishes with
+        their cache ops); one memd refuses (a request it no longer holds, say) is logged and dropped."""
+        commits = self._outgoing_commits(lean)
+        ops = [dict(commits=[(rid, n)]) for rid, n in commits.items()]
+        ops += [dict(cache=[(rid, tokens)]) for rid, tokens in self.cache.items() if rid not in self.releases]
+        ops += [dict(trims=[rid]) for rid in sorted(self.trims)]
+        ops += [dict(finishes=[rid], cache=[(rid, self.cache[rid])] if rid in self.cache else []) for rid in self.releases]
+        for op in ops:
+            try:
+                self.session.free(**op)
+            except grpc.RpcError as exc:
+                if exc.code() in MEMD_GONE:
+                    raise
+                log.error("memd refused %s (%s: %s): dropped", sorted(op), exc.code().name, exc.details())
+        self._sent(commits)
+
+    def _allocs_one_by_one(self, plan) -> dict:
+        """Each request's allocation on its own: the ones memd refuses outright fail (alone), the ones it has no
+        room for sit this step out. Returns the answers; the rest of the plan is marked in `self.left_out`."""
+        answer = {}
+        for r, n, decode, ask in plan:
+            op = dict(grows=[(r.rid, ask)]) if decode else dict(extends=[(r.rid, r.computed, n)])
+            if decode and not ask:
+                continue
+            try:
+                answer.update({a.rid: a for a in self.session.alloc(**op).requests})
+            except grpc.RpcError as exc:
+                if exc.code() in MEMD_GONE:
+                    raise
+                self.left_out[r.rid] = None if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else exc
+        return answer
 
     # ---- top-ups answered while the step runs --------------------------------------------------------------
     def _may_call(self) -> bool:
@@ -238,6 +288,23 @@ class Scheduler:
                 continue
             r.slots = r.slots[r.computed - r.slots_from : got.start - r.slots_from] + list(got.target_slots)
             r.slots_from, r.held = r.computed, got.start + len(got.target_slots)
+
+    def _leave_out(self, plan, admitted, hopeless):
+        """Drops from the step the requests memd refused alone: failed with memd's error, or (no room) waiting."""
+        if not self.left_out:
+            return plan, admitted
+        for r, *_ in plan:
+            if r.rid not in self.left_out:
+                continue
+            exc = self.left_out[r.rid]
+            if exc is not None:
+                r.finish = Finish("abort", error_code=exc.code().name, error=f"memd: {exc.details()}")
+                self.remove(r)  # a new admission is in neither list: only its release is queued
+                hopeless.append(r)
+        back = [r for r in admitted if r.rid in self.left_out and self.left_out[r.rid] is None]
+        self.waiting.extendleft(reversed(back))
+        admitted = [r for r in admitted if r.rid not in self.left_out]
+        return [p for p in plan if p[0].rid not in self.left_out], admitted
 
     def _decode_tokens(self, r: Request, spec: bool) -> int:
         """A decode computes the last token; with DFLASH it verifies a whole block when it fits."""

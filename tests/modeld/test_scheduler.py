@@ -27,7 +27,7 @@ import pytest
 from memd.errors import MemdError
 from memd.invariants import check_structure
 from memd.service import release_from_message
-from memd.slots import DraftMode, SlotManager
+from memd.slots import DraftMode, Release, SlotManager
 from modeld.request import Request
 from modeld.sampling import SamplingParams
 from modeld.scheduler import Scheduler, StepItem
@@ -894,4 +894,54 @@ def test_async_top_ups_under_pressure_keep_outputs_right():
     assert not sim.failed
     assert {rid: r.output_ids for rid, r in sim.done.items()} == {
         f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)}
+    sim.assert_all_free()
+
+
+# ---- 10. memd refuses an operation: only the request concerned fails, the engine goes on ---------
+
+
+def test_a_request_freed_behind_the_schedulers_back_fails_alone():
+    """Another caller frees a running request in memd: its next grow (and its release) is refused with NOT_FOUND.
+    The scheduler sends the step's operations one by one, fails that request alone, drops its refused release,
+    and every other request finishes with its tokens; memd ends with nothing held. (Without a lookahead, so the
+    very next step asks memd; with one, the request would notice only at its next grant: sessions that no one
+    else can use are what keeps others from freeing a client's requests.)"""
+    sim = Sim(pages=128, max_running=4, chunk=64, context=64)
+    for rid in "abc":
+        sim.request(rid, 5, max_new=30)
+    for _ in range(3):
+        sim.step()
+    sim.mgr.apply_release(SESSION, Release(finishes=("b",)))  # behind the scheduler's back
+    sim.check = lambda: None  # memd no longer holds what the scheduler thinks b holds
+    sim.run()
+    assert set(sim.failed) == {"b"} and sim.failed["b"].finish.error_code == "NOT_FOUND"
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {rid: expected_outputs(30) for rid in "ac"}
+    assert "NOT_FOUND" in sim.session.errors()
+    Sim.check(sim)
+    sim.assert_all_free()
+
+
+def test_a_refused_release_does_not_wedge_the_scheduler():
+    """A finished request's release names a request memd no longer holds: the step that carries it is refused
+    (NOT_FOUND), its operations go one by one, the bad release is dropped, and later steps are served."""
+    sim = Sim(pages=128, max_running=4, chunk=64, context=64)
+    sim.request("keep", 5, max_new=20)
+    sim.request("x", 4, max_new=1)
+    sim.step()  # x finishes at once: its release is pending
+    assert sim.sched.releases == ["x"]
+    sim.mgr.apply_release(SESSION, Release(finishes=("x",)))  # freed behind the scheduler's back
+    sim.run()
+    assert not sim.failed and sim.done["keep"].output_ids == expected_outputs(20)
+    assert not sim.sched.releases
+    sim.assert_all_free()
+
+
+def test_a_refused_idle_release_is_dropped_and_the_rest_freed():
+    sim = Sim(pages=128, max_running=4, chunk=64, context=64)
+    sim.request("x", 4, max_new=1)
+    sim.request("y", 4, max_new=1)
+    sim.step()  # both finish at once: their releases are pending
+    sim.mgr.apply_release(SESSION, Release(finishes=("x",)))  # freed behind the scheduler's back
+    sim.step()  # idle: the releases go out in a Free, which memd refuses; then one by one
+    assert not sim.sched.releases
     sim.assert_all_free()
