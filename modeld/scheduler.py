@@ -114,6 +114,11 @@ class Scheduler:
         return dict(finishes=self.releases, commits=list(self._outgoing_commits(lean).items()), trims=sorted(self.trims),
                     cache=list(self.cache.items()))
 
+    def set_limits(self, max_running: int, chunk_tokens: int, context_len: int, lookahead: int, async_top_ups: bool) -> None:
+        """memd's limits (again after a re-attach to a memd with other settings)."""
+        self.max_running, self.chunk_tokens, self.context_len = max_running, chunk_tokens, context_len
+        self.lookahead, self.async_top_ups = lookahead, async_top_ups and lookahead > 0
+
     def rebind(self, session: MemdSession) -> None:
         """A new memd session (re-attached): nothing of the old one is in flight any more."""
         self.session, self.in_flight = session, None

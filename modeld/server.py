@@ -90,17 +90,9 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     link.check = check
     check(layout)
     worker = DflashWorker(draft, model, link.pools) if draft is not None else None
-    # memd's request cap holds one prefill chunk of its size: never prefill more per step.
-    chunk = min(cfg.chunked_prefill_size, layout.chunked_prefill_size)
-    if chunk < cfg.chunked_prefill_size:
-        log.info("prefill chunk lowered to memd's %d tokens", chunk)
-    trim_draft = worker is not None and layout.draft_kv_ratio < 1
-    lookahead = cfg.decode_lookahead
-    if trim_draft and layout.decode_lookahead < lookahead:  # memd's bounded draft pool is sized for its own
-        lookahead = layout.decode_lookahead
-        log.info("decode lookahead lowered to memd's %d (its draft request cap holds no more)", lookahead)
-    scheduler = Scheduler(link.session, layout.max_running_requests, chunk, layout.context_len,
-                          worker.block if worker else 0, lookahead=lookahead, async_top_ups=not trim_draft)
+    limits = step_limits(cfg, layout, worker is not None)
+    scheduler = Scheduler(link.session, limits.max_running, limits.chunk, limits.context_len,
+                          worker.block if worker else 0, lookahead=limits.lookahead, async_top_ups=not limits.trim_draft)
     graphs = None
     if cfg.device == "cuda" and not cfg.disable_cuda_graph:
         graphs = GraphRunner(layout.max_running_requests, (1, worker.block) if worker else (1,), FIELDS, cfg.device)
@@ -111,15 +103,51 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     if worker is not None:
         link.rebinders.append(lambda session, pools: worker.bind(pools))
     engine = Engine(runner, scheduler, tokenizer, eos_token_ids(tokenizer, hf_config, cfg.target_model),
-                    layout.context_len, link, dflash=worker, trim_draft=trim_draft)
+                    limits.context_len, link, dflash=worker, trim_draft=limits.trim_draft)
     info = dict(
         target_model=cfg.target_model, draft_model=cfg.draft_model or "", dtype=dtype, device=cfg.device,
         speculative_algorithm=cfg.speculative_algorithm, block_size=worker.block if worker else 0,
-        draft_window=layout.draft_window, draft_kv_ratio=layout.draft_kv_ratio, page_size=layout.page_size,
-        max_running_requests=layout.max_running_requests, context_len=layout.context_len,
-        target_tokens=layout.target.tokens, draft_tokens=layout.draft.tokens, vocab_size=hf_config.vocab_size,
+        vocab_size=hf_config.vocab_size, **layout_info(layout),
     )
+
+    def apply_limits(session, pools) -> None:  # a re-attached memd may run with other settings
+        new = step_limits(cfg, session.layout, worker is not None)
+        scheduler.set_limits(new.max_running, new.chunk, new.context_len, new.lookahead, not new.trim_draft)
+        engine.trim_draft, engine.output.context_len = new.trim_draft, new.context_len
+        info.update(layout_info(session.layout))
+
+    link.rebinders.append(apply_limits)
     return Built(engine, link, info, tokenizer, hf_config.vocab_size)
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    max_running: int
+    chunk: int  # prefill tokens per step
+    context_len: int
+    lookahead: int  # decode positions granted ahead
+    trim_draft: bool  # a bounded draft pool: out-of-window draft slots are trimmed
+
+
+def step_limits(cfg: ModeldConfig, layout, speculative: bool) -> StepLimits:
+    """What memd's layout allows a step: its request cap holds one prefill chunk of its size (never prefill more),
+    and its bounded draft pool is sized for its own decode lookahead."""
+    chunk = min(cfg.chunked_prefill_size, layout.chunked_prefill_size)
+    if chunk < cfg.chunked_prefill_size:
+        log.info("prefill chunk lowered to memd's %d tokens", chunk)
+    trim_draft = speculative and layout.draft_kv_ratio < 1
+    lookahead = cfg.decode_lookahead
+    if trim_draft and layout.decode_lookahead < lookahead:
+        lookahead = layout.decode_lookahead
+        log.info("decode lookahead lowered to memd's %d (its draft request cap holds no more)", lookahead)
+    return StepLimits(layout.max_running_requests, chunk, layout.context_len, lookahead, trim_draft)
+
+
+def layout_info(layout) -> dict:
+    """The part of GetInfo that memd's layout decides."""
+    return dict(draft_window=layout.draft_window, draft_kv_ratio=layout.draft_kv_ratio, page_size=layout.page_size,
+                max_running_requests=layout.max_running_requests, context_len=layout.context_len,
+                target_tokens=layout.target.tokens, draft_tokens=layout.draft.tokens)
 
 
 def serve(cfg: ModeldConfig) -> int:
@@ -132,7 +160,7 @@ def serve(cfg: ModeldConfig) -> int:
 
     built = build_engine(cfg, set_health)
     engine, link, layout = built.engine, built.link, built.link.layout
-    service = ModeldService(engine, built.tokenizer, built.vocab_size, layout.context_len, cfg.device, built.info, link)
+    service = ModeldService(engine, built.tokenizer, built.vocab_size, cfg.device, built.info, link)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * layout.max_running_requests + 16),
                          options=CHANNEL_OPTIONS)
     modeld_pb2_grpc.add_ModeldServicer_to_server(service, server)

@@ -14,11 +14,10 @@ FINISH_REASONS = {"stop": modeld_pb2.STOP, "length": modeld_pb2.LENGTH, "abort":
 
 
 class ModeldService(modeld_pb2_grpc.ModeldServicer):
-    def __init__(self, engine: Engine, tokenizer, vocab_size: int, context_len: int, device: str, info: dict, link: MemdLink):
+    def __init__(self, engine: Engine, tokenizer, vocab_size: int, device: str, info: dict, link: MemdLink):
         self.engine = engine
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self.context_len = context_len
         self.device = device
         self.info = info
         self.link = link
@@ -77,9 +76,10 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             stop_token_ids=tuple(s.stop_token_ids),
             ignore_eos=s.ignore_eos,
         )
-        if len(prompt) + params.max_new_tokens > self.context_len:
+        context_len = self.engine.output.context_len  # memd's, again after a re-attach
+        if len(prompt) + params.max_new_tokens > context_len:
             raise InvalidRequest(
-                f"prompt ({len(prompt)} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds the context of {self.context_len}"
+                f"prompt ({len(prompt)} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds the context of {context_len}"
             )
         rid = request.request_id or uuid.uuid4().hex
         generator = None if params.greedy else make_generator(params.seed, self.device)

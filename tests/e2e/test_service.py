@@ -350,14 +350,18 @@ def test_memd_lost_makes_modeld_unavailable_then_it_reattaches(default_model):
                 assert f"modeld {modeld.address}: NOT_SERVING" in status.stdout
                 assert f"memd {memd.address}: UNAVAILABLE" in status.stdout
 
-                # memd comes back at the same address: modeld re-attaches, maps the new pools and serves.
-                with run_memd(default_model, *MEMD_ARGS, address=memd.address) as again:
+                # memd comes back at the same address, with a shorter context: modeld re-attaches, maps the new
+                # pools, takes the new limits and serves.
+                with run_memd(default_model, *MEMD_ARGS, "--context-length", "300", address=memd.address) as again:
                     deadline = time.monotonic() + 20
                     while c.health() != "SERVING" and time.monotonic() < deadline:
                         time.sleep(0.1)
                     assert c.health() == "SERVING", modeld.log_path.read_text()
                     before = c.generate("What is the capital of France?", chat=True, max_new_tokens=8, temperature=0)
                     assert before.completion_tokens > 0 and again.capacity().sessions == 1
+                    assert c.info()["context_len"] == 300
+                    with pytest.raises(client.InvalidArgument, match="exceeds the context of 300"):
+                        c.generate("hi", max_new_tokens=300)
                     modeld.send_signal(signal.SIGTERM)
                     assert modeld.wait(timeout=30) == 0, modeld.log_path.read_text()
             log = modeld.log_path.read_text()
