@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when a GPU is visible")
     p.add_argument("--device-id", type=int, default=0)
     p.add_argument("--target-model", help="Hugging Face folder (default: the project's SmolLM2-135M-Instruct)")
-    p.add_argument("--draft-model", help="DFLASH draft folder (default: the project's draft; 'none' for no draft)")
+    p.add_argument("--draft-model", help="DFLASH draft folder, or 'default' for the project's draft (default: none, "
+                                          "no draft pool)")
     p.add_argument("--draft-kv-ratio", type=float, default=1.0, help="draft KV pool as a fraction of the target's tokens")
     p.add_argument("--draft-window", type=int, help="draft KV window in tokens (required below ratio 1)")
     p.add_argument("--num-draft-tokens", type=int, help="draft block size (default: the draft's block_size)")
@@ -94,7 +95,11 @@ def resolve_device(device: str) -> str:
 
 def config_from_args(argv: list[str] | None = None) -> MemdConfig:
     args = build_parser().parse_args(argv)
-    draft = args.draft_model if args.draft_model is not None else str(defaults.default_draft_dir())
+    # No draft pool unless asked for: a pool no client writes costs memory, and at ratio 1 it keeps a plain
+    # client's prefixes out of the cache (their draft slots would hold no draft KV).
+    draft = args.draft_model or "none"
+    if draft.lower() == "default":
+        draft = str(defaults.default_draft_dir())
     return MemdConfig(
         device=resolve_device(args.device),
         device_id=args.device_id,

@@ -262,3 +262,15 @@ def test_plain_modeld_hits_without_draft_kv(daemons, default_model):
     assert warm.output_ids == cold.output_ids
     assert spec.cached_tokens <= spec.prompt_tokens - WINDOW and spec.spec_verify_ct > 0
     assert spec.output_ids == cold.output_ids
+
+
+def test_default_set_up_reuses_a_repeated_prompt(default_model):
+    """memd and modeld with no draft flags (the demo's set-up): no draft pool is made, and the second call of a
+    prompt is served from the prefix cache."""
+    with run_memd(default_model, "--max-total-tokens", "4096", "--strict") as memd:
+        assert not memd.capacity().has_draft
+        with run_modeld(memd, "--target-model", str(default_model)) as modeld, client.Client(modeld.address) as c:
+            first = c.generate("What is the capital of France?", chat=True, max_new_tokens=8, temperature=0)
+            again = c.generate("What is the capital of France?", chat=True, max_new_tokens=8, temperature=0)
+            assert first.cached_tokens == 0 and again.cached_tokens > 0
+            assert again.output_ids == first.output_ids

@@ -403,10 +403,11 @@ def test_draft_model_path(argv, tmp_path):
     assert cfg.draft_model == str(tmp_path / "d")
 
 
-def test_default_draft_model(argv):
+def test_no_draft_pool_by_default_and_the_projects_draft_by_name(argv):
     from memd import defaults
 
-    assert config_from_args(argv).draft_model == str(defaults.default_draft_dir())
+    assert config_from_args(argv).draft_model is None
+    assert config_from_args(argv + ["--draft-model", "default"]).draft_model == str(defaults.default_draft_dir())
 
 
 def test_args_reach_the_config(argv):
