@@ -20,6 +20,7 @@ class ModeldConfig:
     chunked_prefill_size: int = 512
     decode_lookahead: int = 32  # decode positions memd grants ahead of need, so most steps make no memd call
     disable_cuda_graph: bool = False  # CUDA graphs of decode and verify steps (on CUDA only)
+    max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
     connect_timeout: float = 60.0
     log_level: str = "INFO"
 
@@ -38,6 +39,8 @@ class ModeldConfig:
             raise ValueError("--chunked-prefill-size must be >= 1")
         if self.decode_lookahead < 0:
             raise ValueError("--decode-lookahead must be >= 0")
+        if self.max_open_streams is not None and self.max_open_streams < 1:
+            raise ValueError("--max-open-streams must be >= 1")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-lookahead", type=int, default=32,
                    help="decode positions memd grants a request ahead of need: most decode steps then make no memd "
                         "call (0: one call per step, exactly what the step needs)")
+    p.add_argument("--max-open-streams", type=int,
+                   help="open Generate streams at once; more are refused with RESOURCE_EXHAUSTED "
+                        "(default: 4 x memd's --max-running-requests)")
     p.add_argument("--disable-cuda-graph", action="store_true",
                    help="run every step eagerly (default on CUDA: decode and DFLASH verify steps replay CUDA graphs)")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for memd at start")
@@ -82,6 +88,7 @@ def config_from_args(argv=None) -> ModeldConfig:
         chunked_prefill_size=args.chunked_prefill_size,
         decode_lookahead=args.decode_lookahead,
         disable_cuda_graph=args.disable_cuda_graph,
+        max_open_streams=args.max_open_streams,
         connect_timeout=args.connect_timeout,
         log_level=args.log_level,
     )

@@ -26,6 +26,7 @@ from modeld.packed_inputs import FIELDS
 from modeld.runner import ModelRunner
 from modeld.scheduler import Scheduler
 from modeld.service import ModeldService, eos_token_ids
+from modeld.stream_limit import StreamLimit
 from protos import modeld_pb2, modeld_pb2_grpc
 
 log = logging.getLogger("modeld")
@@ -161,7 +162,8 @@ def serve(cfg: ModeldConfig) -> int:
     built = build_engine(cfg, set_health)
     engine, link, layout = built.engine, built.link, built.link.layout
     service = ModeldService(engine, built.tokenizer, built.vocab_size, cfg.device, built.info, link)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * layout.max_running_requests + 16),
+    streams = StreamLimit(f"/{SERVICE_NAME}/Generate", cfg.max_open_streams or 4 * layout.max_running_requests)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=streams.pool_size()), interceptors=[streams],
                          options=CHANNEL_OPTIONS)
     modeld_pb2_grpc.add_ModeldServicer_to_server(service, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
