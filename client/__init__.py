@@ -5,6 +5,7 @@ from client.client import Client, StreamHandle
 from client.connection import default_modeld_address
 from client.errors import (
     AlreadyExists,
+    BadArgument,
     Cancelled,
     ClientError,
     DeadlineExceeded,
@@ -21,6 +22,7 @@ __all__ = [
     "AlreadyExists",
     "AsyncClient",
     "AsyncStreamHandle",
+    "BadArgument",
     "Cancelled",
     "Chunk",
     "Client",

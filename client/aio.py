@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from client import errors
+from client import arguments, errors
 from client.connection import (
     CHANNEL_OPTIONS,
     CONNECTION_PROBE,
@@ -35,6 +35,7 @@ class AsyncClient:
 
     def __init__(self, address: str | None = None, *, timeout: float = 60.0, connect_timeout: float = 10.0,
                  max_retries: int = 3):
+        arguments.call_settings(timeout, connect_timeout, max_retries)
         self.address = address or default_modeld_address()
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -58,6 +59,7 @@ class AsyncClient:
 
     async def abort(self, request_id: str, *, timeout: float | None = None) -> bool:
         """Ask modeld to abort a request; True if it knew the request."""
+        arguments.text("request_id", request_id)
         reply = await self._unary(self._stub.Abort, modeld_pb2.AbortRequest(request_id=request_id), timeout)
         return reply.found
 

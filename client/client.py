@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from client import errors
+from client import arguments, errors
 from client.connection import (
     CHANNEL_OPTIONS,
     CONNECTION_PROBE,
@@ -40,6 +40,7 @@ class Client:
 
     def __init__(self, address: str | None = None, *, timeout: float = 60.0, connect_timeout: float = 10.0,
                  max_retries: int = 3):
+        arguments.call_settings(timeout, connect_timeout, max_retries)
         self.address = address or default_modeld_address()
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -59,12 +60,13 @@ class Client:
 
     def stream(self, prompt: str | None = None, *, timeout: float | None = None, **params) -> "StreamHandle":
         """Start one request and return its StreamHandle: iterate it for Chunk items, then read `.result`.
-        Arguments as for generate(); ValueError for impossible combinations, before anything is sent."""
+        Arguments as for generate(); errors.BadArgument (a ValueError) for impossible ones, before anything is sent."""
         request = build_generate_request(prompt, **params)
         return StreamHandle(self, request, self._budget(timeout))
 
     def abort(self, request_id: str, *, timeout: float | None = None) -> bool:
         """Ask modeld to abort a request; True if it knew the request."""
+        arguments.text("request_id", request_id)
         reply = self._unary(self._stub.Abort, modeld_pb2.AbortRequest(request_id=request_id), timeout)
         return reply.found
 

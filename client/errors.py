@@ -21,6 +21,14 @@ class InvalidArgument(ClientError):
     """The request was rejected as malformed (bad sampling parameter, prompt too long, ...)."""
 
 
+class BadArgument(InvalidArgument, ValueError):
+    """An argument the client refuses before sending anything: a wrong type, a value its field cannot carry, an
+    impossible combination. An InvalidArgument (as modeld's own refusals are) and a ValueError."""
+
+    def __init__(self, message: str):
+        super().__init__("INVALID_ARGUMENT", message)
+
+
 class NotFound(ClientError):
     """The named object (e.g. a request id) does not exist."""
 

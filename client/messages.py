@@ -1,11 +1,11 @@
 """Request building and reply parsing shared by the sync and async clients."""
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from grpc_health.v1 import health_pb2
 
-from client import errors
+from client import arguments, errors
 from protos import modeld_pb2
 
 
@@ -57,15 +57,22 @@ def build_generate_request(
 
     Give exactly one of `prompt` (text) and `input_ids` (token ids). `max_tokens` is an alias of
     `max_new_tokens`. `chat` wraps a text prompt as one user turn with the model's chat template.
-    `request_id` empty or None lets modeld assign one. Raises ValueError for argument combinations
-    that no server could accept; value ranges are checked by modeld (INVALID_ARGUMENT).
+    `request_id` empty or None lets modeld assign one. Raises errors.BadArgument (a ValueError) for argument
+    combinations that no server could accept and for values of the wrong type or beyond what their field carries
+    (client.arguments); what the values mean is checked by modeld (INVALID_ARGUMENT).
     """
     if (prompt is None) == (input_ids is None):
-        raise ValueError("give exactly one of prompt and input_ids")
+        raise errors.BadArgument("give exactly one of prompt and input_ids")
     if max_new_tokens is not None and max_tokens is not None:
-        raise ValueError("max_tokens is an alias of max_new_tokens: give at most one")
+        raise errors.BadArgument("max_tokens is an alias of max_new_tokens: give at most one")
     if chat and prompt is None:
-        raise ValueError("chat applies to a text prompt only")
+        raise errors.BadArgument("chat applies to a text prompt only")
+    # A one-shot iterator (a generator) is read once, here: the checks and the message then see the same values.
+    input_ids, stop, stop_token_ids = (list(values) if isinstance(values, Iterator) else values
+                                       for values in (input_ids, stop, stop_token_ids))
+    arguments.check_generate(prompt=prompt, input_ids=input_ids, max_new_tokens=max_new_tokens, max_tokens=max_tokens,
+                             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
+                             stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, chat=chat, request_id=request_id)
     sampling = modeld_pb2.SamplingParams(
         max_new_tokens=max_new_tokens,
         max_tokens=max_tokens,

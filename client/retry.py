@@ -9,7 +9,7 @@ import time
 
 import grpc
 
-from client import errors
+from client import arguments, errors
 
 FIRST_BACKOFF_S = 0.1
 
@@ -18,6 +18,7 @@ class CallBudget:
     """Deadline and remaining retries of one call."""
 
     def __init__(self, timeout: float, max_retries: int):
+        arguments.positive("timeout", timeout)
         self.deadline = time.monotonic() + timeout
         self.retries_left = max_retries
         self.backoff = FIRST_BACKOFF_S

@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 
 from memd import defaults
+from memd.addresses import check_address
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class MemdConfig:
             (self.kv_budget_bytes is None or self.kv_budget_bytes > 0, "--kv-budget-bytes must be > 0"),
             (self.mem_fraction is None or 0 < self.mem_fraction < 1, "--mem-fraction must be in (0, 1)"),
             (self.max_total_tokens is None or self.max_total_tokens > 0, "--max-total-tokens must be > 0"),
+            (self.context_length is None or self.context_length >= 1,
+             f"--context-length must be >= 1, got {self.context_length}"),
             (self.draft_window is None or self.draft_window > 0, "--draft-window must be > 0"),
             (self.num_draft_tokens is None or self.num_draft_tokens > 0, "--num-draft-tokens must be > 0"),
             (self.kv_cache_dtype in ("auto", "bfloat16", "float16", "float32"), "bad --kv-cache-dtype"),
@@ -95,6 +98,8 @@ def resolve_device(device: str) -> str:
 
 def config_from_args(argv: list[str] | None = None) -> MemdConfig:
     args = build_parser().parse_args(argv)
+    if args.listen is not None:
+        check_address("--listen", args.listen, listening=True)
     # No draft pool unless asked for: a pool no client writes costs memory, and at ratio 1 it keeps a plain
     # client's prefixes out of the cache (their draft slots would hold no draft KV).
     draft = args.draft_model or "none"

@@ -11,6 +11,8 @@ import numpy as np
 from memd.buffers import SharedBuffers
 from memd.errors import InvariantViolation, MemdError
 from memd.invariants import check_structure
+from memd.limits import CallLimits, check_client_name
+from memd.log_text import loggable
 from memd.slots import Release, SlotManager
 from protos import memd_pb2, memd_pb2_grpc
 
@@ -27,15 +29,17 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         self.shutting_down = asyncio.Event()
         self.shutdown_reason = ""
         self.clients: dict[str, str] = {}
+        self.limits = CallLimits(max_ops=mgr.max_requests, max_slots=mgr.max_requests * mgr.context_len)
 
     # ---- sessions -------------------------------------------------------------------
     async def Attach(self, request, context):
         if self.shutting_down.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is shutting down")
+        await self._check(context, check_client_name, request.client_name)
         session = uuid.uuid4().hex
         self.mgr.open_session(session, writes_draft=request.writes_draft_kv)
         self.clients[session] = request.client_name or context.peer()
-        log.info("session %s attached (%s)", session[:8], self.clients[session])
+        log.info("session %s attached (%s)", session[:8], loggable(self.clients[session]))
         try:
             yield memd_pb2.SessionEvent(attached=memd_pb2.Attached(session_id=session, layout=self.layout))
             await self.shutting_down.wait()
@@ -60,6 +64,7 @@ class MemdService(memd_pb2_grpc.MemdServicer):
 
     # ---- allocation -----------------------------------------------------------------
     async def Alloc(self, request, context):
+        await self._check(context, self.limits.check_alloc, request)
         release = release_from_message(request.release)
         extends = [(op.rid, op.prefix_len, op.num_tokens) for op in request.extends]
         grows = [(op.rid, op.num_tokens) for op in request.grows]
@@ -75,10 +80,12 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         )
 
     async def Free(self, request, context):
+        await self._check(context, self.limits.check_release, request)
         freed = await self._run(context, self.mgr.apply_release, request.session_id, release_from_message(request))
         return memd_pb2.FreeResponse(target_freed=freed[0], draft_freed=freed[1])
 
     async def MatchPrefix(self, request, context):
+        await self._check(context, self.limits.check_match, request)
         matched = await self._run(context, self.mgr.match_prefix, request.session_id, request.rid,
                                   list(request.token_ids))
         return memd_pb2.MatchPrefixResponse(
@@ -89,6 +96,13 @@ class MemdService(memd_pb2_grpc.MemdServicer):
     async def FlushCache(self, request, context):
         freed = await self._run(context, self.mgr.flush_cache)
         return memd_pb2.FlushCacheResponse(target_freed=freed[0], draft_freed=freed[1])
+
+    async def _check(self, context, check, value) -> None:
+        """A bound of memd.limits: a call past one is refused before any work."""
+        try:
+            check(value)
+        except MemdError as exc:
+            await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
 
     async def _run(self, context, op, *args):
         try:
@@ -115,6 +129,7 @@ class MemdService(memd_pb2_grpc.MemdServicer):
     # ---- queries --------------------------------------------------------------------
     async def Translate(self, request, context):
         try:
+            self.limits.check_translate(request)
             draft = self.mgr.translate(np.asarray(request.target_slots, np.int64))
         except MemdError as exc:
             await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))

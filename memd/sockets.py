@@ -1,19 +1,18 @@
-"""Daemon addresses: owner-only Unix socket folders, no stealing a live daemon's socket, reachability."""
+"""Daemon sockets: owner-only Unix sockets (from the moment they exist), no stealing a live daemon's socket,
+reachability."""
 
+import os
 import pathlib
 import socket
 
+from memd.addresses import unix_path
 from memd.plan import ConfigError
 
-# Slot lists of long prefills exceed gRPC's 4 MiB default; memd's and modeld's servers and memd's clients agree.
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
-
-def unix_path(address: str) -> pathlib.Path | None:
-    if address.startswith("unix://"):
-        return pathlib.Path(address[len("unix://"):])
-    if address.startswith("unix:"):
-        return pathlib.Path(address[len("unix:"):])
-    return None
+# memd's clients, and what memd's server sends: slot lists of long prefills exceed gRPC's 4 MiB default. What the
+# servers receive is bounded by each daemon's limits (memd.limits, modeld.limits).
+MAX_MESSAGE_BYTES = 256 << 20
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
 
 
 def reachable(address: str) -> bool:
@@ -29,6 +28,23 @@ def reachable(address: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def listen(server, address: str) -> tuple[int, pathlib.Path | None]:
+    """Bind a gRPC server (sync or asyncio) to `address`: the port (TCP) and the Unix socket now ours to remove.
+    The socket is made under umask 0177, so it is owner-only (0600) from the moment it exists."""
+    path = unix_path(address)
+    if path is not None:
+        prepare_socket(path)
+    umask = os.umask(0o177)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:
+        raise ConfigError(f"cannot listen on {address}: the address is in use, not permitted or does not resolve "
+                          "(gRPC's reason is on the line above)") from None
+    finally:
+        os.umask(umask)
+    return port, path
 
 
 def prepare_socket(path: pathlib.Path) -> None:

@@ -4,6 +4,7 @@ import argparse
 from dataclasses import dataclass
 
 from memd import defaults
+from memd.addresses import check_address
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class ModeldConfig:
             raise ValueError("--decode-lookahead must be >= 0")
         if self.max_open_streams is not None and self.max_open_streams < 1:
             raise ValueError("--max-open-streams must be >= 1")
+        if not self.connect_timeout > 0:
+            raise ValueError(f"--connect-timeout must be > 0 seconds, got {self.connect_timeout}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,6 +77,9 @@ def config_from_args(argv=None) -> ModeldConfig:
     from memd.config import resolve_device
 
     args = build_parser().parse_args(argv)
+    for flag, address, listening in (("--listen", args.listen, True), ("--memd", args.memd, False)):
+        if address is not None:
+            check_address(flag, address, listening)
     device = resolve_device(args.device)
     return ModeldConfig(
         device=device,

@@ -1,4 +1,4 @@
-"""modeld's process: attach to memd, load the target, serve Generate; stop cleanly on SIGTERM/SIGINT."""
+"""modeld's process: attach to memd, load the target, serve Generate; stop cleanly on SIGTERM/SIGINT/SIGHUP."""
 
 import logging
 import os
@@ -13,13 +13,15 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from memd.parse_guard import ParseGuard
 from memd.plan import ConfigError
-from memd.sockets import CHANNEL_OPTIONS, prepare_socket, unix_path
+from memd.sockets import listen
 from modeld.config import ModeldConfig, config_from_args
 from modeld.cuda_graph import GraphRunner
 from modeld.dflash import DflashWorker
 from modeld.draft import DraftError, load_draft
 from modeld.engine import Engine
+from modeld.limits import MAX_REQUEST_BYTES
 from modeld.loader import load_target
 from modeld.memd_link import MemdLink, StartupError
 from modeld.packed_inputs import FIELDS
@@ -31,6 +33,8 @@ from protos import modeld_pb2, modeld_pb2_grpc
 
 log = logging.getLogger("modeld")
 SERVICE_NAME = modeld_pb2.DESCRIPTOR.services_by_name["Modeld"].full_name
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+SERVER_OPTIONS = [("grpc.max_receive_message_length", MAX_REQUEST_BYTES)]
 
 
 def check_layout(layout, hf_config, dtype: str) -> None:
@@ -163,35 +167,32 @@ def serve(cfg: ModeldConfig) -> int:
     engine, link, layout = built.engine, built.link, built.link.layout
     service = ModeldService(engine, built.tokenizer, built.vocab_size, cfg.device, built.info, link)
     streams = StreamLimit(f"/{SERVICE_NAME}/Generate", cfg.max_open_streams or 4 * layout.max_running_requests)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=streams.pool_size()), interceptors=[streams],
-                         options=CHANNEL_OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=streams.pool_size()),
+                         interceptors=[ParseGuard(), streams], options=SERVER_OPTIONS)
     modeld_pb2_grpc.add_ModeldServicer_to_server(service, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    sock = unix_path(cfg.listen)
-    if sock is not None:
-        prepare_socket(sock)
-    port = server.add_insecure_port(cfg.listen)
-    server.start()
-    if sock:
-        os.chmod(sock, 0o600)
-    engine.start()
-    set_health(True)
-    link.start_watching()
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:  # before the socket exists: from here every stop goes through the clean-up below
         signal.signal(sig, lambda *_: stop.set())
-    bound = cfg.listen if sock else f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
-    log.info("modeld ready: listening on %s (%s, %s, memd %s)", bound, cfg.device, built.info["dtype"], cfg.memd)
-    stop.wait()
-    log.info("modeld shutting down")
-    link.closing = True
-    set_health(False)
-    server.stop(grace=5).wait()
-    engine.stop()
-    link.close()
-    if sock is not None:
-        sock.unlink(missing_ok=True)
+    port, sock = listen(server, cfg.listen)
+    try:
+        server.start()
+        engine.start()
+        set_health(True)
+        link.start_watching()
+        bound = cfg.listen if sock else f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
+        log.info("modeld ready: listening on %s (%s, %s, memd %s)", bound, cfg.device, built.info["dtype"], cfg.memd)
+        stop.wait()
+        log.info("modeld shutting down")
+        link.closing = True
+        set_health(False)
+        server.stop(grace=5).wait()
+        engine.stop()
+        link.close()
+    finally:
+        if sock is not None:
+            sock.unlink(missing_ok=True)
     log.info("modeld stopped")
     return 0
 

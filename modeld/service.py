@@ -5,6 +5,7 @@ import uuid
 import grpc
 
 from modeld.engine import Engine, make_generator
+from modeld.limits import check_request_id, check_stops, check_text_size, text_bytes_per_token
 from modeld.memd_link import MemdLink
 from modeld.request import Request
 from modeld.sampling import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
@@ -17,6 +18,7 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
     def __init__(self, engine: Engine, tokenizer, vocab_size: int, device: str, info: dict, link: MemdLink):
         self.engine = engine
         self.tokenizer = tokenizer
+        self.text_bytes_per_token = text_bytes_per_token(tokenizer) if tokenizer is not None else 0
         self.vocab_size = vocab_size
         self.device = device
         self.info = info
@@ -60,9 +62,11 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         )
 
     def _build(self, request: modeld_pb2.GenerateRequest) -> Request:
-        """Validates a GenerateRequest; raises InvalidRequest with what is wrong."""
-        prompt = self._prompt_ids(request)
+        """Validates a GenerateRequest, the prompt last (so nothing is tokenized for a request refused anyway); raises
+        InvalidRequest with what is wrong."""
+        check_request_id(request.request_id)
         s = request.sampling
+        check_stops(s.stop, s.stop_token_ids)
         if s.HasField("max_new_tokens") and s.HasField("max_tokens"):
             raise InvalidRequest("give max_new_tokens or its alias max_tokens, not both")
         max_new = s.max_new_tokens if s.HasField("max_new_tokens") else s.max_tokens if s.HasField("max_tokens") else DEFAULT_MAX_NEW_TOKENS
@@ -76,7 +80,9 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             stop_token_ids=tuple(s.stop_token_ids),
             ignore_eos=s.ignore_eos,
         )
+        self._check_vocabulary("stop_token_ids", params.stop_token_ids)
         context_len = self.engine.output.context_len  # memd's, again after a re-attach
+        prompt = self._prompt_ids(request, context_len)
         if len(prompt) + params.max_new_tokens > context_len:
             raise InvalidRequest(
                 f"prompt ({len(prompt)} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds the context of {context_len}"
@@ -85,15 +91,17 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         generator = None if params.greedy else make_generator(params.seed, self.device)
         return Request(rid=rid, prompt_ids=prompt, params=params, generator=generator)
 
-    def _prompt_ids(self, request) -> list[int]:
+    def _prompt_ids(self, request, context_len: int) -> list[int]:
         if request.HasField("input_ids"):
+            count = len(request.input_ids.ids)
+            if count > context_len:
+                raise InvalidRequest(f"the prompt ({count} tokens) exceeds the context of {context_len}")
             ids = list(request.input_ids.ids)
-            bad = [i for i in ids if not 0 <= i < self.vocab_size]
-            if bad:
-                raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+            self._check_vocabulary("input_ids", ids)
         elif request.HasField("text"):
             if self.tokenizer is None:
                 raise InvalidRequest("this model has no tokenizer: send input_ids")
+            check_text_size(request.text, context_len, self.text_bytes_per_token)
             if request.apply_chat_template:
                 ids = self.tokenizer.apply_chat_template(
                     [{"role": "user", "content": request.text}], add_generation_prompt=True, tokenize=True, return_dict=False
@@ -106,7 +114,16 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             raise InvalidRequest("the prompt is empty")
         return list(ids)
 
+    def _check_vocabulary(self, field: str, ids) -> None:
+        bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequest(f"{field}: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+
     def Abort(self, request, context):
+        try:
+            check_request_id(request.request_id)
+        except InvalidRequest as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return modeld_pb2.AbortResponse(found=self.engine.abort(request.request_id))
 
     def GetInfo(self, request, context):
