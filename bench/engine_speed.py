@@ -11,19 +11,16 @@ its phases. Breakdown runs are separate from the throughput runs: they synchroni
 """
 
 import argparse
-import contextlib
 import json
 import pathlib
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
 import torch
 
 import modeld.engine
-from memd.sockets import reachable
+from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
 from modeld.fetch_default import ensure_default_model
 from modeld.request import Request
@@ -56,28 +53,14 @@ VARIANTS = [
 ]
 
 
-@contextlib.contextmanager
-def memd_process(target: str, draft: str | None, args):
-    folder = pathlib.Path(tempfile.mkdtemp(prefix="bench-memd-"))
-    address = f"unix://{folder / 'memd.sock'}"
-    cmd = [sys.executable, "-m", "memd", "--device", "cuda", "--target-model", target, "--listen", address,
-           "--page-size", str(args.page), "--max-running-requests", str(max(args.concurrency)),
-           "--mem-fraction", "0.3", "--kv-cache-dtype", "bfloat16", "--draft-model", draft or "none"]
+def memd_args(target: str, draft: str | None, args) -> list[str]:
+    """memd on the GPU for every configuration: bf16 KV, a bounded draft pool when there is a draft."""
+    flags = ["--device", "cuda", "--target-model", target, "--page-size", str(args.page), "--max-running-requests",
+             str(max(args.concurrency)), "--mem-fraction", "0.3", "--kv-cache-dtype", "bfloat16",
+             "--draft-model", draft or "none"]
     if draft:
-        cmd += ["--draft-kv-ratio", str(args.ratio), "--draft-window", str(args.window)]
-    log = open(folder / "memd.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while not reachable(address):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"memd did not start:\n{(folder / 'memd.log').read_text()}")
-            time.sleep(0.1)
-        yield address
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+        flags += ["--draft-kv-ratio", str(args.ratio), "--draft-window", str(args.window)]
+    return flags
 
 
 def prompts_for(tokenizer, vocab: int, count: int) -> list[list[int]]:
@@ -122,6 +105,8 @@ class Breakdown:
             self._wrap(engine.dflash, "propose", "draft")
         self._wrap(sched.session, "alloc", "memd")
         self._wrap(sched.session, "free", "memd")
+        self._wrap(sched.session, "match_prefix", "memd")
+        self._wrap(sched, "_await_answer", "memd", waited=lambda future: not future.done())  # a call sent ahead
         self._wrap(modeld.engine, "sample", "sampling")
         step = engine._step
 
@@ -136,15 +121,15 @@ class Breakdown:
         engine._step = timed_step
         self.undo.append(lambda: delattr(engine, "_step"))
 
-    def _wrap(self, owner, name, phase):
+    def _wrap(self, owner, name, phase, waited=lambda *a: True):
         original = getattr(owner, name)
 
         def timed(*a, **kw):
             begin = time.perf_counter()
+            self.memd_calls += phase == "memd" and waited(*a)
             out = original(*a, **kw)
             torch.cuda.synchronize()
             self.totals[phase] += time.perf_counter() - begin
-            self.memd_calls += phase == "memd"
             return out
 
         setattr(owner, name, timed)
@@ -282,7 +267,7 @@ def main(argv=None) -> int:
     prompts = prompts_for(tokenizer, AutoConfig.from_pretrained(args.target).vocab_size, max(args.concurrency))
     hf = None if args.skip_hf else hf_generate(args, prompts, ignore_eos=dummy)
     rows = []
-    with memd_process(args.target, draft, args) as memd:
+    with memd_process(*memd_args(args.target, draft, args)) as memd:
         for v in VARIANTS:
             if v.dflash and draft is None:
                 continue

@@ -16,6 +16,10 @@ def print_capacity(cap: dict) -> None:
     print(f"ratio={cap['draft_kv_ratio']} window={cap['draft_window']} page_size={cap['page_size']} "
           f"request_cap={cap['request_cap']} running={cap['running_requests']}/{cap['max_running_requests']} "
           f"sessions={cap['sessions']}")
+    for held in cap["session_holdings"]:
+        model = f"model {held['model_fingerprint'][:16]}" if held["model_fingerprint"] else "no model identity"
+        print(f"  {held['label']} ({held['client_name']}, {model}): target {held['target_held']} "
+              f"draft {held['draft_held']} tokens held")
 
 
 def print_modeld_capacity(cap: dict) -> None:

@@ -13,6 +13,7 @@ import threading
 import grpc
 import torch
 
+from memd.segments import open_segment
 from memd.sockets import CHANNEL_OPTIONS
 from protos import memd_pb2, memd_pb2_grpc
 
@@ -20,11 +21,11 @@ TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32":
 
 
 def map_buffer(desc: memd_pb2.BufferDesc) -> torch.Tensor:
-    """A zero-copy torch view of one shared buffer described by memd."""
+    """A zero-copy torch view of one shared buffer described by memd; SegmentError for a missing or short segment."""
     dtype = TORCH_DTYPES[desc.dtype]
     element = torch.empty((), dtype=dtype).element_size()
-    if desc.backend == "shm":
-        flat = torch.from_file(f"/dev/shm/{desc.shm_name}", shared=True, size=desc.size_bytes // element, dtype=dtype)
+    if desc.backend == "shm":  # the segment must exist at its full size: a client never creates one
+        flat = torch.frombuffer(open_segment(desc.shm_name, desc.size_bytes), dtype=dtype)
     elif desc.backend == "cuda_ipc":
         flat = _map_cuda(desc).view(dtype)
     else:
@@ -55,14 +56,17 @@ def _map_cuda(desc: memd_pb2.BufferDesc) -> torch.Tensor:
 
 
 class MemdSession:
-    """An attached session: `stub`, `session_id`, `layout`, and `map()` for the buffers.
+    """An attached session: `stub`, `session_id` (the session's secret: keep it to this client), `label` (its
+    public name), `layout`, and `map()` for the buffers.
 
     writes_draft_kv=False is for a client that never writes draft KV (no speculation): the prefixes
     it puts into memd's cache keep no draft KV, so no speculating client reads draft KV never written.
+    model_fingerprint names the model whose KV the client writes: the session matches and caches only
+    that model's prefixes. Without one ("") it gets no prefix cache.
     """
 
     def __init__(self, address: str, client_name: str = "", connect_timeout: float = 10.0,
-                 writes_draft_kv: bool = True):
+                 writes_draft_kv: bool = True, model_fingerprint: str = ""):
         self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         ready = grpc.channel_ready_future(self.channel)
         try:
@@ -72,10 +76,12 @@ class MemdSession:
             self.channel.close()
             raise
         self.stub = memd_pb2_grpc.MemdStub(self.channel)
-        attach = memd_pb2.AttachRequest(client_name=client_name, writes_draft_kv=writes_draft_kv)
+        attach = memd_pb2.AttachRequest(client_name=client_name, writes_draft_kv=writes_draft_kv,
+                                        model_fingerprint=model_fingerprint)
         self._events = self.stub.Attach(attach)
         first = next(self._events)
         self.session_id = first.attached.session_id
+        self.label = first.attached.label
         self.layout = first.attached.layout
         self.lost = threading.Event()  # set when memd ends the session (shutdown or connection loss)
         self.shutdown_reason = ""
@@ -100,8 +106,13 @@ class MemdSession:
         request = memd_pb2.MatchPrefixRequest(session_id=self.session_id, rid=rid, token_ids=list(token_ids))
         return self.stub.MatchPrefix(request, timeout=timeout)
 
+    def match_prefix_async(self, rid: str, token_ids, timeout: float = 10.0):
+        """match_prefix sent without waiting: a future whose result() is the MatchPrefixResponse."""
+        request = memd_pb2.MatchPrefixRequest(session_id=self.session_id, rid=rid, token_ids=list(token_ids))
+        return self.stub.MatchPrefix.future(request, timeout=timeout)
+
     def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
-        """One scheduler step: the releases (commits [(rid, length)], trims [rid], finishes [rid], cache
+        """One scheduler step: the releases (commits [(rid, length)], trims [rid or (rid, length)], finishes [rid], cache
         [(rid, token_ids)] of finished requests), then extends [(rid, prefix_len, n)] and grows [(rid, n)]."""
         request = memd_pb2.AllocRequest(
             session_id=self.session_id,
@@ -111,10 +122,11 @@ class MemdSession:
         )
         return self.stub.Alloc(request, timeout=timeout)
 
-    def grow_async(self, grows, timeout: float = 10.0):
-        """Grows [(rid, n)] alone, sent without waiting: a future whose result() is the AllocResponse (or raises
-        its grpc.RpcError). The caller sends nothing else on the session until it has the result."""
-        request = memd_pb2.AllocRequest(session_id=self.session_id, release=self._release((), (), ()),
+    def alloc_async(self, grows=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
+        """Grows [(rid, n)] with releases (trims, finishes, cache as in alloc), sent without waiting: a future whose
+        result() is the AllocResponse (or raises its grpc.RpcError). The caller sends nothing else on the session
+        until it has the result."""
+        request = memd_pb2.AllocRequest(session_id=self.session_id, release=self._release((), trims, finishes, cache),
                                         grows=[memd_pb2.GrowOp(rid=r, num_tokens=n) for r, n in grows])
         return self.stub.Alloc.future(request, timeout=timeout)
 
@@ -131,7 +143,7 @@ class MemdSession:
         return memd_pb2.FreeRequest(
             session_id=self.session_id,
             commits=[memd_pb2.CommitOp(rid=r, length=n) for r, n in commits],
-            trim_draft=list(trims),
+            trims=[memd_pb2.TrimOp(rid=t) if isinstance(t, str) else memd_pb2.TrimOp(rid=t[0], length=t[1]) for t in trims],
             finish=list(finishes),
             cache=[memd_pb2.CacheOp(rid=r, token_ids=list(ids)) for r, ids in cache],
         )

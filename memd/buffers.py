@@ -1,21 +1,17 @@
 """Shared buffers that memd owns and clients map without copying.
 
-Two backends: POSIX shared memory files under /dev/shm (CPU) and cudaMalloc'd device
-memory exported as legacy CUDA IPC handles (GPU). memd writes only the int32 tables
-(target->draft mapping, req_to_token); it never touches KV bytes after zeroing them.
+Two backends: POSIX shared memory files under /dev/shm (CPU; memd.segments keeps their life) and
+cudaMalloc'd device memory exported as legacy CUDA IPC handles (GPU). memd writes only the int32
+tables (target->draft mapping, req_to_token); it never touches KV bytes after zeroing them.
 """
 
 import abc
-import os
-import pathlib
-import re
 
 import numpy as np
 
+from memd.segments import SHM_DIR, Segment
 from protos import memd_pb2
 
-SHM_DIR = pathlib.Path("/dev/shm")
-SHM_PATTERN = re.compile(r"^memd-(\d+)-[0-9a-f]+-[a-z_]+$")
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
 
 
@@ -25,25 +21,6 @@ def contiguous_strides(shape) -> list[int]:
         strides.append(step)
         step *= dim
     return strides[::-1]
-
-
-def remove_stale_segments(shm_dir: pathlib.Path = SHM_DIR) -> list[str]:
-    """Unlink segments left by a memd that died without cleaning up (its pid is gone)."""
-    removed = []
-    for entry in shm_dir.iterdir() if shm_dir.exists() else []:
-        match = SHM_PATTERN.match(entry.name)
-        if not match:
-            continue
-        try:
-            os.kill(int(match.group(1)), 0)
-            continue  # owner alive
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue  # another user's live process
-        entry.unlink(missing_ok=True)
-        removed.append(entry.name)
-    return removed
 
 
 class SharedBuffers(abc.ABC):
@@ -93,23 +70,16 @@ class ShmBuffers(SharedBuffers):
     def __init__(self, prefix: str):
         super().__init__()
         self.prefix = prefix
-        self.paths: list[pathlib.Path] = []
+        self.segments: list[Segment] = []  # the segments this memd created: the only ones it ever unlinks
 
     def _allocate(self, name, dtype, shape):
         size = int(np.prod(shape)) * ELEMENT_BYTES[dtype]
         shm_name = f"{self.prefix}-{name}"
-        path = SHM_DIR / shm_name
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        self.paths.append(path)
-        try:
-            os.posix_fallocate(fd, 0, max(size, 1))  # commit the memory now, not at first touch
-        except OSError as exc:
-            raise MemoryError(f"/dev/shm cannot hold {size} bytes for {name}: {exc}") from None
-        finally:
-            os.close(fd)
+        segment = Segment.create(SHM_DIR / shm_name, size)
+        self.segments.append(segment)
         self._desc(name, dtype, shape, size, shm_name=shm_name)
         if dtype == "int32":
-            return np.memmap(path, dtype=np.int32, mode="r+", shape=tuple(shape))
+            return np.memmap(segment.path, dtype=np.int32, mode="r+", shape=tuple(shape))
         return None
 
     def write(self, name, flat_idx, values):
@@ -119,9 +89,9 @@ class ShmBuffers(SharedBuffers):
         for table in self.tables.values():
             table._mmap.close()
         self.tables.clear()
-        for path in self.paths:
-            path.unlink(missing_ok=True)
-        self.paths.clear()
+        for segment in self.segments:
+            segment.remove()
+        self.segments.clear()
 
 
 class CudaBuffers(SharedBuffers):

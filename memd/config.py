@@ -1,11 +1,12 @@
 """memd's command line and its frozen configuration."""
 
 import argparse
+import grp
 import os
 from dataclasses import dataclass
 
 from memd import defaults
-from memd.addresses import check_address
+from memd.addresses import check_address, unix_path
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class MemdConfig:
     mem_fraction: float | None = None
     max_total_tokens: int | None = None
     listen: str = ""
+    allow_group: int | None = None  # gid whose members may use the Unix socket too (None: its owner and root only)
     strict: bool = False
     log_level: str = "INFO"
 
@@ -80,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--mem-fraction", type=float, help="fraction of the device's free memory for the KV pools")
     budget.add_argument("--max-total-tokens", type=int, help="target pool size in tokens")
     p.add_argument("--listen", help="unix:///path or 127.0.0.1:PORT (default: an owner-only Unix socket)")
+    p.add_argument("--allow-group", metavar="GROUP",
+                   help="members of GROUP (a name or a gid) may attach and call too: the Unix socket is made 0660 with "
+                        "that group (default: 0600, memd's user and root only)")
     p.add_argument("--strict", action="store_true", help="check the leak invariant after every mutating call")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -96,10 +101,25 @@ def resolve_device(device: str) -> str:
         return "cpu"
 
 
+def group_id(group: str) -> int:
+    """--allow-group's group, by name or number; ValueError if the system has no such group."""
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        pass
+    try:
+        return grp.getgrgid(int(group)).gr_gid
+    except (KeyError, ValueError):
+        raise ValueError(f"--allow-group {group!r}: no such group") from None
+
+
 def config_from_args(argv: list[str] | None = None) -> MemdConfig:
     args = build_parser().parse_args(argv)
     if args.listen is not None:
         check_address("--listen", args.listen, listening=True)
+    listen = args.listen or defaults.default_memd_address()
+    if args.allow_group is not None and unix_path(listen) is None:
+        raise ValueError(f"--allow-group applies to a Unix socket, not to {listen!r}: TCP has no peer check")
     # No draft pool unless asked for: a pool no client writes costs memory, and at ratio 1 it keeps a plain
     # client's prefixes out of the cache (their draft slots would hold no draft KV).
     draft = args.draft_model or "none"
@@ -123,7 +143,8 @@ def config_from_args(argv: list[str] | None = None) -> MemdConfig:
         kv_budget_bytes=args.kv_budget_bytes,
         mem_fraction=args.mem_fraction,
         max_total_tokens=args.max_total_tokens,
-        listen=args.listen or defaults.default_memd_address(),
+        listen=listen,
+        allow_group=None if args.allow_group is None else group_id(args.allow_group),
         strict=args.strict or os.environ.get("MEMD_STRICT", "") not in ("", "0"),
         log_level=args.log_level,
     )

@@ -3,9 +3,10 @@
 Each bound is one that no call a client needs can pass, so refusing past it (INVALID_ARGUMENT, before any work) turns
 away nothing of use:
 - a session holds at most --max-running-requests requests and may name each at most once per op list, so no op list
-  of Alloc or Free (commits, trim_draft, finish, cache; extends and grows together) is longer;
+  of Alloc or Free (commits, trims, finish, cache; extends and grows together) is longer;
 - a request holds at most the context, so a Translate needs no more slots than the running requests hold together;
-- session and request ids are at most MAX_ID_BYTES (modeld bounds its request ids, which it uses as memd's, the same);
+- session and request ids, and model fingerprints, are at most MAX_ID_BYTES (modeld bounds its request ids, which it
+  uses as memd's, the same; a session id is 32 hex digits, modeld's fingerprint 32);
 - a client name is at most MAX_CLIENT_NAME_CHARS.
 A message longer than max_request_bytes() is refused by gRPC itself (RESOURCE_EXHAUSTED) before it is parsed.
 """
@@ -19,7 +20,7 @@ MAX_ID_BYTES = 256
 MAX_CLIENT_NAME_CHARS = 256
 VARINT_BYTES = 5  # the most bytes one int32 token id or slot takes on the wire (ids and slots are never negative)
 OP_BYTES = 32  # one op's fields and framing, besides its id
-OP_LISTS = 6  # commits, trim_draft, finish, cache, extends, grows
+OP_LISTS = 6  # commits, trims, finish, cache, extends, grows
 MESSAGE_SLACK_BYTES = 4 << 20  # gRPC's own default bound: headroom for the rest of any message
 
 
@@ -35,9 +36,11 @@ def check_id(kind: str, value: str) -> None:
         raise InvalidArgument(f"{kind} is {len(value.encode())} bytes: at most {MAX_ID_BYTES}")
 
 
-def check_client_name(name: str) -> None:
-    if len(name) > MAX_CLIENT_NAME_CHARS:
-        raise InvalidArgument(f"client_name is {len(name)} characters: at most {MAX_CLIENT_NAME_CHARS}")
+def check_attach(request) -> None:
+    """An AttachRequest: its client name and model fingerprint."""
+    if len(request.client_name) > MAX_CLIENT_NAME_CHARS:
+        raise InvalidArgument(f"client_name is {len(request.client_name)} characters: at most {MAX_CLIENT_NAME_CHARS}")
+    check_id("model_fingerprint", request.model_fingerprint)
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,10 @@ class CallLimits:
     def check_release(self, request, call: str = "Free") -> None:
         """A FreeRequest, alone or as an AllocRequest's release."""
         check_id("session_id", request.session_id)
-        for name, ops in (("commits", request.commits), ("trim_draft", request.trim_draft), ("finish", request.finish),
+        for name, ops in (("commits", request.commits), ("trims", request.trims), ("finish", request.finish),
                           ("cache", request.cache)):
             self._check_count(call, f"{name} ops", len(ops))
-        for rid in chain((op.rid for op in request.commits), request.trim_draft, request.finish,
+        for rid in chain((op.rid for op in request.commits), (op.rid for op in request.trims), request.finish,
                          (op.rid for op in request.cache)):
             check_id("a request id", rid)
 

@@ -1,5 +1,11 @@
-"""The prefix cache: a radix tree over token ids whose nodes own target pages and, in a bounded
-draft pool, the draft pages still live for them.
+"""The prefix cache: a radix tree over token ids per model identity, whose nodes own target pages and,
+in a bounded draft pool, the draft pages still live for them.
+
+Model identity: KV computed by one model's weights is garbage to another model of the same shape, so
+every tree belongs to one identity (a fingerprint the client sends at Attach) and a lookup or insert
+walks only its own model's tree. A tree is made at its model's first insert and dropped when eviction
+leaves it empty. Eviction and the counters span every tree: the least recently used evictable node
+is chosen over all models (one clock), so one model's cached prefixes give way to another's by age.
 
 Granularity is the page: every node's key is a whole number of pages of tokens, children are
 keyed by their first page. A node in a bounded pool keeps one draft page per target page, 0
@@ -23,6 +29,7 @@ from memd.errors import InvariantViolation
 from memd.pages import PagePool
 
 Holder = tuple[str, str]  # (session, rid)
+Model = str  # a model identity, never empty here (a session without one has no prefix cache)
 MappingWriter = Callable[[list[int], list[int] | None], None]  # target pages -> draft pages (None: clear)
 
 
@@ -31,7 +38,7 @@ class Node:
     key: tuple[int, ...]  # tokens, len(key) == P * len(target_pages)
     target_pages: list[int]
     draft_pages: list[int]  # bounded pool: one per target page, 0 = no draft KV; else empty
-    parent: "Node | None"
+    parent: "Node | None"  # None: a tree's root (no key, no pages)
     start: int  # page index of the node's first page in its sequences
     children: dict = field(default_factory=dict)
     holders: set = field(default_factory=set)
@@ -48,7 +55,7 @@ class Node:
 
 @dataclass(frozen=True)
 class Match:
-    node: Node  # the last node of the usable match (the root when nothing matched)
+    node: Node  # the last node of the usable match (a root when nothing matched)
     pages: int  # usable cached pages
     target_pages: list[int]
     draft_pages: list[int]  # bounded pool: per page, 0 below draft_from; else empty
@@ -63,14 +70,14 @@ class PrefixCache:
         self.draft = draft  # None unless the draft pool is bounded
         self.window = window
         self.set_mapping = set_mapping
-        self.root = Node((), [], [], None, 0)
+        self.roots: dict[Model, Node] = {}  # one tree per model identity, none empty
         self.locks: dict[Holder, Node] = {}
         self.evictable_t = self.protected_t = self.evictable_d = self.protected_d = 0  # pages
         self._clock = itertools.count(1)
 
     # ---- bookkeeping -------------------------------------------------------------------
     def _account(self, node: Node, sign: int) -> None:
-        if node is self.root:
+        if node.parent is None:
             return
         pages, live = len(node.target_pages), len(node.live_draft())
         if node.holders:
@@ -83,7 +90,7 @@ class PrefixCache:
             self.evictable_d += sign * live
 
     def _path(self, node: Node):
-        while node is not self.root:
+        while node.parent is not None:
             yield node
             node = node.parent
 
@@ -109,10 +116,14 @@ class PrefixCache:
         return upper
 
     # ---- match and lock -----------------------------------------------------------------
-    def _walk(self, tokens, max_pages: int, split: bool) -> tuple[Node, list[Node], int]:
-        """The nodes along the longest cached prefix of `tokens` (at most max_pages) and its length
-        in pages; with `split` the last node is cut so that the path ends exactly there."""
-        node, path, at = self.root, [], 0
+    def _root(self, model: Model) -> Node:
+        """The model's tree; an empty root of no tree when it has none (a walk finds nothing there)."""
+        return self.roots.get(model) or Node((), [], [], None, 0)
+
+    def _walk(self, model: Model, tokens, max_pages: int, split: bool) -> tuple[Node, list[Node], int]:
+        """The nodes along the longest prefix of `tokens` (at most max_pages) cached for `model` and its
+        length in pages; with `split` the last node is cut so that the path ends exactly there."""
+        node, path, at = self._root(model), [], 0
         while at < max_pages:
             child = node.children.get(tuple(tokens[at * self.P : (at + 1) * self.P]))
             if child is None:
@@ -126,22 +137,22 @@ class PrefixCache:
             node, at = child, at + k
         return node, path, at
 
-    def match(self, tokens, needs_draft: bool) -> Match:
-        """The usable cached prefix of `tokens` (whole pages). Needing draft KV (a bounded pool and a
+    def match(self, model: Model, tokens, needs_draft: bool) -> Match:
+        """The usable prefix of `tokens` cached for `model` (whole pages). Needing draft KV (a bounded pool and a
         client that writes draft KV), a prefix of p pages is usable only if pages
         [max(0, p*P - window) // P, p) all hold live draft KV; a longer match shortens to the
         longest usable one (the rest is prefilled again, which rebuilds the draft window)."""
         P = self.P
-        _, path, pages = self._walk(tokens, len(tokens) // P, split=False)
+        _, path, pages = self._walk(model, tokens, len(tokens) // P, split=False)
         bounded = self.draft is not None and needs_draft
         if bounded:
             pages = self._usable_pages([d for n in path for d in n.draft_pages][:pages])
-        return self.path(tokens, pages, max(0, pages * P - self.window) // P if bounded else pages)
+        return self.path(model, tokens, pages, max(0, pages * P - self.window) // P if bounded else pages)
 
-    def path(self, tokens, pages: int, draft_from: int) -> Match:
-        """The cached path of exactly `pages` pages of `tokens` (cut to end there), as a Match whose
-        draft KV is used from page `draft_from` on."""
-        node, path, at = self._walk(tokens, pages, split=True)
+    def path(self, model: Model, tokens, pages: int, draft_from: int) -> Match:
+        """The path of exactly `pages` pages of `tokens` cached for `model` (cut to end there), as a Match
+        whose draft KV is used from page `draft_from` on."""
+        node, path, at = self._walk(model, tokens, pages, split=True)
         assert at == pages, (at, pages)
         target = [t for n in path for t in n.target_pages]
         draft = ([0] * draft_from + [d for n in path for d in n.draft_pages][draft_from:]) if self.draft is not None else []
@@ -200,10 +211,12 @@ class PrefixCache:
                     draft += len(node.live_draft())
         return target, draft
 
-    def newly_protected(self, tokens, pages: int, draft_from: int, gone: set[Holder], gone_draft: set[Holder]) -> tuple[int, int]:
+    def newly_protected(self, model: Model, tokens, pages: int, draft_from: int, gone: set[Holder],
+                        gone_draft: set[Holder]) -> tuple[int, int]:
         """Pages (target, live draft) now evictable, or freed of their holders by this call (`gone`,
-        `gone_draft`), that locking the path of `pages` pages of `tokens` from `draft_from` would protect."""
-        _, path, at = self._walk(tokens, pages, split=False)
+        `gone_draft`), that locking the path of `pages` pages of `tokens` (of `model`) from `draft_from`
+        would protect."""
+        _, path, at = self._walk(model, tokens, pages, split=False)
         target = draft = 0
         for node in path:
             live = node.draft_pages[: max(0, min(at, node.end) - node.start)]
@@ -213,25 +226,28 @@ class PrefixCache:
                 draft += sum(1 for d in live if d)
         return target, draft
 
-    def duplicates(self, tokens, first: int, last: int, draft_pages: list[int]) -> tuple[int, int]:
-        """Pages (target, draft) that inserting pages [first, last) of `tokens` would hand back as
-        duplicates of what the tree holds (draft: a live request page where the tree's is live too)."""
-        _, path, at = self._walk(tokens, last, split=False)
+    def duplicates(self, model: Model, tokens, first: int, last: int, draft_pages: list[int]) -> tuple[int, int]:
+        """Pages (target, draft) that inserting pages [first, last) of `tokens` for `model` would hand back
+        as duplicates of what its tree holds (draft: a live request page where the tree's is live too)."""
+        _, path, at = self._walk(model, tokens, last, split=False)
         flat_d = [d for n in path for d in n.draft_pages]
         target = max(0, min(at, last) - first)
         draft = sum(1 for i in range(first, min(at, last)) if draft_pages and draft_pages[i] and flat_d[i])
         return target, draft
 
     # ---- insert -------------------------------------------------------------------------
-    def insert(self, tokens, target_pages: list[int], draft_pages: list[int], revive_held: bool = False) -> None:
-        """Take a finished request's pages for `tokens` (whole pages; draft_pages per page, 0
-        where its draft KV is gone, or empty without a bounded pool). Pages the tree already
+    def insert(self, model: Model, tokens, target_pages: list[int], draft_pages: list[int],
+               revive_held: bool = False) -> None:
+        """Take a finished request's pages for `tokens` into `model`'s tree (whole pages; draft_pages per
+        page, 0 where its draft KV is gone, or empty without a bounded pool). Pages the tree already
         holds for the same tokens are duplicates and go back to the pools; a tombstone the
         request has live draft KV for is revived with it (unless other requests protect the node, which
         `revive_held` allows: a running request's checkpoint, which changes no free count it promised).
         Invariant: every page passed in ends up owned by the tree or free, exactly once."""
         P, n = self.P, len(target_pages)
-        node, at = self.root, 0
+        if n and model not in self.roots:
+            self.roots[model] = Node((), [], [], None, 0)
+        node, at = self._root(model), 0
         now = next(self._clock)
         while at < n:
             child = node.children.get(tuple(tokens[at * P : (at + 1) * P]))
@@ -266,15 +282,17 @@ class PrefixCache:
 
     # ---- eviction ------------------------------------------------------------------------
     def _nodes(self):
-        stack = list(self.root.children.values())
+        """Every node of every tree (roots excluded)."""
+        stack = [child for root in self.roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())
             yield node
 
     def evict_target(self, pages: int) -> int:
-        """Free least-recently-used unprotected leaves (target and draft KV) until `pages` target
-        pages came back or nothing is evictable. Returns target pages freed."""
+        """Free least-recently-used unprotected leaves of any tree (target and draft KV) until `pages`
+        target pages came back or nothing is evictable; drop the trees left empty. Returns target pages
+        freed."""
         heap = [(n.last_access, id(n), n) for n in self._nodes() if not n.children and not n.holders]
         heapq.heapify(heap)
         freed = 0
@@ -288,12 +306,14 @@ class PrefixCache:
             if self.draft is not None:
                 self.draft.free(node.live_draft())
             freed += len(node.target_pages)
-            if parent is not self.root and not parent.children and not parent.holders:
+            if parent.parent is not None and not parent.children and not parent.holders:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        for model in [model for model, root in self.roots.items() if not root.children]:
+            del self.roots[model]
         return freed
 
     def evict_draft(self, pages: int) -> int:
-        """Free the draft KV of least-recently-used nodes outside every protected window, keeping
+        """Free the draft KV of least-recently-used nodes of any tree outside every protected window, keeping
         their target KV (they become tombstones). Returns draft pages freed."""
         order = sorted((n for n in self._nodes() if not n.draft_holders and n.live_draft()), key=lambda n: n.last_access)
         freed = 0
@@ -310,10 +330,10 @@ class PrefixCache:
         return freed
 
     def flush(self) -> None:
-        """Empty the tree; the caller has checked that no request holds any of it."""
+        """Empty every tree; the caller has checked that no request holds any of it."""
         assert not self.locks
         self.evict_target(self.evictable_t)
-        if self.root.children:
+        if self.roots:
             raise InvariantViolation("prefix cache: nodes left after a flush")
 
     # ---- checks ---------------------------------------------------------------------------
@@ -326,7 +346,9 @@ class PrefixCache:
         return target, live
 
     def check(self) -> None:
-        """Counters, keys, page positions and holder sets, recomputed from scratch."""
+        """Counters, keys, page positions and holder sets, recomputed from scratch; no tree is empty."""
+        if not all(root.children for root in self.roots.values()):
+            raise InvariantViolation("prefix cache: an empty tree is kept")
         counts = [0, 0, 0, 0]
         for node in self._nodes():
             pages = len(node.target_pages)
@@ -334,7 +356,7 @@ class PrefixCache:
                 raise InvariantViolation(f"prefix cache: malformed node at page {node.start}")
             if node.start != node.parent.end or (self.draft is not None and len(node.draft_pages) != pages):
                 raise InvariantViolation(f"prefix cache: node at page {node.start} misplaced")
-            if not node.draft_holders <= node.holders or (node.parent is not self.root and not node.holders <= node.parent.holders):
+            if not node.draft_holders <= node.holders or (node.parent.parent is not None and not node.holders <= node.parent.holders):
                 raise InvariantViolation(f"prefix cache: holders of node at page {node.start} are not a path")
             live = len(node.live_draft())
             counts[1 if node.holders else 0] += pages

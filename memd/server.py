@@ -2,7 +2,8 @@
 
 Clean-up invariant: from the moment memd creates a shared segment or its socket, every exit but SIGKILL removes them:
 the stop signals are caught before anything is created (StopSignals), and what serve() creates is removed in its
-`finally`; a socket memd did not bind (another daemon's) is never removed."""
+`finally`; a socket memd did not bind (another daemon's) is never removed. Segments a SIGKILL leaves behind are
+removed by the next memd's start-up sweep (memd.segments: by their lock, not by the pid in their name)."""
 
 import asyncio
 import logging
@@ -15,12 +16,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from memd.buffers import CudaBuffers, ShmBuffers, remove_stale_segments
+from memd.buffers import CudaBuffers, ShmBuffers
 from memd.config import MemdConfig, config_from_args
 from memd.limits import max_request_bytes
 from memd.parse_guard import AsyncParseGuard
 from memd.plan import ConfigError, PoolPlan, log_plan, make_plan
 from memd.pools import build_pools
+from memd.segments import remove_stale_segments
 from memd.service import MemdService
 from memd.sockets import MAX_MESSAGE_BYTES, listen
 from protos import memd_pb2, memd_pb2_grpc
@@ -93,12 +95,16 @@ async def serve(cfg: MemdConfig, plan: PoolPlan, stop_signals: StopSignals) -> i
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-        port, sock = listen(server, cfg.listen)
+        port, sock = listen(server, cfg.listen, cfg.allow_group)
+        if sock is None:
+            log.warning("memd listens on TCP: there is no peer check, anyone who reaches the port can attach and call "
+                        "(a Unix socket admits only memd's user, root and --allow-group)")
         await server.start()
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         bound = cfg.listen if sock is not None else f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
-        log.info("memd ready: listening on %s (%s, strict=%s)", bound, buffers.backend, cfg.strict)
+        shared = f", group {cfg.allow_group} allowed" if cfg.allow_group is not None else ""
+        log.info("memd ready: listening on %s (%s, strict=%s%s)", bound, buffers.backend, cfg.strict, shared)
         await stop.wait()
         log.info("memd shutting down")
         for name in ("", SERVICE_NAME):

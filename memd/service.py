@@ -1,9 +1,11 @@
 """memd's gRPC servicer. Every handler runs on the one asyncio loop, so allocator state is
-mutated by one thread only; no handler awaits between reading and writing that state."""
+mutated by one thread only; no handler awaits between reading and writing that state.
+
+Calls of a session carry its secret (memd.sessions); the handlers resolve it to the session's public
+label, which is all the allocator, the logs and Capacity ever see."""
 
 import asyncio
 import logging
-import uuid
 
 import grpc
 import numpy as np
@@ -11,8 +13,9 @@ import numpy as np
 from memd.buffers import SharedBuffers
 from memd.errors import InvariantViolation, MemdError
 from memd.invariants import check_structure
-from memd.limits import CallLimits, check_client_name
+from memd.limits import CallLimits, check_attach
 from memd.log_text import loggable
+from memd.sessions import Session, SessionTable
 from memd.slots import Release, SlotManager
 from protos import memd_pb2, memd_pb2_grpc
 
@@ -28,35 +31,43 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         self.on_fatal = on_fatal  # called with a message when an invariant breaks
         self.shutting_down = asyncio.Event()
         self.shutdown_reason = ""
-        self.clients: dict[str, str] = {}
+        self.sessions = SessionTable()
         self.limits = CallLimits(max_ops=mgr.max_requests, max_slots=mgr.max_requests * mgr.context_len)
 
     # ---- sessions -------------------------------------------------------------------
     async def Attach(self, request, context):
         if self.shutting_down.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is shutting down")
-        await self._check(context, check_client_name, request.client_name)
-        session = uuid.uuid4().hex
-        self.mgr.open_session(session, writes_draft=request.writes_draft_kv)
-        self.clients[session] = request.client_name or context.peer()
-        log.info("session %s attached (%s)", session[:8], loggable(self.clients[session]))
+        await self._check(context, check_attach, request)
+        secret, session = self.open_session(request.client_name or context.peer(), request.model_fingerprint,
+                                            request.writes_draft_kv)
+        model = (f"of model {loggable(session.model[:16])}" if session.model
+                 else "without a model identity (no prefix cache)")
+        log.info("%s %s attached (%s)", session.label, model, loggable(session.client_name))
         try:
-            yield memd_pb2.SessionEvent(attached=memd_pb2.Attached(session_id=session, layout=self.layout))
+            yield memd_pb2.SessionEvent(attached=memd_pb2.Attached(session_id=secret, layout=self.layout,
+                                                                   label=session.label))
             await self.shutting_down.wait()
             yield memd_pb2.SessionEvent(shutting_down=memd_pb2.ShuttingDown(reason=self.shutdown_reason))
         finally:
-            self._end_session(session)
+            self._end_session(secret, session)
 
-    def _end_session(self, session: str) -> None:
+    def open_session(self, client_name: str, model: str, writes_draft: bool) -> tuple[str, Session]:
+        """A new session in the table and the allocator: (its secret, the session)."""
+        secret, session = self.sessions.open(client_name, model)
+        self.mgr.open_session(session.label, model=model, writes_draft=writes_draft)
+        return secret, session
+
+    def _end_session(self, secret: str, session: Session) -> None:
         """The lease is over (stream closed, peer gone, or shutdown): free what it held."""
-        held = self.mgr.held_tokens(session)
-        self.mgr.close_session(session)
+        held = self.mgr.held_tokens(session.label)
+        self.mgr.close_session(session.label)
+        self.sessions.close(secret)
         try:
             self._after_mutation()
         except InvariantViolation as exc:
             self._fatal(exc)
-        log.info("session %s ended; freed %d target / %d draft tokens", session[:8], *held)
-        self.clients.pop(session, None)
+        log.info("%s ended; freed %d target / %d draft tokens", session.label, *held)
 
     def notify_shutdown(self, reason: str) -> None:
         self.shutdown_reason = reason
@@ -68,7 +79,8 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         release = release_from_message(request.release)
         extends = [(op.rid, op.prefix_len, op.num_tokens) for op in request.extends]
         grows = [(op.rid, op.num_tokens) for op in request.grows]
-        allocated = await self._run(context, self.mgr.step, request.session_id, release, extends, grows)
+        label = await self._label(context, request.session_id)
+        allocated = await self._run(context, self.mgr.step, label, release, extends, grows)
         return memd_pb2.AllocResponse(
             requests=[
                 memd_pb2.RequestSlots(
@@ -81,13 +93,14 @@ class MemdService(memd_pb2_grpc.MemdServicer):
 
     async def Free(self, request, context):
         await self._check(context, self.limits.check_release, request)
-        freed = await self._run(context, self.mgr.apply_release, request.session_id, release_from_message(request))
+        label = await self._label(context, request.session_id)
+        freed = await self._run(context, self.mgr.apply_release, label, release_from_message(request))
         return memd_pb2.FreeResponse(target_freed=freed[0], draft_freed=freed[1])
 
     async def MatchPrefix(self, request, context):
         await self._check(context, self.limits.check_match, request)
-        matched = await self._run(context, self.mgr.match_prefix, request.session_id, request.rid,
-                                  list(request.token_ids))
+        label = await self._label(context, request.session_id)
+        matched = await self._run(context, self.mgr.match_prefix, label, request.rid, list(request.token_ids))
         return memd_pb2.MatchPrefixResponse(
             rid=matched.rid, row=matched.row, cached_len=matched.cached_len,
             target_slots=matched.target_slots.tolist(), draft_slots=matched.draft_slots.tolist(),
@@ -101,6 +114,13 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         """A bound of memd.limits: a call past one is refused before any work."""
         try:
             check(value)
+        except MemdError as exc:
+            await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+
+    async def _label(self, context, secret: str) -> str:
+        """The label of the session whose secret the call carries; NOT_FOUND for any other id."""
+        try:
+            return self.sessions.resolve(secret).label
         except MemdError as exc:
             await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
 
@@ -145,18 +165,20 @@ class MemdService(memd_pb2_grpc.MemdServicer):
             total = mgr.draft.total_tokens if mgr.draft else mgr.target.total_tokens
             free = mgr.draft.free_tokens if mgr.draft else mgr.target.free_tokens
             draft = _pool(total, free, draft_evictable, draft_protected, layout.draft.bytes)
-        for session in mgr.sessions:
-            held_target, held_draft = mgr.held_tokens(session)
-            target.held_per_session[session] = held_target
+        holdings = []
+        for session in self.sessions:  # by label: the secrets stay with their clients
+            held_target, held_draft = mgr.held_tokens(session.label)
+            held_draft = held_draft if layout.has_draft else 0
             target.held_by_requests += held_target
-            if layout.has_draft:
-                draft.held_per_session[session] = held_draft
-                draft.held_by_requests += held_draft
+            draft.held_by_requests += held_draft
+            holdings.append(memd_pb2.SessionHolding(label=session.label, client_name=session.client_name,
+                                                    model_fingerprint=session.model, target_held=held_target,
+                                                    draft_held=held_draft))
         return memd_pb2.CapacityResponse(
             target=target, draft=draft, has_draft=layout.has_draft, draft_kv_ratio=layout.draft_kv_ratio,
             draft_window=layout.draft_window, page_size=layout.page_size, request_cap=layout.request_cap,
             max_running_requests=layout.max_running_requests, running_requests=sum(1 for _ in mgr.requests()),
-            sessions=len(mgr.sessions), context_len=layout.context_len, epoch=layout.epoch,
+            sessions=len(mgr.sessions), context_len=layout.context_len, epoch=layout.epoch, session_holdings=holdings,
         )
 
 
@@ -169,7 +191,7 @@ def _pool(total: int, free: int, evictable: int, protected: int, nbytes: int) ->
 def release_from_message(request: memd_pb2.FreeRequest) -> Release:
     return Release(
         commits=tuple((op.rid, op.length) for op in request.commits),
-        trims=tuple(request.trim_draft),
+        trims=tuple((op.rid, op.length) if op.HasField("length") else op.rid for op in request.trims),
         finishes=tuple(request.finish),
         inserts=tuple((op.rid, tuple(op.token_ids)) for op in request.cache),
     )

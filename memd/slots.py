@@ -7,6 +7,10 @@ pools. The mapping is nonzero exactly at target slots that hold a live draft slo
 running request's window, or a cached page whose draft KV is live); every other entry
 (free slots, released tails, trimmed positions, tombstones) is 0.
 
+Model identity: every session names the model whose KV it writes (open_session's `model`);
+its requests match and cache prefixes in that model's tree only. A session without one ("")
+gets no prefix cache: it matches nothing and caches nothing.
+
 Ownership: a request created by match_prefix starts with `cached_pages` pages that the
 prefix cache owns (and the request only holds locked); every later page is the request's
 own until it finishes, when it goes into the cache (insert) or back to the pools.
@@ -50,9 +54,15 @@ class Request:
 @dataclass(frozen=True)
 class Release:
     commits: tuple[tuple[str, int], ...] = ()
-    trims: tuple[str, ...] = ()
+    # Out-of-window draft trims: a rid (the window counted back from the request's length after the commits) or
+    # (rid, length) (from the client's computed length, at most that; positions granted ahead are not computed).
+    trims: tuple[str | tuple[str, int], ...] = ()
     finishes: tuple[str, ...] = ()
     inserts: tuple[tuple[str, tuple[int, ...]], ...] = ()  # finished requests' tokens for the prefix cache
+
+    def trim_lengths(self) -> dict[str, int | None]:
+        """rid -> the length its trim counts from (None: the request's own)."""
+        return dict((t, None) if isinstance(t, str) else t for t in self.trims)
 
 
 @dataclass(frozen=True)
@@ -106,14 +116,16 @@ class SlotManager:
         self.max_requests = max_requests
         self.sessions: dict[str, dict[str, Request]] = {}
         self.writes_draft: dict[str, bool] = {}  # per session: does the client write draft KV?
+        self.models: dict[str, str] = {}  # per session: its model identity ("": no prefix cache)
         self.cache = PrefixCache(page_size, self.target, self.draft, window, self._set_mapping)
 
     # ---- sessions ------------------------------------------------------------------
-    def open_session(self, session: str, writes_draft: bool = True) -> None:
+    def open_session(self, session: str, *, model: str, writes_draft: bool = True) -> None:
         if session in self.sessions:
             raise InvalidArgument(f"session {session!r} is already open")
         self.sessions[session] = {}
         self.writes_draft[session] = writes_draft
+        self.models[session] = model
 
     def close_session(self, session: str) -> None:
         """The lease ended: free every request the session held (nothing goes into the cache:
@@ -122,6 +134,7 @@ class SlotManager:
             self._finish(self.sessions[session][rid], None)
         self.sessions.pop(session, None)
         self.writes_draft.pop(session, None)
+        self.models.pop(session, None)
 
     # ---- prefix cache ----------------------------------------------------------------
     def match_prefix(self, session: str, rid: str, tokens) -> Matched:
@@ -138,7 +151,8 @@ class SlotManager:
         if not self.free_rows:
             raise ResourceExhausted(f"all {self.max_requests} request rows are in use")
         needs_draft = self.mode is DraftMode.BOUNDED and self.writes_draft[session]
-        match = self.cache.match(tokens, needs_draft)
+        model = self.models[session]
+        match = self.cache.match(model, tokens if model else [], needs_draft)
         draft_start = 0 if self.mode is DraftMode.IDENTITY else match.draft_from * self.P
         req = held[rid] = Request(rid, session, self.free_rows.pop(), list(match.target_pages),
                                   list(match.draft_pages), match.pages * self.P, draft_start,
@@ -207,14 +221,15 @@ class SlotManager:
         # Pages the cache can give back: evictable now, plus what the finishes unlock and what trims
         # whose window leaves a cached prefix stop protecting (requests locked before this call).
         finishing = {held[rid].holder for rid in release.finishes if held[rid].locked}
-        leaving = {held[rid].holder for rid in release.trims if held[rid].locked and after[rid] is not None
+        leaving = {held[rid].holder for rid in release.trim_lengths() if held[rid].locked and after[rid] is not None
                    and after[rid][1] >= after[rid][2] * self.P and after[rid][2] == held[rid].cached_pages}
         unlocked_t, unlocked_d = self.cache.released_by(finishing, leaving)
         # ... less what checkpoints lock: cached pages that nothing else will protect after this call.
         for rid, tokens in release.inserts:
             state = after.get(rid)
             if state is not None and state[2] > held[rid].cached_pages:
-                locked_t, locked_d = self.cache.newly_protected(tokens, state[2], held[rid].draft_start // self.P,
+                locked_t, locked_d = self.cache.newly_protected(self.models[session], tokens, state[2],
+                                                                held[rid].draft_start // self.P,
                                                                 finishing, finishing | leaving)
                 unlocked_t, unlocked_d = unlocked_t - locked_t, unlocked_d - locked_d
         avail_t = self.target.free_pages + freed_t + self.cache.evictable_t + unlocked_t
@@ -259,8 +274,8 @@ class SlotManager:
         for rid, tokens in release.inserts:
             if rid not in finishing:
                 self._checkpoint(held[rid], tokens)
-        for rid in release.trims:
-            self._trim(held[rid])
+        for rid, trim_length in release.trim_lengths().items():
+            self._trim(held[rid], trim_length)
         for rid in release.finishes:
             self._finish(held[rid], inserts.get(rid))
         return self.target.free_tokens - before[0], self._draft_free_tokens() - before[1]
@@ -269,7 +284,8 @@ class SlotManager:
         """Validates the release; returns rid -> (length, draft_start, cached pages) after it (None: finished).
         Order: commits, cache ops of running requests (checkpoints), trims, finishes."""
         after = {}
-        for kind, rids in (("commit", [r for r, _ in release.commits]), ("trim", release.trims), ("finish", release.finishes)):
+        trims = [t if isinstance(t, str) else t[0] for t in release.trims]  # duplicates counted before the dict
+        for kind, rids in (("commit", [r for r, _ in release.commits]), ("trim", trims), ("finish", release.finishes)):
             if len(set(rids)) != len(rids):
                 raise InvalidArgument(f"a request appears twice in {kind}")
             for rid in rids:
@@ -297,10 +313,12 @@ class SlotManager:
                 raise InvalidArgument(f"request {rid!r}: the tokens to cache disagree with its cached prefix")
             if rid not in finishing and self._checkpoints(req):
                 after[rid] = (length, start, max(cached, len(tokens) // self.P))
-        for rid in release.trims:
+        for rid, trim_length in release.trim_lengths().items():
             req = held[rid]
             length, start, cached = after.get(rid, (req.length, req.draft_start, req.cached_pages))
-            after[rid] = (length, self._trim_frontier(length, start), cached)
+            if trim_length is not None and not 0 <= trim_length <= length:
+                raise InvalidArgument(f"trim of {rid!r} from length {trim_length}: must lie in [0, {length}]")
+            after[rid] = (length, self._trim_frontier(length if trim_length is None else trim_length, start), cached)
         for rid in release.finishes:
             after[rid] = None
         return after
@@ -319,7 +337,7 @@ class SlotManager:
             # already; the trim after it frees only what is still the request's own.
             length, start, cached = state
             if cached > req.cached_pages:
-                dup_t, dup_d = self.cache.duplicates(inserts[rid], req.cached_pages, cached,
+                dup_t, dup_d = self.cache.duplicates(self.models[req.session], inserts[rid], req.cached_pages, cached,
                                                      req.draft_pages if self.draft is not None else [])
                 freed_t, freed_d = freed_t + dup_t, freed_d + (dup_d if self.draft is not None else dup_t)
             own_from = max(req.draft_start // self.P, cached)
@@ -328,8 +346,9 @@ class SlotManager:
         return freed_t, freed_d, len(release.finishes)
 
     def _checkpoints(self, req: Request) -> bool:
-        """A running request's cache op takes effect only where its draft KV (if any) is valid."""
-        return self.mode is DraftMode.NONE or self.writes_draft[req.session]
+        """A running request's cache op takes effect only for a session with a model identity, and only
+        where its draft KV (if any) is valid."""
+        return bool(self.models[req.session]) and (self.mode is DraftMode.NONE or self.writes_draft[req.session])
 
     def _own_draft_from(self, req: Request) -> int:
         """First page of the request's own live draft KV (earlier live ones belong to the cache)."""
@@ -414,9 +433,10 @@ class SlotManager:
         del req.target_pages[keep:]
         req.length = length
 
-    def _trim(self, req: Request) -> None:
-        """Free draft slots of positions older than the window; target slots stay."""
-        frontier = self._trim_frontier(req.length, req.draft_start)
+    def _trim(self, req: Request, length: int | None) -> None:
+        """Free draft slots of positions older than the window counted back from `length` (None: the request's);
+        target slots stay."""
+        frontier = self._trim_frontier(req.length if length is None else length, req.draft_start)
         if frontier == req.draft_start:
             return
         first, last = req.draft_start // self.P, frontier // self.P
@@ -439,9 +459,10 @@ class SlotManager:
             return
         if req.locked:
             self.cache.unlock(req.holder)
-        self.cache.insert(tokens, req.target_pages[:keep], req.draft_pages[:keep] if self.draft is not None else [],
+        model = self.models[req.session]
+        self.cache.insert(model, tokens, req.target_pages[:keep], req.draft_pages[:keep] if self.draft is not None else [],
                           revive_held=True)
-        match = self.cache.path(tokens, keep, req.draft_start // self.P)
+        match = self.cache.path(model, tokens, keep, req.draft_start // self.P)
         moved = [i for i in range(keep) if req.target_pages[i] != match.target_pages[i]]
         req.target_pages[:keep] = match.target_pages
         if self.draft is not None:
@@ -457,20 +478,22 @@ class SlotManager:
 
     def _finish(self, req: Request, tokens) -> None:
         """End the request: unlock its cached prefix; its own pages for the first whole pages of
-        `tokens` go into the cache (None: nothing is cached), every other own page back to the pools.
-        A client that does not write draft KV caches no draft KV. Its row is freed."""
+        `tokens` go into its model's tree (None, or a session without a model identity: nothing is cached),
+        every other own page back to the pools. A client that does not write draft KV caches no draft KV.
+        Its row is freed."""
         positions = np.arange(req.length)
         self._write("req_to_token", req.row * self.req_to_token.shape[1] + positions, np.zeros(req.length, np.int32))
         if req.locked:
             self.cache.unlock(req.holder)
-        keep = len(tokens) // self.P if tokens is not None else req.cached_pages
+        model = self.models[req.session]
+        keep = len(tokens) // self.P if tokens is not None and model else req.cached_pages
         if self.mode is DraftMode.IDENTITY and not self.writes_draft[req.session]:
             keep = req.cached_pages  # its draft slots (== target slots) hold no draft KV: cache nothing
         own_draft = self._own_draft_from(req)
         if self.draft is not None and not self.writes_draft[req.session]:
             self._drop_draft(req, own_draft, keep)  # never written: not cached
         if keep > req.cached_pages:
-            self.cache.insert(tokens, req.target_pages[:keep], req.draft_pages[:keep] if self.draft is not None else [])
+            self.cache.insert(model, tokens, req.target_pages[:keep], req.draft_pages[:keep] if self.draft is not None else [])
         rest = req.target_pages[max(keep, req.cached_pages) :]
         self._clear_mapping(np.empty(0, np.int32), rest)
         self.target.free(rest)

@@ -15,8 +15,9 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from modeld.kernels.fused import rotate_half
 from modeld.loader import safetensors_state
-from modeld.model import MLP, RMSNorm, rotate_half
+from modeld.model import MLP, RMSNorm
 
 
 class DraftError(ValueError):

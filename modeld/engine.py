@@ -5,6 +5,7 @@ owns all request state; gRPC handlers talk to it through `submit` / `abort` and 
 import logging
 import queue
 import threading
+from itertools import accumulate
 
 import grpc
 import torch
@@ -142,7 +143,7 @@ class Engine:
         # pending tokens are all computed (a prompt chunk short of the end samples nothing).
         counts = [item.num_tokens if item.verify else int(item.num_tokens == item.req.pending) for item in items]
         owners = [item for item, n in zip(items, counts) for _ in range(n)]
-        firsts = [sum(counts[:i]) for i in range(len(items))]  # each item's first sampled row
+        firsts = [0, *accumulate(counts)][:-1]  # each item's first sampled row
         sampled = None
         if owners:
             rows = [off + item.num_tokens - n + j for item, off, n in zip(items, out.offsets, counts) for j in range(n)]

@@ -9,6 +9,7 @@ from typing import Callable
 import grpc
 
 from memd.attach import MemdSession
+from memd.segments import SegmentError
 from memd.sockets import reachable
 
 log = logging.getLogger("modeld")
@@ -18,11 +19,21 @@ class StartupError(RuntimeError):
     """modeld cannot start (or cannot use the memd it found)."""
 
 
+def map_pools(session: MemdSession) -> dict:
+    """The session's pools mapped; StartupError naming the segment if one is missing or short (never garbage)."""
+    try:
+        return session.map()
+    except SegmentError as exc:
+        raise StartupError(f"cannot map memd's pools: {exc}") from None
+
+
 class MemdLink:
     def __init__(self, address: str, connect_timeout: float, on_health: Callable[[bool], None],
                  writes_draft_kv: bool):
         self.address = address
+        self.connect_timeout = connect_timeout
         self.writes_draft_kv = writes_draft_kv  # told to memd: prefixes cached without it keep no draft KV
+        self.model_fingerprint = ""  # told to memd from identify() on: its prefix cache is kept per model
         self.on_health = on_health  # called with False when the session is lost, True when re-attached
         self.check: Callable = lambda layout: None  # raises StartupError for a layout modeld cannot use
         self.rebinders: list[Callable[[MemdSession, dict], None]] = []
@@ -35,10 +46,35 @@ class MemdLink:
             except grpc.FutureTimeoutError:
                 if time.monotonic() > deadline:
                     raise StartupError(f"memd does not answer at {address}") from None
-        self.pools = self.session.map()
+        try:
+            self.pools = map_pools(self.session)
+        except StartupError:
+            self.session.close()
+            raise
 
     def _attach(self, timeout: float) -> MemdSession:
-        return MemdSession(self.address, "modeld", connect_timeout=timeout, writes_draft_kv=self.writes_draft_kv)
+        return MemdSession(self.address, "modeld", connect_timeout=timeout, writes_draft_kv=self.writes_draft_kv,
+                           model_fingerprint=self.model_fingerprint)
+
+    def identify(self, fingerprint: str) -> None:
+        """Name the loaded model to memd (modeld.fingerprint): the session is replaced by one attached with the
+        fingerprint, which every re-attach sends too. The first session only told modeld the layout to load the
+        model for and held nothing; its pools stay mapped unless memd made new ones meanwhile (then start-up checks
+        the new layout)."""
+        self.model_fingerprint = fingerprint
+        log.info("model fingerprint %s", fingerprint)
+        try:
+            session = self._attach(self.connect_timeout)
+        except grpc.FutureTimeoutError:
+            raise StartupError(f"memd does not answer at {self.address}") from None
+        if session.layout.epoch != self.layout.epoch:
+            try:
+                self.pools = map_pools(session)
+            except StartupError:
+                session.close()
+                raise
+        old, self.session = self.session, session
+        old.close()
 
     @property
     def layout(self):
@@ -72,12 +108,13 @@ class MemdLink:
                 continue
             try:
                 self.check(session.layout)
+                pools = map_pools(session)  # a failed map leaves health NOT_SERVING and the attempt retried
             except StartupError as exc:
                 log.error("memd is back with pools modeld cannot use: %s", exc)
                 session.close()
                 stopped.wait(5.0)
                 continue
-            old, self.session, self.pools = self.session, session, session.map()
+            old, self.session, self.pools = self.session, session, pools
             old.close()
             for rebind in self.rebinders:
                 rebind(session, self.pools)

@@ -52,11 +52,6 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, residual)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def head_dim_of(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 

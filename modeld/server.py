@@ -21,6 +21,7 @@ from modeld.cuda_graph import GraphRunner
 from modeld.dflash import DflashWorker
 from modeld.draft import DraftError, load_draft
 from modeld.engine import Engine
+from modeld.fingerprint import model_fingerprint
 from modeld.limits import MAX_REQUEST_BYTES
 from modeld.loader import load_target
 from modeld.memd_link import MemdLink, StartupError
@@ -82,6 +83,8 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     layout = link.layout
     dtype = layout.kv_dtype if cfg.dtype == "auto" else cfg.dtype
     model, tokenizer, hf_config = load_target(cfg.target_model, dtype, cfg.device, cfg.load_format)
+    link.identify(model_fingerprint(model, hf_config, dtype, layout.kv_dtype))  # memd caches prefixes per model
+    layout = link.layout
     draft = None
     if cfg.speculative_algorithm == "dflash":
         draft = load_draft(cfg.draft_model, hf_config, getattr(torch, dtype), cfg.device, cfg.num_draft_tokens,
@@ -97,7 +100,7 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     worker = DflashWorker(draft, model, link.pools) if draft is not None else None
     limits = step_limits(cfg, layout, worker is not None)
     scheduler = Scheduler(link.session, limits.max_running, limits.chunk, limits.context_len,
-                          worker.block if worker else 0, lookahead=limits.lookahead, async_top_ups=not limits.trim_draft)
+                          worker.block if worker else 0, lookahead=limits.lookahead, async_top_ups=True)
     graphs = None
     if cfg.device == "cuda" and not cfg.disable_cuda_graph:
         graphs = GraphRunner(layout.max_running_requests, (1, worker.block) if worker else (1,), FIELDS, cfg.device)
@@ -117,7 +120,7 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
 
     def apply_limits(session, pools) -> None:  # a re-attached memd may run with other settings
         new = step_limits(cfg, session.layout, worker is not None)
-        scheduler.set_limits(new.max_running, new.chunk, new.context_len, new.lookahead, not new.trim_draft)
+        scheduler.set_limits(new.max_running, new.chunk, new.context_len, new.lookahead, async_top_ups=True)
         engine.trim_draft, engine.output.context_len = new.trim_draft, new.context_len
         info.update(layout_info(session.layout))
 

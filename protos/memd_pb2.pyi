@@ -89,20 +89,24 @@ class Layout(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., page_size: _Optional[int] = ..., target: _Optional[_Union[PoolGeometry, _Mapping]] = ..., has_draft: _Optional[bool] = ..., draft: _Optional[_Union[PoolGeometry, _Mapping]] = ..., draft_kv_ratio: _Optional[float] = ..., draft_window: _Optional[int] = ..., draft_block_size: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., context_len: _Optional[int] = ..., request_cap: _Optional[int] = ..., buffers: _Optional[_Iterable[_Union[BufferDesc, _Mapping]]] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., chunked_prefill_size: _Optional[int] = ..., decode_lookahead: _Optional[int] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
-    __slots__ = ("client_name", "writes_draft_kv")
+    __slots__ = ("client_name", "writes_draft_kv", "model_fingerprint")
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
     WRITES_DRAFT_KV_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     client_name: str
     writes_draft_kv: bool
-    def __init__(self, client_name: _Optional[str] = ..., writes_draft_kv: _Optional[bool] = ...) -> None: ...
+    model_fingerprint: str
+    def __init__(self, client_name: _Optional[str] = ..., writes_draft_kv: _Optional[bool] = ..., model_fingerprint: _Optional[str] = ...) -> None: ...
 
 class Attached(_message.Message):
-    __slots__ = ("session_id", "layout")
+    __slots__ = ("session_id", "layout", "label")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     layout: Layout
-    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ...) -> None: ...
+    label: str
+    def __init__(self, session_id: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., label: _Optional[str] = ...) -> None: ...
 
 class ShuttingDown(_message.Message):
     __slots__ = ("reason",)
@@ -126,6 +130,14 @@ class CommitOp(_message.Message):
     length: int
     def __init__(self, rid: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
 
+class TrimOp(_message.Message):
+    __slots__ = ("rid", "length")
+    RID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    rid: str
+    length: int
+    def __init__(self, rid: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
+
 class CacheOp(_message.Message):
     __slots__ = ("rid", "token_ids")
     RID_FIELD_NUMBER: _ClassVar[int]
@@ -135,18 +147,18 @@ class CacheOp(_message.Message):
     def __init__(self, rid: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FreeRequest(_message.Message):
-    __slots__ = ("session_id", "commits", "trim_draft", "finish", "cache")
+    __slots__ = ("session_id", "commits", "trims", "finish", "cache")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITS_FIELD_NUMBER: _ClassVar[int]
-    TRIM_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    TRIMS_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     commits: _containers.RepeatedCompositeFieldContainer[CommitOp]
-    trim_draft: _containers.RepeatedScalarFieldContainer[str]
+    trims: _containers.RepeatedCompositeFieldContainer[TrimOp]
     finish: _containers.RepeatedScalarFieldContainer[str]
     cache: _containers.RepeatedCompositeFieldContainer[CacheOp]
-    def __init__(self, session_id: _Optional[str] = ..., commits: _Optional[_Iterable[_Union[CommitOp, _Mapping]]] = ..., trim_draft: _Optional[_Iterable[str]] = ..., finish: _Optional[_Iterable[str]] = ..., cache: _Optional[_Iterable[_Union[CacheOp, _Mapping]]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., commits: _Optional[_Iterable[_Union[CommitOp, _Mapping]]] = ..., trims: _Optional[_Iterable[_Union[TrimOp, _Mapping]]] = ..., finish: _Optional[_Iterable[str]] = ..., cache: _Optional[_Iterable[_Union[CacheOp, _Mapping]]] = ...) -> None: ...
 
 class ExtendOp(_message.Message):
     __slots__ = ("rid", "prefix_len", "num_tokens")
@@ -259,14 +271,7 @@ class CapacityRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PoolCapacity(_message.Message):
-    __slots__ = ("total", "free", "used", "held_by_requests", "evictable", "protected", "bytes", "held_per_session")
-    class HeldPerSessionEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: int
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    __slots__ = ("total", "free", "used", "held_by_requests", "evictable", "protected", "bytes")
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     FREE_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
@@ -274,7 +279,6 @@ class PoolCapacity(_message.Message):
     EVICTABLE_FIELD_NUMBER: _ClassVar[int]
     PROTECTED_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
-    HELD_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
     total: int
     free: int
     used: int
@@ -282,11 +286,24 @@ class PoolCapacity(_message.Message):
     evictable: int
     protected: int
     bytes: int
-    held_per_session: _containers.ScalarMap[str, int]
-    def __init__(self, total: _Optional[int] = ..., free: _Optional[int] = ..., used: _Optional[int] = ..., held_by_requests: _Optional[int] = ..., evictable: _Optional[int] = ..., protected: _Optional[int] = ..., bytes: _Optional[int] = ..., held_per_session: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    def __init__(self, total: _Optional[int] = ..., free: _Optional[int] = ..., used: _Optional[int] = ..., held_by_requests: _Optional[int] = ..., evictable: _Optional[int] = ..., protected: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class SessionHolding(_message.Message):
+    __slots__ = ("label", "client_name", "model_fingerprint", "target_held", "draft_held")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_HELD_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_HELD_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    client_name: str
+    model_fingerprint: str
+    target_held: int
+    draft_held: int
+    def __init__(self, label: _Optional[str] = ..., client_name: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., target_held: _Optional[int] = ..., draft_held: _Optional[int] = ...) -> None: ...
 
 class CapacityResponse(_message.Message):
-    __slots__ = ("target", "draft", "has_draft", "draft_kv_ratio", "draft_window", "page_size", "request_cap", "max_running_requests", "running_requests", "sessions", "context_len", "epoch")
+    __slots__ = ("target", "draft", "has_draft", "draft_kv_ratio", "draft_window", "page_size", "request_cap", "max_running_requests", "running_requests", "sessions", "context_len", "epoch", "session_holdings")
     TARGET_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
     HAS_DRAFT_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +316,7 @@ class CapacityResponse(_message.Message):
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LEN_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SESSION_HOLDINGS_FIELD_NUMBER: _ClassVar[int]
     target: PoolCapacity
     draft: PoolCapacity
     has_draft: bool
@@ -311,4 +329,5 @@ class CapacityResponse(_message.Message):
     sessions: int
     context_len: int
     epoch: int
-    def __init__(self, target: _Optional[_Union[PoolCapacity, _Mapping]] = ..., draft: _Optional[_Union[PoolCapacity, _Mapping]] = ..., has_draft: _Optional[bool] = ..., draft_kv_ratio: _Optional[float] = ..., draft_window: _Optional[int] = ..., page_size: _Optional[int] = ..., request_cap: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., sessions: _Optional[int] = ..., context_len: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    session_holdings: _containers.RepeatedCompositeFieldContainer[SessionHolding]
+    def __init__(self, target: _Optional[_Union[PoolCapacity, _Mapping]] = ..., draft: _Optional[_Union[PoolCapacity, _Mapping]] = ..., has_draft: _Optional[bool] = ..., draft_kv_ratio: _Optional[float] = ..., draft_window: _Optional[int] = ..., page_size: _Optional[int] = ..., request_cap: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., sessions: _Optional[int] = ..., context_len: _Optional[int] = ..., epoch: _Optional[int] = ..., session_holdings: _Optional[_Iterable[_Union[SessionHolding, _Mapping]]] = ...) -> None: ...

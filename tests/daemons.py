@@ -152,11 +152,12 @@ def memd_args(*, draft: pathlib.Path | None = None, ratio: float = 1.0, window: 
 
 
 @contextlib.contextmanager
-def run_modeld(memd: MemdProcess, *args: str, device: str = "cpu", ready_timeout: float = 180):
-    """modeld attached to `memd`, on a Unix socket beside memd's; stopped with SIGTERM afterwards."""
+def run_modeld(memd: MemdProcess, *args: str, device: str = "cpu", ready_timeout: float = 180, name: str = "modeld"):
+    """modeld attached to `memd`, on a Unix socket beside memd's (`name`.sock, log `name`.log: give each of several
+    modelds on one memd its own name); stopped with SIGTERM afterwards."""
     folder = pathlib.Path(memd.address[len("unix://"):]).parent
-    address = f"unix://{folder / 'modeld.sock'}"
-    log_path = folder / "modeld.log"
+    address = f"unix://{folder / f'{name}.sock'}"
+    log_path = folder / f"{name}.log"
     cmd = [sys.executable, "-m", "modeld", "--device", device, "--memd", memd.address, "--listen", address, *args]
     proc = start_daemon(cmd, log_path)
     try:

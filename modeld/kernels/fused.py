@@ -164,8 +164,8 @@ def _rotary_kernel(
     tl.store(dst + half + d, out2.to(dtype), mask=in_half)
 
 
-def rotate_half(x):
-    """cat(-x[..., D/2:], x[..., :D/2]), as in modeld.model."""
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """cat(-x[..., D/2:], x[..., :D/2]): the rotation of HF's rotary embedding."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 

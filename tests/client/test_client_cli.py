@@ -80,6 +80,12 @@ def test_capacity_table_shows_the_prefix_cache(memd_address, capsys):
     assert (row["used"], row["held"], row["evictable"], row["protected"]) == ("100", "70", "20", "10")
 
 
+def test_capacity_table_lists_sessions_by_label(memd_address, capsys):
+    assert main(["--memd", memd_address, "capacity"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        "  session 1 (modeld, model 0123456789abcdef): target 70 draft 0 tokens held"
+
+
 def test_flush_cache_asks_memd(memd_address, capsys):
     assert main(["--memd", memd_address, "flush-cache"]) == 0
     assert capsys.readouterr().out.strip() == "flushed prefix cache: target_freed=64 draft_freed=16"

@@ -155,6 +155,8 @@ CASES = {
     "memd-client-name-too-long": lambda env: env.memd_call("Attach", memd_pb2.AttachRequest(client_name="n" * 257)),
     "memd-client-name-not-utf8": lambda env: env.memd_call("Attach", b"\x0a\x02" + NOT_UTF8),
     "memd-session-id-too-long": lambda env: env.memd_call("Alloc", alloc(session_id="s" * 257)),
+    "memd-model-fingerprint-too-long": lambda env: env.memd_call("Attach", memd_pb2.AttachRequest(
+        model_fingerprint="f" * 257)),
     "memd-session-unknown": lambda env: env.memd_call("Alloc", alloc(extends=[("a", 1)])),
     "memd-request-id-too-long": lambda env: env.memd_call("Alloc", alloc(extends=[(rid(257), 1)])),
     "memd-too-many-extends": lambda env: env.memd_call("Alloc", alloc(extends=[(f"r{i}", 1) for i in range(5)])),

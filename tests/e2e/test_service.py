@@ -132,7 +132,9 @@ def test_capacity_reports_memd_pools_and_modeld_queues(daemons, chat_ids):
     assert pool["bytes"] == direct.target.bytes > 0
     assert idle["memd"]["has_draft"] is False
     assert idle["memd"]["page_size"] == 1 and idle["memd"]["max_running_requests"] == 8
-    assert idle["memd"]["sessions"] == 1 and list(pool["held_per_session"].values()) == [0]
+    [held] = idle["memd"]["session_holdings"]
+    assert idle["memd"]["sessions"] == 1 and (held["client_name"], held["target_held"]) == ("modeld", 0)
+    assert len(held["model_fingerprint"]) == 32  # modeld names its model: memd keeps its prefixes apart
     assert idle["memd"]["running_requests"] == 0
     assert idle["running_requests"] == 0 and idle["waiting_requests"] == 0
 
@@ -147,7 +149,7 @@ def test_capacity_reports_memd_pools_and_modeld_queues(daemons, chat_ids):
         # the request itself holds the rest
         assert pool["used"] == pool["held_by_requests"] + pool["protected"] + pool["evictable"]
         assert pool["protected"] >= len(ids) - 1 and pool["held_by_requests"] > 0
-        assert pool["held_by_requests"] == sum(pool["held_per_session"].values())
+        assert pool["held_by_requests"] == sum(h["target_held"] for h in busy["memd"]["session_holdings"])
         assert busy["memd"]["running_requests"] == 1
         assert busy["running_requests"] == 1 and busy["waiting_requests"] == 0
     # leaving the block cancelled the stream; the autouse check waits for the slots to come back
@@ -359,6 +361,10 @@ def test_memd_lost_makes_modeld_unavailable_then_it_reattaches(default_model):
                     assert c.health() == "SERVING", modeld.log_path.read_text()
                     before = c.generate("What is the capital of France?", chat=True, max_new_tokens=8, temperature=0)
                     assert before.completion_tokens > 0 and again.capacity().sessions == 1
+                    [held] = again.capacity().session_holdings  # the re-attach names the model again
+                    assert len(held.model_fingerprint) == 32
+                    repeat = c.generate("What is the capital of France?", chat=True, max_new_tokens=8, temperature=0)
+                    assert repeat.cached_tokens > 0 and repeat.output_ids == before.output_ids
                     assert c.info()["context_len"] == 300
                     with pytest.raises(client.InvalidArgument, match="exceeds the context of 300"):
                         c.generate("hi", max_new_tokens=300)

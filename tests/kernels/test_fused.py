@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from modeld.kernels.fused import (
-    rms_norm, rms_norm_torch, rms_norm_triton, rotary, rotary_torch, rotary_triton, silu_mul, silu_mul_torch,
-    silu_mul_triton,
+    rms_norm, rms_norm_torch, rms_norm_triton, rotary, rotary_torch, rotary_triton, rotate_half, silu_mul,
+    silu_mul_torch, silu_mul_triton,
 )
-from modeld.model import RMSNorm, rotate_half
+from modeld.model import RMSNorm
 
 EPS = 1e-6
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

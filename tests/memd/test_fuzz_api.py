@@ -68,7 +68,7 @@ def call(session: MemdSession, step) -> None:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sessions=st.lists(st.lists(op, max_size=12), min_size=1, max_size=2))
 def test_random_operations_never_crash_or_leak(memd, sessions):
-    opened = [MemdSession(memd.address, f"fuzz-{i}") for i in range(len(sessions))]
+    opened = [MemdSession(memd.address, f"fuzz-{i}", model_fingerprint="fuzz") for i in range(len(sessions))]
     try:
         for step in range(max(map(len, sessions))):
             for session, steps in zip(opened, sessions):

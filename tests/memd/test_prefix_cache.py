@@ -26,6 +26,7 @@ from memd.slots import DraftMode, Release, SlotManager
 
 BOUNDED, IDENTITY, NONE = DraftMode.BOUNDED, DraftMode.IDENTITY, DraftMode.NONE
 W = 8  # the bounded draft window of every test (2 pages at P = 4)
+MODEL = "model-m"  # the model identity of every session here (tests/memd/test_prefix_cache_models.py mixes them)
 ALL_MODES = [BOUNDED, IDENTITY, NONE]
 
 
@@ -48,7 +49,7 @@ def make(P, mode=BOUNDED, *, target=64, draft=64, window=W, trim_gap=0, max_requ
         req_to_token=np.zeros((max_requests + 1, ctx), np.int32),
     )
     for name, writes_draft in sessions:
-        mgr.open_session(name, writes_draft=writes_draft)
+        mgr.open_session(name, model=MODEL, writes_draft=writes_draft)
     check_structure(mgr)
     return mgr
 
@@ -906,8 +907,8 @@ class PrefixMachine(RuleBasedStateMachine):
     def usable(self, tokens, needs_draft: bool) -> int:
         """White box: the match the tree's pages allow, recomputed: the longest cached page prefix of
         `tokens`, and needing draft KV, the longest whose last `window` tokens' pages hold live draft KV."""
-        P, node, live = self.P, self.mgr.cache.root, []
-        while len(live) < len(tokens) // P:
+        P, node, live = self.P, self.mgr.cache.roots.get(MODEL), []
+        while node is not None and len(live) < len(tokens) // P:
             child = node.children.get(tuple(tokens[len(live) * P : (len(live) + 1) * P]))
             if child is None:
                 break
@@ -1244,7 +1245,7 @@ class PrefixMachine(RuleBasedStateMachine):
             return
         session = data.draw(st.sampled_from(self.sessions()), label="session")
         self.mgr.close_session(session)
-        self.mgr.open_session(session, writes_draft=self.writes_draft[session])
+        self.mgr.open_session(session, model=MODEL, writes_draft=self.writes_draft[session])
         for key in [k for k in self.reqs if k[0] == session]:
             del self.reqs[key]
         self.check_all()

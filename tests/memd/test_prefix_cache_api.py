@@ -18,6 +18,7 @@ from tests.models import tiny_draft, tiny_target
 NF, IA, RE, FP = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
                   grpc.StatusCode.FAILED_PRECONDITION)
 WINDOW = 128  # the bounded draft pool's window (ratio 0.25)
+MODEL = "model-under-test"  # every session's model identity: they share one another's prefixes
 DRAFTS = {
     "none": dict(draft=False, ratio=1.0, window=None),
     "identity": dict(draft=True, ratio=1.0, window=None),
@@ -51,6 +52,10 @@ def floor(n: int, page: int) -> int:
     return n // page * page
 
 
+def session(m, client_name: str, **options) -> MemdSession:
+    return MemdSession(m.address, client_name, model_fingerprint=MODEL, **options)
+
+
 def sides(cap: memd_pb2.CapacityResponse):
     return [("target", cap.target)] + ([("draft", cap.draft)] if cap.has_draft else [])
 
@@ -61,7 +66,8 @@ def capacity(s: MemdSession) -> memd_pb2.CapacityResponse:
     for name, p in sides(cap):
         assert p.free + p.evictable + p.protected + p.held_by_requests == p.total, (name, p)
         assert p.used == p.total - p.free, (name, p)
-        assert p.held_by_requests == sum(p.held_per_session.values()), (name, p)
+        held = [h.target_held if name == "target" else h.draft_held for h in cap.session_holdings]
+        assert p.held_by_requests == sum(held), (name, p)
     return cap
 
 
@@ -106,7 +112,7 @@ def test_match_insert_match_and_capacity(tmp_path, page, draft):
     n = 100  # fits the bounded pool's window: every position keeps its draft slot
     ids = tokens(n)
     cached = floor(n, page)
-    with memd_with(tmp_path, page, draft) as m, MemdSession(m.address, "prefix") as s:
+    with memd_with(tmp_path, page, draft) as m, session(m, "prefix") as s:
         pools = s.map()
         idle = capacity(s)
         first = s.match_prefix("a", ids)
@@ -173,7 +179,7 @@ def test_a_shared_prefix_is_protected_once_and_a_diverging_prompt_matches_up_to_
     n = 200
     ids = tokens(n)
     with memd_with(tmp_path, page, "identity", max_running=4) as m, \
-            MemdSession(m.address, "one") as s, MemdSession(m.address, "two") as other:
+            session(m, "one") as s, session(m, "two") as other:
         _, target, _ = run_and_cache(s, "a", ids)
         cached = floor(n, page)
         # Another session shares the prefix; two requests on one prefix lock it once.
@@ -206,7 +212,7 @@ def test_bounded_draft_pool_caches_the_window_only(tmp_path, page):
     ids = tokens(n)
     cached = floor(n, page)
     frontier = floor(n - WINDOW, page)  # first position with draft KV after the last trim
-    with memd_with(tmp_path, page, "bounded") as m, MemdSession(m.address, "long") as s:
+    with memd_with(tmp_path, page, "bounded") as m, session(m, "long") as s:
         assert s.match_prefix("a", ids).cached_len == 0
         draft = []
         for start in range(0, n, 64):  # prefill in chunks, trimming out-of-window draft KV as modeld does
@@ -228,7 +234,7 @@ def test_bounded_draft_pool_caches_the_window_only(tmp_path, page):
         assert s.match_prefix("c", ids[:short]).cached_len == 0
         s.free(finishes=["c"])
         # ... while a client that writes no draft KV reuses the target KV.
-        with MemdSession(m.address, "plain", writes_draft_kv=False) as plain:
+        with session(m, "plain", writes_draft_kv=False) as plain:
             part = plain.match_prefix("d", ids[:short])
             assert part.cached_len == floor(short, page) and not any(part.draft_slots)
             assert list(part.target_slots) == list(hit.target_slots[: part.cached_len])
@@ -239,8 +245,8 @@ def test_bounded_draft_pool_caches_the_window_only(tmp_path, page):
 def test_a_client_that_writes_no_draft_kv_caches_no_draft_kv(tmp_path, page, draft):
     n = 100  # fits the window
     ids = tokens(n)
-    with memd_with(tmp_path, page, draft) as m, MemdSession(m.address, "plain", writes_draft_kv=False) as s, \
-            MemdSession(m.address, "spec") as spec:
+    with memd_with(tmp_path, page, draft) as m, session(m, "plain", writes_draft_kv=False) as s, \
+            session(m, "spec") as spec:
         run_and_cache(s, "a", ids)
         cap = capacity(s)
         if draft == "identity":  # draft slot == target slot: the draft KV at the cached slots was never written
@@ -265,7 +271,7 @@ def test_a_client_that_writes_no_draft_kv_caches_no_draft_kv(tmp_path, page, dra
 
 
 def test_allocation_evicts_cached_prefixes_but_never_protected_ones(tmp_path, page):
-    with memd_with(tmp_path, page, "none", max_running=3, budget=400_000) as m, MemdSession(m.address, "evict") as s:
+    with memd_with(tmp_path, page, "none", max_running=3, budget=400_000) as m, session(m, "evict") as s:
         total = capacity(s).target.total
         one, two = tokens(200, seed=1), tokens(200, seed=2)
         run_and_cache(s, "one", one)
@@ -291,8 +297,8 @@ def test_allocation_evicts_cached_prefixes_but_never_protected_ones(tmp_path, pa
 
 def test_bad_input_gets_the_right_code_and_changes_nothing(tmp_path, page):
     ids = tokens(100)
-    with memd_with(tmp_path, page, "bounded") as m, MemdSession(m.address, "bad") as s, \
-            MemdSession(m.address, "other") as other:
+    with memd_with(tmp_path, page, "bounded") as m, session(m, "bad") as s, \
+            session(m, "other") as other:
         pools = s.map()
         run_and_cache(s, "cached", ids)
         held = s.match_prefix("a", ids)
@@ -343,7 +349,7 @@ def test_caching_a_matched_request_under_other_tokens_is_refused(tmp_path, page,
     """The first cached_len positions of a matched request are the cache's pages: caching the request
     under other tokens would give them a second owner. INVALID_ARGUMENT, and memd (strict) lives on."""
     first, rest = tokens(64, seed=1), tokens(64, seed=3)
-    with memd_with(tmp_path, page, draft) as m, MemdSession(m.address, "liar") as s:
+    with memd_with(tmp_path, page, draft) as m, session(m, "liar") as s:
         pools = s.map()
         run_and_cache(s, "r1", first)
         hit = s.match_prefix("r2", first + rest)
@@ -359,7 +365,7 @@ def test_caching_a_matched_request_under_other_tokens_is_refused(tmp_path, page,
 
 def test_cli_flush_cache_and_capacity_against_memd(tmp_path, capsys):
     ids = tokens(10)
-    with memd_with(tmp_path, 1, "none") as m, MemdSession(m.address, "cli") as s:
+    with memd_with(tmp_path, 1, "none") as m, session(m, "cli") as s:
         run_and_cache(s, "a", ids)
         assert cli(["--memd", m.address, "capacity"]) == 0
         header, target, *_ = capsys.readouterr().out.splitlines()

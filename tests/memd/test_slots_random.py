@@ -502,7 +502,7 @@ class SlotMachine(RuleBasedStateMachine):
     @initialize()
     def first_session(self):
         name = f"s{next(self.session_names)}"
-        self.mgr.open_session(name)
+        self.mgr.open_session(name, model="m")
         self.ref.sessions[name] = {}
         self.check_all()
 
@@ -510,7 +510,7 @@ class SlotMachine(RuleBasedStateMachine):
     @rule()
     def open_session(self):
         name = f"s{next(self.session_names)}"
-        self.mgr.open_session(name)
+        self.mgr.open_session(name, model="m")
         self.ref.sessions[name] = {}
         self.check_all()
 
@@ -758,7 +758,7 @@ def mgr_for(P, mode=BOUNDED, target_pages=8, draft_pages=8, window=None, trim_ga
     cfg = Cfg(P=P, mode=mode, target_pages=target_pages, draft_pages=draft_pages, window=window or 2 * P,
               trim_gap=trim_gap, max_requests=max_requests, ctx_pages=ctx_pages)
     mgr = make_mgr(cfg)
-    mgr.open_session("s")
+    mgr.open_session("s", model="m")
     return mgr
 
 
@@ -867,6 +867,29 @@ def test_trim_never_frees_a_target_slot(P):
     assert not mgr.translate(a.target_slots[:frontier]).any()
     assert np.array_equal(mgr.translate(a.target_slots[frontier:]), a.draft_slots[frontier:])
     check_structure(mgr)
+
+
+@pytest.mark.parametrize("P", [1, 64])
+def test_a_trim_counts_the_window_back_from_the_length_it_carries(P):
+    """A client holding positions granted ahead trims from its computed length: draft slots still inside the window
+    of the computed positions stay; a length past what the request holds is refused and changes nothing."""
+    mgr = mgr_for(P, target_pages=20, draft_pages=20, ctx_pages=20, window=2 * P)
+    [a] = mgr.step("s", Release(), extends=[("r", 0, 8 * P + 5)])
+    computed = 5 * P + 1  # the rest is granted ahead
+    before = snapshot(mgr)
+    with pytest.raises(InvalidArgument):
+        mgr.step("s", Release(trims=(("r", 8 * P + 6),)))
+    assert_unchanged(before, snapshot(mgr), "a refused trim")
+    _, d_freed = mgr.apply_release("s", Release(trims=(("r", computed),)))
+    frontier = (computed - 2 * P) // P * P
+    assert d_freed == frontier and mgr.sessions["s"]["r"].draft_start == frontier
+    assert not mgr.translate(a.target_slots[:frontier]).any()
+    assert np.array_equal(mgr.translate(a.target_slots[frontier:]), a.draft_slots[frontier:])
+    _, d_freed = mgr.apply_release("s", Release(trims=(("r", computed - P),)))  # an older length: nothing more
+    assert d_freed == 0
+    check_structure(mgr)
+    mgr.step("s", Release(finishes=("r",)))
+    assert_idle(mgr)
 
 
 @pytest.mark.parametrize("P", [1, 64])

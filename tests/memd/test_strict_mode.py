@@ -23,7 +23,7 @@ def manager() -> SlotManager:
 
 def test_leak_message_names_side_and_numbers():
     mgr = manager()
-    mgr.open_session("s")
+    mgr.open_session("s", model="m")
     mgr.step("s", Release(), extends=[("a", 0, 10)])
     mgr.draft._free.pop()  # a draft page vanishes
     with pytest.raises(InvariantViolation, match=r"draft side: free 16 \+ evictable 0 \+ protected 0 \+ held 12 = 28 != total 32"):
@@ -47,10 +47,10 @@ def test_strict_service_fails_the_call_and_stops_memd():
     mgr = manager()
     fatal = []
     service = MemdService(mgr, _Buffers(), memd_pb2.Layout(), strict=True, on_fatal=fatal.append)
-    mgr.open_session("s")
+    secret, _ = service.open_session("strict-test", model="m", writes_draft=True)
     mgr.target._free.pop()  # a target page vanishes: the next mutating call must notice
     context = _Context()
-    request = memd_pb2.AllocRequest(session_id="s", extends=[memd_pb2.ExtendOp(rid="a", num_tokens=3)])
+    request = memd_pb2.AllocRequest(session_id=secret, extends=[memd_pb2.ExtendOp(rid="a", num_tokens=3)])
     with pytest.raises(grpc.RpcError):
         asyncio.run(service.Alloc(request, context))
     assert context.code == grpc.StatusCode.INTERNAL and "target side" in context.details

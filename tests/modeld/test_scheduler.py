@@ -67,6 +67,7 @@ class Call:
     commits: list[tuple[str, int]]
     trims: list[str]
     finishes: list[str]
+    trim_lengths: dict[str, int | None] = field(default_factory=dict)  # rid -> the length its trim counts from
     error: str | None = None  # memd's status code name when the call was refused
     lengths: dict[str, int] = field(default_factory=dict)  # memd's request lengths after the call
 
@@ -83,7 +84,7 @@ def _release_msg(commits, trims, finishes, cache) -> memd_pb2.FreeRequest:
     return memd_pb2.FreeRequest(
         session_id=SESSION,
         commits=[memd_pb2.CommitOp(rid=r, length=n) for r, n in commits],
-        trim_draft=list(trims),
+        trims=[memd_pb2.TrimOp(rid=t) if isinstance(t, str) else memd_pb2.TrimOp(rid=t[0], length=t[1]) for t in trims],
         finish=list(finishes),
         cache=[memd_pb2.CacheOp(rid=r, token_ids=list(ids)) for r, ids in cache],
     )
@@ -94,7 +95,7 @@ class FakeSession:
 
     def __init__(self, mgr: SlotManager):
         self.mgr = mgr
-        mgr.open_session(SESSION)
+        mgr.open_session(SESSION, model="model-under-test")
         self.calls: list[Call] = []
         self.matches: list[Call] = []
 
@@ -103,6 +104,16 @@ class FakeSession:
         self.matches.append(call)  # kept apart: `calls` are the per-step Alloc / Free round trips
         matched = self._serve(call, self.mgr.match_prefix, SESSION, rid, list(token_ids))
         return memd_pb2.MatchPrefixResponse(rid=rid, row=matched.row, cached_len=matched.cached_len)
+
+    def match_prefix_async(self, rid: str, token_ids, timeout: float = 10.0):
+        """MemdSession.match_prefix_async: served at once here, recorded as a "match-ahead"."""
+        future = concurrent.futures.Future()
+        try:
+            future.set_result(self.match_prefix(rid, token_ids))
+        except grpc.RpcError as exc:
+            future.set_exception(exc)
+        self.matches[-1].kind = "match-ahead"
+        return future
 
     def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
         request = memd_pb2.AllocRequest(
@@ -120,14 +131,14 @@ class FakeSession:
             for a in allocated
         ])
 
-    def grow_async(self, grows, timeout: float = 10.0):
-        """MemdSession.grow_async: served at once here, recorded as a "top-up" call."""
+    def alloc_async(self, grows=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
+        """MemdSession.alloc_async: served at once here, recorded as a "sent ahead" call."""
         future = concurrent.futures.Future()
         try:
-            future.set_result(self.alloc(grows=grows))
+            future.set_result(self.alloc(grows=grows, trims=trims, finishes=finishes, cache=cache))
         except grpc.RpcError as exc:
             future.set_exception(exc)
-        self.calls[-1].kind = "top-up"
+        self.calls[-1].kind = "ahead"
         return future
 
     def free(self, commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
@@ -142,8 +153,9 @@ class FakeSession:
             extends=[(op.rid, op.prefix_len, op.num_tokens) for op in alloc.extends] if alloc else [],
             grows=[(op.rid, op.num_tokens) for op in alloc.grows] if alloc else [],
             commits=[(op.rid, op.length) for op in release.commits],
-            trims=list(release.trim_draft),
+            trims=[op.rid for op in release.trims],
             finishes=list(release.finish),
+            trim_lengths={op.rid: op.length if op.HasField("length") else None for op in release.trims},
         )
         self.calls.append(call)
         return call
@@ -712,7 +724,7 @@ def test_dflash_commit_is_applied_before_the_next_growth():
     sim.step()  # prefill: computed 10, one token sampled
     sim.step()  # verify [t, d1, d2, d3] at 10..13, one draft accepted
     assert sim.verified and sim.verified[0][1:] == (10, 1)
-    assert x.computed == 12 and sim.sched.commits == {"x": 12} and sim.sched.trims == {"x"}
+    assert x.computed == 12 and sim.sched.commits == {"x": 12} and sim.sched.trims == {"x": 12}
     assert sim._held()["x"].length == 14  # the rejected tail is still held until the next call
     sim.sched.flush_releases()  # what the engine does when the batch is empty
     call = sim.session.calls[-1]
@@ -729,9 +741,9 @@ def test_dflash_remove_drops_pending_commit_and_trim():
     y = sim.request("y", 6, max_new=40)
     sim.step()
     sim.step()  # both verified: commits and trims pending for both
-    assert set(sim.sched.commits) == {"x", "y"} and sim.sched.trims == {"x", "y"}
+    assert set(sim.sched.commits) == {"x", "y"} and set(sim.sched.trims) == {"x", "y"}
     sim.sched.remove(x)  # aborted
-    assert set(sim.sched.commits) == {"y"} and sim.sched.trims == {"y"} and sim.sched.releases == ["x"]
+    assert set(sim.sched.commits) == {"y"} and set(sim.sched.trims) == {"y"} and sim.sched.releases == ["x"]
     sim.step()
     call = sim.session.calls[-1]
     assert call.ok and call.finishes == ["x"]
@@ -829,25 +841,29 @@ def test_lookahead_spares_go_back_under_pressure():
     sim.assert_all_free()
 
 
-def test_lookahead_dflash_trims_commit_spares_first_and_draft_stays_bounded():
+@pytest.mark.parametrize("ahead", [False, True], ids=["waited", "sent-ahead"])
+def test_lookahead_dflash_trims_carry_the_computed_length_and_spares_stay(ahead):
+    """memd counts a trim's window back from the length the trim carries: the computed one, not the positions
+    granted ahead; so spare slots stay granted (no commit goes with a trim) and trims ride on the calls sent ahead."""
     window, gap = 8, 4
     sim = dflash_sim(pages=100, draft_pages=40, window=window, trim_gap=gap, max_running=3, context=128,
-                     max_requests=4, lookahead=8)
+                     max_requests=4, lookahead=8, async_top_ups=ahead)
     for rid, prompt in (("a", 20), ("b", 7), ("c", 33)):
         sim.request(rid, prompt, max_new=128 - prompt)
     lengths, seen, trimmed = {}, [0], [0]
 
     def watch(items, hopeless):
         for call in sim.session.calls[seen[0]:]:  # this step's calls, planned from the lengths before it
-            for rid in (call.trims if call.ok else []):
-                # memd trims from the request's length: a trim goes with a commit back to the computed length
-                assert dict(call.commits)[rid] == lengths[rid]
+            assert not call.commits, "a spare went back with a trim"
+            for rid, length in (call.trim_lengths.items() if call.ok else []):
+                assert length == lengths[rid]
                 trimmed[0] += 1
         seen[0] = len(sim.session.calls)
         lengths.update({r.rid: r.computed for r in sim.sched.running})
 
     steps = sim.run(each=watch)
     assert trimmed[0] and len(sim.session.calls) < steps
+    assert ahead == any(c.kind == "ahead" and c.trim_lengths for c in sim.session.calls)
     assert not sim.failed
     assert all(r.output_ids == expected_outputs(len(r.output_ids)) for r in sim.done.values())
     sim.assert_all_free()
@@ -865,12 +881,64 @@ def test_async_top_ups_keep_decode_steps_free_of_waiting_calls():
         waited.append(sum(c.kind == "alloc" for c in sim.session.calls))
 
     steps = sim.run(each=watch)
-    top_ups = [c for c in sim.session.calls if c.kind == "top-up"]
-    assert top_ups and all(c.ok and not c.finishes and not c.commits for c in top_ups)
+    top_ups = [c for c in sim.session.calls if c.kind == "ahead"]
+    assert top_ups and all(c.ok and not c.commits for c in top_ups)
     decoding = waited[2:-4]  # after the prefills, before the finishes
     assert decoding[0] == decoding[-1], f"steps waited for memd while decoding: {waited}"
     assert len(sim.session.calls) < steps
     assert {rid: r.output_ids for rid, r in sim.done.items()} == {f"r{i}": expected_outputs(60) for i in range(4)}
+    sim.assert_all_free()
+
+
+def test_with_calls_sent_ahead_a_request_waits_for_memd_only_at_its_admission():
+    """The prefill chunk that ends a prompt is granted the lookahead too, and releases and prompt checkpoints ride
+    on the calls sent ahead: every Alloc the engine waits for admits a request; finishes go out ahead (the last
+    one in the idle Free)."""
+    sim = Sim(pages=128, max_running=4, chunk=64, context=96, lookahead=8, async_top_ups=True)
+    lengths = [(5, 40), (7, 12), (3, 25), (6, 33)]
+    for i, (prompt, max_new) in enumerate(lengths):
+        sim.request(f"r{i}", prompt, max_new)
+    sim.run()
+    waited = [c for c in sim.session.calls if c.kind in ("alloc", "free")]
+    assert all(c.extends for c in waited if c.kind == "alloc"), [c for c in waited if not c.extends]
+    ahead_finishes = [rid for c in sim.session.calls if c.kind == "ahead" for rid in c.finishes]
+    assert len(ahead_finishes) >= 2 and sum(len(c.finishes) for c in waited) <= 2
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {
+        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)}
+    sim.assert_all_free()
+
+
+def test_a_refused_call_sent_ahead_sends_its_releases_one_by_one():
+    """A release carried by a call sent ahead names a request memd no longer holds: memd refuses the call
+    (NOT_FOUND), its releases go one by one, the bad one is dropped, and the engine goes on."""
+    sim = Sim(pages=128, max_running=4, chunk=64, context=64, lookahead=8, async_top_ups=True)
+    sim.request("keep", 5, max_new=30)
+    sim.request("x", 4, max_new=2)
+    while "x" not in sim.done:
+        sim.step()
+    assert sim.sched.releases == ["x"]  # its release goes out with the next call sent ahead
+    sim.mgr.apply_release(SESSION, Release(finishes=("x",)))  # freed behind the scheduler's back
+    sim.run()
+    assert "NOT_FOUND" in sim.session.errors()
+    assert not sim.failed and sim.done["keep"].output_ids == expected_outputs(30)
+    assert not sim.sched.releases and sim.sched.in_flight is None
+    sim.assert_all_free()
+
+
+@pytest.mark.parametrize("rows", [8, 4], ids=["rows-for-all", "rows-for-four"])
+def test_a_burst_of_arrivals_is_matched_in_one_round_trip(rows):
+    """Six requests arrive at once: their MatchPrefix calls go out together (one round trip), and one Alloc
+    admits them. With rows for four, two stay waiting (memd has no row) and are admitted once rows are free."""
+    sim = Sim(pages=128, max_running=8, chunk=64, context=64, max_requests=rows)
+    for i in range(6):
+        sim.request(f"r{i}", 5, max_new=4 + i)
+    sim.step()
+    ahead = [c for c in sim.session.matches if c.kind == "match-ahead"]
+    assert len(ahead) == 6 and sum(c.ok for c in ahead) == min(rows, 6)
+    assert len(sim.session.calls) == 1 and len(sim.session.calls[0].extends) == min(rows, 6)
+    sim.run()
+    assert not sim.failed
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {f"r{i}": expected_outputs(4 + i) for i in range(6)}
     sim.assert_all_free()
 
 

@@ -1,0 +1,77 @@
+"""memd's round trip as modeld sees it, side by side in one run: memd's CPU (shared memory) and CUDA backends, with
+the GPU idle and with the GPU kept busy by another process's small kernels (as modeld's decode steps keep it).
+
+    python -m bench.memd_latency [--target bench/configs/llama3-8b] [--calls 200]
+
+Each call sequence is a request's admission and release: MatchPrefix, an Alloc of 16 tokens, a Free. Prints the
+median and 90th percentile of each call per configuration, in milliseconds.
+"""
+
+import argparse
+import multiprocessing
+import statistics
+import time
+
+from bench.memd_process import memd_process
+from memd.attach import MemdSession
+
+
+def keep_gpu_busy(ready, stop) -> None:
+    """Another process launching small kernels back to back, as a decode loop does."""
+    import torch
+
+    x = torch.randn(64, 576, device="cuda")
+    w = torch.randn(576, 576, device="cuda")
+    ready.set()
+    while not stop.is_set():
+        for _ in range(300):
+            x = torch.relu(x @ w) * 0.01
+        torch.cuda.synchronize()
+
+
+def time_calls(address: str, calls: int) -> dict[str, list[float]]:
+    times = {"MatchPrefix": [], "Alloc": [], "Free": []}
+    with MemdSession(address, "bench-memd-latency", writes_draft_kv=False) as session:
+        for i in range(calls):
+            rid = f"r{i}"
+            t0 = time.perf_counter()
+            matched = session.match_prefix(rid, list(range(100, 116)))
+            t1 = time.perf_counter()
+            session.alloc(extends=[(rid, matched.cached_len, 16 - matched.cached_len)])
+            t2 = time.perf_counter()
+            session.free(finishes=[rid])
+            t3 = time.perf_counter()
+            for name, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
+                times[name].append(dt * 1e3)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", default="bench/configs/llama3-8b")
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args()
+    ctx = multiprocessing.get_context("spawn")
+    print("| memd backend | GPU | MatchPrefix p50 / p90 ms | Alloc p50 / p90 ms | Free p50 / p90 ms |")
+    print("|---|---|---|---|---|")
+    for device in ("cpu", "cuda"):
+        with memd_process("--device", device, "--target-model", args.target, "--max-total-tokens", "65536",
+                          "--max-running-requests", "64", "--kv-cache-dtype", "bfloat16") as address:
+            for busy in (False, True):
+                ready, stop = ctx.Event(), ctx.Event()
+                load = ctx.Process(target=keep_gpu_busy, args=(ready, stop)) if busy else None
+                if load:
+                    load.start()
+                    ready.wait(120)
+                try:
+                    times = time_calls(address, args.calls)
+                finally:
+                    if load:
+                        stop.set()
+                        load.join(60)
+                cells = [f"{statistics.median(t):.3f} / {statistics.quantiles(t, n=10)[-1]:.3f}" for t in times.values()]
+                print(f"| {device} | {'busy' if busy else 'idle'} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

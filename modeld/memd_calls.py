@@ -1,0 +1,241 @@
+"""How the scheduler talks to memd besides planning: releases queued until a call carries them, calls sent ahead
+without waiting and their answers, the MatchPrefix of waiting requests, and refused calls reconciled one by one
+(a request memd refuses fails alone, never the batch; one bad release never wedges the session)."""
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from memd.attach import MemdSession
+from modeld.request import Request
+
+log = logging.getLogger("modeld")
+# memd is gone or not answering: the engine fails what runs and waits for it (nothing to reconcile step by step).
+MEMD_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+
+
+@dataclass
+class InFlight:
+    """An Alloc sent without waiting: its future, and the releases it carries (sent again if memd refuses it)."""
+    future: object
+    finishes: list[str]
+    cache: dict[str, list[int]]
+    trims: dict[str, int]
+
+
+class MemdCalls:
+    """The scheduler's base: its memd session and what goes over it. `running` and `context_len` are the
+    scheduler's (modeld.scheduler)."""
+
+    running: list[Request]
+    context_len: int
+
+    def __init__(self, session: MemdSession, lookahead: int, async_top_ups: bool):
+        self.session = session
+        self.lookahead = lookahead  # decode positions granted beyond a step's need (0: exactly what it needs)
+        # Top-ups and releases sent without waiting, answered while the GPU runs the step.
+        self.async_top_ups = async_top_ups and lookahead > 0
+        self.in_flight: InFlight | None = None  # a call memd has not answered yet; nothing else is sent meanwhile
+        # Releases that ride on the next memd call: finished requests, verified lengths
+        # (the uncommitted speculative tail goes back), and out-of-window draft trims.
+        self.releases: list[str] = []
+        self.cache: dict[str, list[int]] = {}  # computed tokens for memd's prefix cache: released or checkpointed
+        self.commits: dict[str, int] = {}
+        self.trims: dict[str, int] = {}  # rid -> the computed length its out-of-window draft trim counts from
+        self.left_out: dict[str, grpc.RpcError | None] = {}  # requests memd refused alone this step (None: no room)
+
+    def _release(self, req: Request) -> None:
+        """memd frees the request on the next call; the tokens whose K/V it computed go into the cache."""
+        if req.in_memd:
+            self.releases.append(req.rid)
+            self.cache[req.rid] = req.all_ids[: req.computed]
+            req.in_memd = False
+        req.held, req.slots, req.slots_from = 0, [], 0
+        self.commits.pop(req.rid, None)
+        self.trims.pop(req.rid, None)
+
+    def commit(self, req: Request, length: int) -> None:
+        """After verification: memd keeps positions [0, length) of the request, frees the rest (with a lookahead the
+        rest stays granted: the next steps' positions)."""
+        if not self.lookahead:
+            self.commits[req.rid] = length
+
+    def checkpoint(self, req: Request) -> None:
+        """Ask memd to cache a running request's computed tokens (its prompt, once prefilled): the
+        prompt stays reusable, its draft window included, however long the generation runs."""
+        if req.in_memd and req.rid not in self.releases:
+            self.cache[req.rid] = req.all_ids[: req.computed]
+
+    def trim(self, req: Request) -> None:
+        """Ask memd to free the request's draft slots out of the window of its computed positions (a trim sent
+        later, after more steps, frees less than it could: never a slot still in the window)."""
+        self.trims[req.rid] = req.computed
+
+    def _outgoing_commits(self, lean: bool) -> dict[str, int]:
+        """Commits this call sends. Without a lookahead every verified length goes out; with one, spare slots
+        stay granted, except in a lean plan (memory is short: every spare goes back)."""
+        if not self.lookahead:
+            return dict(self.commits)
+        if not lean:
+            return {}
+        return {r.rid: r.computed for r in self.running if r.in_memd and r.held > r.computed}
+
+    def _release_args(self, lean: bool = True) -> dict:
+        return dict(finishes=self.releases, commits=list(self._outgoing_commits(lean).items()), trims=sorted(self.trims.items()),
+                    cache=list(self.cache.items()))
+
+    def rebind(self, session: MemdSession) -> None:
+        """A new memd session (re-attached): nothing of the old one is in flight any more."""
+        self.session, self.in_flight = session, None
+
+    def drop_releases(self) -> None:
+        self.releases.clear()
+        self.cache.clear()
+        self.commits.clear()
+        self.trims.clear()
+
+    def _sent(self, commits: dict[str, int]) -> None:
+        """A call carried the releases: requests committed back hold their computed length now."""
+        for r in self.running:
+            if r.rid in commits:
+                r.held = commits[r.rid]
+        self.drop_releases()
+
+    def flush_releases(self) -> None:
+        """Idle: nothing to batch the releases with, so free them now."""
+        self._settle_in_flight(wait=True)
+        if self.releases or self.commits or self.trims:
+            commits = self._outgoing_commits(lean=True)
+            try:
+                self.session.free(**self._release_args(lean=True))
+            except grpc.RpcError as exc:
+                if exc.code() in MEMD_GONE:
+                    raise
+                log.error("memd refused the releases (%s: %s): they go one by one", exc.code().name, exc.details())
+                self._releases_one_by_one(lean=True)
+                return
+            self._sent(commits)
+
+    def _releases_one_by_one(self, lean: bool) -> None:
+        """Sends each pending release on its own, in memd's order (commits, checkpoints, trims, finishes with
+        their cache ops); one memd refuses (a request it no longer holds, say) is logged and dropped."""
+        commits = self._outgoing_commits(lean)
+        ops = [dict(commits=[(rid, n)]) for rid, n in commits.items()]
+        ops += [dict(cache=[(rid, tokens)]) for rid, tokens in self.cache.items() if rid not in self.releases]
+        ops += [dict(trims=[trim]) for trim in sorted(self.trims.items())]
+        ops += [dict(finishes=[rid], cache=[(rid, self.cache[rid])] if rid in self.cache else []) for rid in self.releases]
+        for op in ops:
+            try:
+                self.session.free(**op)
+            except grpc.RpcError as exc:
+                if exc.code() in MEMD_GONE:
+                    raise
+                log.error("memd refused %s (%s: %s): dropped", sorted(op), exc.code().name, exc.details())
+        self._sent(commits)
+
+    def _allocs_one_by_one(self, plan) -> dict:
+        """Each request's allocation on its own: the ones memd refuses outright fail (alone), the ones it has no
+        room for sit this step out. Returns the answers; the rest of the plan is marked in `self.left_out`."""
+        answer = {}
+        for r, n, decode, ask in plan:
+            op = dict(grows=[(r.rid, ask)]) if decode else dict(extends=[(r.rid, r.computed, ask)])
+            if decode and not ask:
+                continue
+            try:
+                answer.update({a.rid: a for a in self.session.alloc(**op).requests})
+            except grpc.RpcError as exc:
+                if exc.code() in MEMD_GONE:
+                    raise
+                self.left_out[r.rid] = None if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else exc
+        return answer
+
+    def _send_async(self, items) -> None:
+        """After a step that needed no call: the pending releases (finishes, checkpoints, trims) and the top-ups of every
+        decode whose spare is under half the lookahead go out in one Alloc, without waiting. Its answer is applied
+        before the next step that needs it (or at once if it is there)."""
+        if self.in_flight is not None:
+            return
+        grows = []
+        for item in items:
+            r, need = item.req, item.req.computed + item.num_tokens
+            if r.held - need < self.lookahead // 2 and r.held < self.context_len:
+                grows.append((r.rid, min(need + self.lookahead, self.context_len) - r.held))
+        if not (grows or self.releases or self.cache):
+            return  # trims alone wait: a grant comes every lookahead / 2 positions, and the trims ride on it
+        sent = InFlight(None, self.releases, self.cache, self.trims)
+        sent.future = self.session.alloc_async(grows=grows, trims=sorted(sent.trims.items()), finishes=sent.finishes,
+                                               cache=list(sent.cache.items()))
+        self.in_flight = sent
+        self.releases, self.cache, self.trims = [], {}, {}
+
+    def _await_answer(self, future):
+        """memd's answer to a call sent ahead (the engine waits here only when a step needs it)."""
+        return future.result()
+
+    def _settle_in_flight(self, wait: bool) -> None:
+        """Applies the call in flight once memd answered (waiting for it when `wait`). memd refused it: nothing
+        changed there, its releases are pending again (and go one by one if memd refused for another reason than
+        room), its top-ups are dropped (the next step that needs slots asks again, waiting)."""
+        if self.in_flight is None or (not wait and not self.in_flight.future.done()):
+            return
+        sent, self.in_flight = self.in_flight, None
+        try:
+            answer = self._await_answer(sent.future)
+        except grpc.RpcError as exc:
+            running = {r.rid for r in self.running}
+            self.releases[:0] = sent.finishes
+            self.cache = {**sent.cache, **self.cache}  # a newer checkpoint of a running request wins
+            self.trims = {**{rid: n for rid, n in sent.trims.items() if rid in running}, **self.trims}
+            if exc.code() in MEMD_GONE:
+                raise
+            if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                log.error("memd refused a call sent ahead (%s: %s): its releases go one by one", exc.code().name,
+                          exc.details())
+                self._releases_one_by_one(lean=True)
+            return
+        running = {r.rid: r for r in self.running}
+        for got in answer.requests:
+            r = running.get(got.rid)
+            if r is None or not r.in_memd:  # finished or preempted since: its release frees the grant too
+                continue
+            r.slots = r.slots[r.computed - r.slots_from : got.start - r.slots_from] + list(got.target_slots)
+            r.slots_from, r.held = r.computed, got.start + len(got.target_slots)
+
+    def _match(self, r: Request) -> bool:
+        """Register a waiting request in memd at its usable cached prefix (the last token is always
+        computed: its logits give the next one). It keeps that row and lock while it waits, until
+        admitted or until memory pressure releases it. False when memd has no request row free now."""
+        try:
+            answer = self.session.match_prefix(r.rid, r.all_ids[:-1])
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            return False
+        r.computed = r.held = answer.cached_len
+        r.row, r.in_memd = answer.row, True
+        return True
+
+    def _match_ahead(self, count: int, budget: int) -> None:
+        """Registers in memd the waiting requests this step may admit (up to `count`, while their prompts fit the
+        token budget), their MatchPrefix calls all in flight at once: one round trip for a burst of arrivals. One
+        memd has no row for stays unmatched (the admission loop stops there)."""
+        picks = []
+        for r in self.waiting:
+            if len(picks) >= count or budget <= 0 or r.rid in self.releases:
+                break
+            if not r.in_memd:
+                picks.append(r)
+            budget -= r.pending
+        if len(picks) < 2:
+            return  # the admission loop matches a lone request itself
+        calls = [(r, self.session.match_prefix_async(r.rid, r.all_ids[:-1])) for r in picks]
+        for r, call in calls:
+            try:
+                answer = self._await_answer(call)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                continue
+            r.computed = r.held = answer.cached_len
+            r.row, r.in_memd = answer.row, True
