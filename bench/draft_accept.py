@@ -5,7 +5,7 @@ For each draft block size, and once without the draft, in one script: memd (boun
 prompts) and at --concurrency (all of them). Prints one markdown row per configuration: accept
 length (completion tokens / verify steps) and tokens/s, and the speed-up over no draft.
 
-    python -m bench.draft_accept --prompts mtbench.jsonl [--draft modeld/default_draft] [--blocks 8,16]
+    python -m bench.draft_accept --prompts DIR/eval/mtbench.jsonl [--draft modeld/default_draft] [--blocks 8,16]
         [--max-new-tokens 128] [--batch1 8] [--concurrency 16] [--ratio 0.25] [--page 64]
 """
 
@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 
 import client
 from modeld.fetch_default import ensure_default_model
-from tests.daemons import memd_args, run_memd, run_modeld
+from train.stack import memd_args, run_memd, run_modeld
 
 
 def run_set(address: str, prompts: list[list[int]], max_new: int, workers: int) -> tuple[int, int, float]:

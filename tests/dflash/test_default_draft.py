@@ -1,5 +1,5 @@
 """The draft the project ships for its default target (modeld/default_draft, trained with
-modeld.train_draft): it loads through modeld's loader, greedy output with it equals plain decoding on
+the training pipeline, now train/): it loads through modeld's loader, greedy output with it equals plain decoding on
 the CPU in fp32, and it is accepted clearly more often than a random draft (about 1.0 token per step)."""
 
 import client

@@ -1,0 +1,139 @@
+"""The draft trainer (DFlash recipe): on a tiny random target's own greedy continuations training lowers
+the held-out block loss and raises the offline accept length; anchors are re-sampled every epoch; the loss
+weights; a run stopped and resumed from its checkpoint takes exactly the steps an uninterrupted run takes;
+the 40 MB limit; the saved draft loads with modeld's loader."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from modeld.draft import load_draft
+from tests.dflash.tiny_models import load_hf, write_random_target
+from train.train_draft import (DraftTooLarge, TrainConfig, accept_length, block_loss, build_target_layer_ids,
+                               check_size, draft_config, epoch_batches, new_draft, sample_anchors, save_draft, train,
+                               valid_anchors)
+
+TINY = dict(layers=1, block=4, window=16, taps=(1, 2), mask_token_id=63, intermediate=128, lr=3e-3, anchors=8,
+            batch_anchors=128)
+
+
+def greedy_sequences(target, count: int, seed: int) -> list[dict]:
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        prompt = torch.randint(0, target.config.vocab_size - 1, (1, 8), generator=gen)
+        with torch.no_grad():
+            ids = target.generate(prompt, max_new_tokens=32, do_sample=False, attention_mask=torch.ones_like(prompt),
+                                  eos_token_id=None, pad_token_id=0)[0].tolist()
+        out.append({"ids": np.array(ids), "spans": [(8, len(ids))]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("target")
+    target = load_hf(write_random_target(folder / "t", vocab=64)).requires_grad_(False)
+    return target, greedy_sequences(target, 24, 1), greedy_sequences(target, 8, 2)
+
+
+def test_taps_follow_the_reference_rule():
+    assert build_target_layer_ids(30, 5) == [1, 8, 14, 20, 27]  # SmolLM2-135M
+    assert build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B's public draft
+    assert build_target_layer_ids(24, 5) == [1, 6, 11, 16, 21]
+
+
+def test_training_learns_and_saves_a_loadable_draft(tiny, tmp_path):
+    target, train_set, held = tiny
+    tc = TrainConfig(**TINY, epochs=60)
+    anchors = [sample_anchors(s, 8, tc.max_len, 5, 0, i) for i, s in enumerate(held)]
+    untrained = new_draft(draft_config(target.config, tc), target.config, "cpu")
+    with torch.no_grad():
+        before, guesses_before, w = block_loss(untrained, target, held, anchors, tc, "cpu")
+    draft, config, state = train(target, train_set, tc, "cpu", log=lambda m: None, out=tmp_path / "draft")
+    assert state.step == sum(len(epoch_batches(train_set, tc, e)) for e in range(60))
+    with torch.no_grad():
+        after, guesses_after, _ = block_loss(draft, target, held, anchors, tc, "cpu")
+    assert after < 0.5 * before, (float(before), float(after))
+    assert np.mean(state.losses[-10:]) < 0.5 * np.mean(state.losses[:10])
+    assert accept_length(guesses_after, held, anchors, tc.block, w) > accept_length(guesses_before, held, anchors, tc.block, w)
+    saved = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert saved["dflash_config"] == {"block_size": 4, "target_layer_ids": [1, 2], "mask_token_id": 63, "causal": False}
+    loaded = load_draft(str(tmp_path / "draft"), target.config, torch.float32, "cpu")
+    for name, value in draft.state_dict().items():
+        if "rotary" not in name:
+            torch.testing.assert_close(loaded.state_dict()[name], value.to(torch.bfloat16).float())
+
+
+def test_anchors_are_resampled_every_epoch_and_stay_in_the_answer():
+    seq = {"ids": np.arange(300), "spans": [(20, 120), (150, 290)]}
+    valid = set(valid_anchors(300, seq["spans"], 2048).tolist())
+    assert valid == set(range(20, 119)) | set(range(150, 289))  # a and a + 1 in one answer
+    epochs = [sample_anchors(seq, 64, 2048, 0, e, 7) for e in range(3)]
+    assert all(len(a) == 64 == len(set(a.tolist())) and set(a.tolist()) <= valid for a in epochs)
+    assert len({tuple(a.tolist()) for a in epochs}) == 3  # a new draw each epoch
+    assert sample_anchors(seq, 64, 2048, 0, 1, 7).tolist() == epochs[1].tolist()  # ... reproducible
+    assert sample_anchors(seq, 64, 2048, 0, 1, 8).tolist() != epochs[1].tolist()  # ... per sequence
+    assert len(sample_anchors(seq, 512, 2048, 0, 0, 7)) == len(valid)  # fewer valid positions than 512: all
+    assert set(valid_anchors(300, seq["spans"], 100).tolist()) == set(range(20, 99))  # max_len cuts
+
+
+def test_loss_weights_decay_and_stop_at_the_answer(tiny):
+    target, train_set, _ = tiny
+    tc = TrainConfig(**{**TINY, "block": 8}, gamma=7.0)
+    draft = new_draft(draft_config(target.config, tc), target.config, "cpu")
+    seq = dict(train_set[0], spans=[(8, 30)])
+    anchors = [np.array([8, 25])]
+    with torch.no_grad():
+        loss, _, weights = block_loss(draft, target, [seq], anchors, tc, "cpu")
+    decay = torch.exp(-torch.arange(7) / 7.0)
+    torch.testing.assert_close(weights[0], decay)  # k = 1..7: exp(-(k-1)/7)
+    torch.testing.assert_close(weights[1], decay * (torch.arange(26, 33) < 30))  # labels past the answer weigh 0
+
+
+def test_resume_takes_the_same_steps_as_an_uninterrupted_run(tiny, tmp_path):
+    target, train_set, _ = tiny
+    tc = TrainConfig(**TINY, epochs=3)
+    straight, _, s1 = train(target, train_set, tc, "cpu", log=lambda m: None)
+    ckpt = tmp_path / "ckpt.pt"
+    messages = []
+    _, _, part = train(target, train_set, tc, "cpu", log=messages.append, ckpt=ckpt, max_steps=3)
+    assert part.step == 3 and part.epoch == 1 and "stopped at step 3" in messages[-1]  # 2 batches an epoch
+    resumed, _, s2 = train(target, train_set, tc, "cpu", log=messages.append, ckpt=ckpt, resume=True)
+    assert any("resumed at step 3" in m for m in messages)
+    assert s2.step == s1.step == 6 and s2.losses == s1.losses
+    for name, value in straight.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="other data or settings"):
+        train(target, train_set[:-1], tc, "cpu", log=lambda m: None, ckpt=ckpt, resume=True)
+
+
+SMOLLM2 = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
+                      max_position_embeddings=8192, rope_theta=100000.0)
+
+
+def test_the_40mb_limit():
+    config = draft_config(SMOLLM2, TrainConfig())
+    assert config["num_hidden_layers"] == 5 and config["dflash_config"]["target_layer_ids"] == [1, 8, 14, 20, 27]
+    assert config["intermediate_size"] == 1536 and config["sliding_window"] == 256 and config["block_size"] == 16
+    size = check_size(config, 576, 40.0)
+    draft = new_draft(config, SMOLLM2, "cpu")
+    assert size == 2 * sum(p.numel() for p in draft.parameters()) == 38_722_304  # what the check counts is the draft
+    with pytest.raises(DraftTooLarge, match="over the 40 MB limit"):
+        check_size(draft_config(SMOLLM2, TrainConfig(layers=6)), 576, 40.0)
+    with pytest.raises(DraftTooLarge):
+        check_size(draft_config(SMOLLM2, TrainConfig(intermediate=2048)), 576, 40.0)
+
+
+def test_save_refuses_a_file_over_the_limit(tiny, tmp_path):
+    target, _, _ = tiny
+    tc = TrainConfig(**TINY)
+    config = draft_config(target.config, tc)
+    draft = new_draft(config, target.config, "cpu")
+    assert save_draft(draft, config, tmp_path / "ok", max_mb=40.0) < 1e6
+    with pytest.raises(DraftTooLarge):
+        save_draft(draft, config, tmp_path / "big", max_mb=0.01)
+    assert not (tmp_path / "big" / "model.safetensors").exists()

@@ -1,0 +1,420 @@
+"""Train a DFLASH draft for a target the way the DFlash paper trains (section 5, appendix A.1), and save it
+in the z-lab format modeld loads (modeld/draft.py, unchanged).
+
+    python -m train.train_draft --prompts DIR --responses DIR[,DIR] --out DIR --ckpt FILE [--target DIR]
+        [--epochs 6] [--max-len 2048] [--anchors 512] [--batch-anchors 8192] [--time-budget S] [--resume]
+
+The recipe and what this does with it:
+- Draft: --layers 5 Qwen3-style layers at the target's attention geometry (hidden 576, 9 heads, 3 KV heads,
+  head_dim 64, intermediate 1536 for SmolLM2-135M); block 16; 5 target taps spread evenly from layer 2 to the
+  third-to-last (`build_target_layer_ids`: [1, 8, 14, 20, 27] for 30 layers); the taps concatenated -> fc ->
+  RMSNorm (hidden_norm) become context K/V in every draft layer (DFlashDraft.context_kv); embeddings and LM
+  head are the target's, frozen (the draft has none of its own).
+- Attention: exactly the inference pattern, through the same code (DFlashDraft.block_hidden): a block sees the
+  context strictly before its anchor within the sliding window (per query: t - p < window) and itself
+  bidirectionally. The draft's layers slide (window 256 by default) because modeld's bounded draft KV pool
+  and its captured propose graphs need every layer to slide; a 135M target's chats are short (most
+  sequences < 1K tokens), and the taps carry the long context anyway.
+- Anchors: --anchors 512 random anchor positions per sequence, re-sampled every epoch (the generator is seeded
+  by (seed, epoch, sequence), so a resumed run draws the same). An anchor a and a + 1 lie in one of the target's
+  answers (the first generated token onwards: at inference the block starts at the last committed token);
+  block position k predicts the token at a + k; positions past the answer or the sequence weigh nothing. A
+  135M target's answers are a few hundred tokens, fewer than 512, so in practice every valid position is an
+  anchor once per epoch; --anchors lower than that trades data per epoch for time.
+- Loss: cross-entropy weighted exp(-(k-1)/gamma), gamma 7 for block 16 (4 for block 8, 5 for block 10).
+- Optimiser: AdamW lr 6e-4 (no weight decay), cosine schedule with 4 % linear warm-up, gradient clip 1.0,
+  --epochs (6 in the paper), sequences cut at --max-len (3,072 in the paper; 2,048 by default here: longer
+  ones are rare for this target). fp32 master weights, bf16 autocast on CUDA (a bf16-only run learned more
+  slowly in the first experiment, see the draft-training notes).
+- Batches: sequences in a seeded per-epoch order, packed until --batch-anchors blocks (the step's compute is
+  proportional to blocks, not to sequences).
+- Resumable: --ckpt holds the draft, the optimiser, the schedule, the step and the data position (epoch,
+  batch); --resume continues from it and gives the same next step as a run that never stopped. It is written
+  every --save-every steps, at --time-budget and at the end; each save also exports the bf16 draft to --out.
+- Size: the bf16 draft must stay under --max-draft-mb (40 MB): checked from the config before training starts
+  and on the written file.
+"""
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from transformers import Qwen3Config
+
+from modeld.draft import DFlashDraft, read_spec
+
+
+class DraftTooLarge(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    layers: int = 5
+    block: int = 16
+    window: int = 256
+    taps: tuple[int, ...] = ()  # () = build_target_layer_ids(target layers, layers)
+    mask_token_id: int = 16
+    intermediate: int = 0  # 0 = the target's
+    epochs: int = 6
+    max_len: int = 2048
+    anchors: int = 512
+    batch_anchors: int = 8192
+    lr: float = 6e-4
+    warmup: float = 0.04
+    gamma: float = 7.0
+    clip: float = 1.0
+    seed: int = 0
+    max_draft_mb: float = 40.0
+
+
+def build_target_layer_ids(target_layers: int, count: int) -> list[int]:
+    """`count` layers spread evenly from the second (index 1) to the third-to-last (the reference rule)."""
+    if count == 1:
+        return [target_layers // 2]
+    return [round(1 + i * (target_layers - 4) / (count - 1)) for i in range(count)]
+
+
+def draft_config(target_cfg, tc: TrainConfig) -> dict:
+    """config.json of the draft (z-lab format), Qwen3 layers at the target's attention geometry."""
+    head_dim = getattr(target_cfg, "head_dim", None) or target_cfg.hidden_size // target_cfg.num_attention_heads
+    rope = getattr(target_cfg, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(target_cfg, "rope_theta", 10000.0))
+    taps = list(tc.taps) or build_target_layer_ids(target_cfg.num_hidden_layers, tc.layers)
+    return {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "torch_dtype": "bfloat16",
+        "hidden_size": target_cfg.hidden_size, "intermediate_size": tc.intermediate or target_cfg.intermediate_size,
+        "num_hidden_layers": tc.layers, "num_attention_heads": target_cfg.num_attention_heads,
+        "num_key_value_heads": target_cfg.num_key_value_heads, "head_dim": head_dim, "hidden_act": "silu",
+        "attention_bias": False, "rms_norm_eps": target_cfg.rms_norm_eps, "rope_theta": theta,
+        "rope_parameters": {"rope_theta": theta, "rope_type": "default"},
+        "max_position_embeddings": target_cfg.max_position_embeddings, "vocab_size": target_cfg.vocab_size,
+        "tie_word_embeddings": False, "layer_types": ["sliding_attention"] * tc.layers, "sliding_window": tc.window,
+        "use_sliding_window": True, "is_causal": False, "block_size": tc.block,
+        "num_target_layers": target_cfg.num_hidden_layers,
+        "dflash_config": {"block_size": tc.block, "target_layer_ids": taps, "mask_token_id": tc.mask_token_id,
+                          "causal": False},
+    }
+
+
+def draft_bytes(config: dict, target_hidden: int, bytes_per_param: int = 2) -> int:
+    """The size of the draft's weights in bf16 (what model.safetensors holds, less its small header)."""
+    h, i, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h + 2 * config["head_dim"]
+    fc = len(config["dflash_config"]["target_layer_ids"]) * target_hidden * h
+    return bytes_per_param * (layers * per_layer + fc + 2 * h)
+
+
+def check_size(config: dict, target_hidden: int, max_mb: float) -> int:
+    size = draft_bytes(config, target_hidden)
+    if size > max_mb * 1e6:
+        raise DraftTooLarge(f"the draft would be {size / 1e6:.1f} MB in bf16, over the {max_mb:g} MB limit "
+                            f"({config['num_hidden_layers']} layers, intermediate {config['intermediate_size']})")
+    return size
+
+
+def new_draft(config: dict, target_cfg, device: str) -> DFlashDraft:
+    cfg = Qwen3Config(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")})
+    with torch.device(device):
+        draft = DFlashDraft(cfg, read_spec(cfg, config, None), target_cfg.hidden_size).float()
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            p.copy_(torch.ones_like(p) if name.endswith("norm.weight") else torch.randn(p.shape, generator=gen) * 0.02)
+    return draft
+
+
+# --- data ---------------------------------------------------------------------------------------------------------
+
+
+def valid_anchors(length: int, spans, max_len: int) -> np.ndarray:
+    """Positions a with a and a + 1 inside one answer span (and inside max_len)."""
+    out = [np.arange(s, min(e, max_len) - 1) for s, e in spans if min(e, max_len) - 1 > s]
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def label_mask(length: int, spans, max_len: int) -> np.ndarray:
+    mask = np.zeros(min(length, max_len), dtype=bool)
+    for s, e in spans:
+        mask[s : min(e, max_len)] = True
+    return mask
+
+
+def sample_anchors(seq: dict, count: int, max_len: int, seed: int, epoch: int, index: int) -> np.ndarray:
+    """`count` anchors (all of them if fewer), drawn for this (seed, epoch, sequence): re-sampled every epoch."""
+    valid = valid_anchors(len(seq["ids"]), seq["spans"], max_len)
+    if len(valid) <= count:
+        return valid
+    rng = np.random.default_rng([seed, epoch, index])
+    return np.sort(rng.choice(valid, size=count, replace=False))
+
+
+def epoch_batches(seqs: list[dict], tc: TrainConfig, epoch: int) -> list[list[int]]:
+    """Sequence indices per step: a seeded order for the epoch, packed until batch_anchors blocks."""
+    counts = [min(tc.anchors, len(valid_anchors(len(s["ids"]), s["spans"], tc.max_len))) for s in seqs]
+    order = np.random.default_rng([tc.seed, epoch, 2**31]).permutation(len(seqs))
+    batches, current, blocks = [], [], 0
+    for i in order.tolist():
+        if counts[i] == 0:
+            continue
+        if current and blocks + counts[i] > tc.batch_anchors:
+            batches.append(current)
+            current, blocks = [], 0
+        current.append(i)
+        blocks += counts[i]
+    if current:
+        batches.append(current)
+    return batches
+
+
+def fingerprint(seqs: list[dict]) -> str:
+    h = hashlib.sha256()
+    for s in seqs:
+        h.update(np.asarray(s["ids"], dtype=np.int64).tobytes())
+        h.update(json.dumps([list(map(int, sp)) for sp in s["spans"]]).encode())
+    return h.hexdigest()[:16]
+
+
+def load_sequences(prompts: pathlib.Path, response_dirs: list[pathlib.Path], tokenizer, log=print) -> list[dict]:
+    """Every response shard's records as training sequences {"ids", "spans"}, rebuilt with train.chat."""
+    from train import chat, responses
+    from train.prompts import read_records
+
+    by_id = {r["id"]: r for r in read_records(prompts)}
+    seqs, missing = [], 0
+    for folder in response_dirs:
+        for path in responses.shard_paths(folder):
+            for record, answers in responses.read_shard(path):
+                prompt = by_id.get(record["id"])
+                if prompt is None:
+                    missing += 1
+                    continue
+                ids, spans = chat.conversation(tokenizer, prompt, answers)
+                seqs.append({"ids": np.asarray(ids, dtype=np.int32), "spans": spans})
+    log(f"{len(seqs)} sequences, {sum(e - s for q in seqs for s, e in q['spans'])} answer tokens"
+        + (f" ({missing} responses without their prompt, skipped)" if missing else ""))
+    return seqs
+
+
+# --- the loss -------------------------------------------------------------------------------------------------------
+
+
+def block_loss(draft: DFlashDraft, target, seqs: list[dict], anchors: list[np.ndarray], tc: TrainConfig,
+               device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weighted CE over the blocks, the draft's greedy predictions [A, B-1], the labels' weights [A, B-1])."""
+    width = min(max(len(s["ids"]) for s in seqs), tc.max_len)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
+    attn = torch.zeros_like(ids)
+    lmask = torch.zeros(len(seqs), width, dtype=torch.bool, device=device)
+    for i, s in enumerate(seqs):
+        n = min(len(s["ids"]), width)
+        ids[i, :n] = torch.as_tensor(np.asarray(s["ids"][:n], dtype=np.int64), device=device)
+        attn[i, :n] = 1
+        lmask[i, :n] = torch.as_tensor(label_mask(len(s["ids"]), s["spans"], width)[:n], device=device)
+    with torch.no_grad():
+        states = target(ids, attention_mask=attn, output_hidden_states=True).hidden_states
+        taps = torch.cat([states[i + 1] for i in draft.spec.target_layer_ids], dim=-1).float()
+    positions = torch.arange(width, device=device).expand(len(seqs), -1)
+    ctx = draft.context_kv(taps.flatten(0, 1), positions.flatten())  # per layer [S * T, kv_heads, head_dim]
+    seq_of = torch.as_tensor(np.concatenate([np.full(len(a), i) for i, a in enumerate(anchors)]), device=device)
+    anchor = torch.as_tensor(np.concatenate(anchors).astype(np.int64), device=device)
+    offsets = torch.arange(tc.block, device=device)
+    block_pos = anchor[:, None] + offsets
+    inside = block_pos < width
+    label_pos = block_pos.clamp(max=width - 1)
+    block_ids = torch.full_like(block_pos, tc.mask_token_id)
+    block_ids[:, 0] = ids[seq_of, anchor]
+    contexts, cache = [], {}
+    for layer, window in enumerate(draft.spec.windows):
+        if window not in cache:
+            span = (window - 1) if window is not None else max(1, int(anchor.max()))
+            pos = anchor[:, None] - span + torch.arange(span, device=device)
+            valid = pos >= 0
+            rows = seq_of[:, None] * width + pos.clamp(min=0)
+            visible = valid[:, None, :].expand(-1, tc.block, -1)
+            if window is not None:
+                visible = visible & (block_pos[:, :, None] - pos[:, None, :] < window)
+            cache[window] = (rows, valid, visible)
+        rows, valid, visible = cache[window]
+        k, v = ctx[layer]
+        keep = valid[:, :, None, None]
+        contexts.append((torch.where(keep, k[rows], 0), torch.where(keep, v[rows], 0), visible))
+    with torch.no_grad():
+        embeds = target.get_input_embeddings()(block_ids).float()
+    hidden = draft.block_hidden(embeds, block_pos, contexts)[:, 1:]
+    logits = target.lm_head(hidden.to(target.lm_head.weight.dtype)).float()
+    labels = ids[seq_of[:, None], label_pos[:, 1:]]
+    decay = torch.exp(-(offsets[1:] - 1) / tc.gamma)
+    weights = decay * (inside[:, 1:] & lmask[seq_of[:, None], label_pos[:, 1:]]).float()
+    losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
+    return (losses * weights).sum() / weights.sum().clamp(min=1e-6), logits.argmax(-1), weights
+
+
+def accept_length(predictions: torch.Tensor, seqs, anchors, block: int, weights: torch.Tensor | None = None) -> float:
+    """Mean tokens per verify step (bonus included) if the sequences are the target's greedy output:
+    1 + the leading block predictions that equal the sequence (a label of weight 0 ends the run)."""
+    labels = []
+    for s, a in zip(seqs, anchors):
+        for x in np.asarray(a).tolist():
+            row = list(np.asarray(s["ids"][x + 1 : x + block]))
+            labels.append(row + [-1] * (block - 1 - len(row)))
+    labels = torch.tensor(labels, device=predictions.device)
+    hit = predictions == labels
+    if weights is not None:
+        hit &= weights > 0
+    return float((1 + hit.long().cumprod(-1).sum(-1)).float().mean())
+
+
+# --- training ---------------------------------------------------------------------------------------------------------
+
+
+def lr_factor(step: int, total: int, warmup: float) -> float:
+    """Linear warm-up over the first `warmup` of the steps, then cosine to 0."""
+    w = max(1, round(warmup * total))
+    if step < w:
+        return (step + 1) / w
+    return 0.5 * (1 + math.cos(math.pi * (step - w) / max(1, total - w)))
+
+
+def save_draft(draft: DFlashDraft, config: dict, out: pathlib.Path, max_mb: float = 40.0, dtype=torch.bfloat16) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype).contiguous().cpu() for k, v in draft.state_dict().items() if "rotary" not in k}
+    tmp = out / ".model.safetensors.tmp"
+    save_file(state, str(tmp), metadata={"format": "pt"})
+    size = tmp.stat().st_size
+    if size > max_mb * 1e6:
+        tmp.unlink()
+        raise DraftTooLarge(f"model.safetensors would be {size / 1e6:.1f} MB, over {max_mb:g} MB")
+    os.replace(tmp, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return size
+
+
+@dataclass
+class State:
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0  # index of the next batch within the epoch
+    losses: list = dataclasses.field(default_factory=list)
+
+
+def save_checkpoint(path: pathlib.Path, draft, opt, state: State, tc: TrainConfig, data: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name("." + path.name + ".tmp")
+    torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "state": dataclasses.asdict(state),
+                "config": dataclasses.asdict(tc), "data": data}, tmp)
+    os.replace(tmp, path)
+
+
+def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckpt: pathlib.Path | None = None,
+          resume: bool = False, out: pathlib.Path | None = None, time_budget: float = float("inf"),
+          max_steps: int | None = None, save_every: int = 500) -> tuple[DFlashDraft, dict, State]:
+    """Train (or continue, with `resume` and an existing `ckpt`) until the epochs are done, `time_budget`
+    seconds have passed, or `max_steps` steps were taken in this call; saves `ckpt` and `out` at the end."""
+    config = draft_config(target.config, tc)
+    size = check_size(config, target.config.hidden_size, tc.max_draft_mb)
+    draft = new_draft(config, target.config, device)
+    opt = torch.optim.AdamW(draft.parameters(), lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    plans = [epoch_batches(seqs, tc, e) for e in range(tc.epochs)]
+    total = sum(map(len, plans))
+    data = fingerprint(seqs)
+    state = State()
+    if resume and ckpt is not None and ckpt.exists():
+        saved = torch.load(ckpt, map_location=device, weights_only=False)
+        if saved["data"] != data or saved["config"] != dataclasses.asdict(tc):
+            raise ValueError(f"{ckpt} was made with other data or settings; start afresh without --resume")
+        draft.load_state_dict(saved["draft"])
+        opt.load_state_dict(saved["opt"])
+        state = State(**saved["state"])
+        log(f"resumed at step {state.step} of {total} (epoch {state.epoch}, batch {state.batch})")
+    log(f"draft {size / 1e6:.1f} MB in bf16; {len(seqs)} sequences, {total} steps over {tc.epochs} epochs")
+    begin, taken = time.monotonic(), 0
+
+    def save():
+        if ckpt is not None:
+            save_checkpoint(ckpt, draft, opt, state, tc, data)
+        if out is not None:
+            save_draft(draft, config, out, tc.max_draft_mb)
+
+    while state.epoch < tc.epochs:
+        batches = plans[state.epoch]
+        while state.batch < len(batches):
+            if (max_steps is not None and taken >= max_steps) or time.monotonic() - begin > time_budget:
+                save()
+                log(f"stopped at step {state.step} of {total}; continue with --resume")
+                return draft, config, state
+            index = batches[state.batch]
+            batch = [seqs[i] for i in index]
+            anchors = [sample_anchors(seqs[i], tc.anchors, tc.max_len, tc.seed, state.epoch, i) for i in index]
+            for group in opt.param_groups:
+                group["lr"] = tc.lr * lr_factor(state.step, total, tc.warmup)
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
+                loss, predictions, weights = block_loss(draft, target, batch, anchors, tc, device)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), tc.clip)
+            opt.step()
+            state.losses.append(round(loss.item(), 5))
+            state.step += 1
+            state.batch += 1
+            taken += 1
+            if state.step % max(1, min(50, total // 50)) == 0 or state.step == total:
+                accept = accept_length(predictions, batch, anchors, tc.block, weights)
+                log(f"step {state.step}/{total} epoch {state.epoch}: loss {state.losses[-1]:.4f} "
+                    f"batch accept {accept:.2f} lr {opt.param_groups[0]['lr']:.2e} ({time.monotonic() - begin:.0f} s)")
+            if save_every and state.step % save_every == 0:
+                save()
+        state.epoch += 1
+        state.batch = 0
+    save()
+    log(f"done: {state.step} steps")
+    return draft, config, state
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.train_draft", description=__doc__.splitlines()[0])
+    p.add_argument("--target", help="the target's folder (default: the converted default model)")
+    p.add_argument("--prompts", required=True, help="the prompt shards' folder (python -m train.prompts build)")
+    p.add_argument("--responses", required=True, help="response shard folders, comma-separated (train.generate)")
+    p.add_argument("--out", required=True, help="the draft's folder (bf16, z-lab format), written at every save")
+    p.add_argument("--ckpt", required=True, help="the training checkpoint (draft, optimiser, step, data position)")
+    p.add_argument("--resume", action="store_true", help="continue from --ckpt if it exists")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--time-budget", type=float, default=float("inf"), help="seconds; then save and stop")
+    p.add_argument("--save-every", type=int, default=500)
+    for field in dataclasses.fields(TrainConfig):
+        value = field.default
+        kind = (lambda s: tuple(int(x) for x in s.split(",") if x)) if isinstance(value, tuple) else type(value)
+        p.add_argument(f"--{field.name.replace('_', '-')}", type=kind, default=value)
+    args = p.parse_args(argv)
+    tc = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if args.target is None:
+        from modeld.fetch_default import ensure_default_model
+
+        args.target = str(ensure_default_model())
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    seqs = load_sequences(pathlib.Path(args.prompts), [pathlib.Path(d) for d in args.responses.split(",")], tokenizer, log)
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval().requires_grad_(False)
+    train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), args.resume, pathlib.Path(args.out),
+          args.time_budget, save_every=args.save_every)
+    log(f"draft in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
