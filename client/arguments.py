@@ -3,7 +3,7 @@
 is modeld's to check. Every refusal is an errors.BadArgument naming the argument."""
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from numbers import Real
 
 from client.errors import BadArgument
@@ -66,6 +66,21 @@ def texts(name: str, values) -> None:
 def flag(name: str, value) -> None:
     if value not in (True, False):
         raise BadArgument(f"{name} must be True or False, got {value!r}")
+
+
+def chat_messages(values) -> list[dict[str, str]]:
+    """A conversation: a sequence of mappings with a str "role" and "content" (other keys refused); returns it as
+    plain dicts, read once."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise BadArgument(f"messages must be a sequence of {{'role', 'content'}} mappings, got {type(values).__name__}")
+    turns = []
+    for i, message in enumerate(values):
+        if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
+            raise BadArgument(f"messages[{i}] must be a mapping with exactly the keys 'role' and 'content'")
+        text(f"messages[{i}].role", message["role"])
+        text(f"messages[{i}].content", message["content"])
+        turns.append({"role": message["role"], "content": message["content"]})
+    return turns
 
 
 def call_settings(timeout, connect_timeout, max_retries) -> None:

@@ -1,7 +1,7 @@
 """Request building and reply parsing shared by the sync and async clients."""
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from grpc_health.v1 import health_pb2
 
@@ -41,6 +41,7 @@ def build_generate_request(
     prompt: str | None = None,
     *,
     input_ids: Sequence[int] | None = None,
+    messages: Sequence[Mapping[str, str]] | None = None,
     max_new_tokens: int | None = None,
     max_tokens: int | None = None,
     temperature: float | None = None,
@@ -55,14 +56,15 @@ def build_generate_request(
 ) -> modeld_pb2.GenerateRequest:
     """The GenerateRequest for these arguments; unset sampling values take modeld's defaults.
 
-    Give exactly one of `prompt` (text) and `input_ids` (token ids). `max_tokens` is an alias of
+    Give exactly one of `prompt` (text), `input_ids` (token ids) and `messages` (a conversation: dicts with
+    "role" and "content", rendered by modeld's chat template). `max_tokens` is an alias of
     `max_new_tokens`. `chat` wraps a text prompt as one user turn with the model's chat template.
     `request_id` empty or None lets modeld assign one. Raises errors.BadArgument (a ValueError) for argument
     combinations that no server could accept and for values of the wrong type or beyond what their field carries
     (client.arguments); what the values mean is checked by modeld (INVALID_ARGUMENT).
     """
-    if (prompt is None) == (input_ids is None):
-        raise errors.BadArgument("give exactly one of prompt and input_ids")
+    if sum(value is not None for value in (prompt, input_ids, messages)) != 1:
+        raise errors.BadArgument("give exactly one of prompt, input_ids and messages")
     if max_new_tokens is not None and max_tokens is not None:
         raise errors.BadArgument("max_tokens is an alias of max_new_tokens: give at most one")
     if chat and prompt is None:
@@ -70,6 +72,8 @@ def build_generate_request(
     # A one-shot iterator (a generator) is read once, here: the checks and the message then see the same values.
     input_ids, stop, stop_token_ids = (list(values) if isinstance(values, Iterator) else values
                                        for values in (input_ids, stop, stop_token_ids))
+    if messages is not None:
+        messages = arguments.chat_messages(messages)
     arguments.check_generate(prompt=prompt, input_ids=input_ids, max_new_tokens=max_new_tokens, max_tokens=max_tokens,
                              temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
                              stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, chat=chat, request_id=request_id)
@@ -87,6 +91,8 @@ def build_generate_request(
     request = modeld_pb2.GenerateRequest(request_id=request_id or "", apply_chat_template=chat, sampling=sampling)
     if prompt is not None:
         request.text = prompt
+    elif messages is not None:
+        request.messages.CopyFrom(modeld_pb2.ChatMessages(messages=[modeld_pb2.ChatMessage(**m) for m in messages]))
     else:
         request.input_ids.CopyFrom(modeld_pb2.TokenIds(ids=input_ids))
     return request

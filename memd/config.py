@@ -31,6 +31,8 @@ class MemdConfig:
     listen: str = ""
     allow_group: int | None = None  # gid whose members may use the Unix socket too (None: its owner and root only)
     strict: bool = False
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None  # None: no metrics endpoint
     log_level: str = "INFO"
 
     def __post_init__(self):
@@ -52,6 +54,7 @@ class MemdConfig:
             (self.draft_window is None or self.draft_window > 0, "--draft-window must be > 0"),
             (self.num_draft_tokens is None or self.num_draft_tokens > 0, "--num-draft-tokens must be > 0"),
             (self.kv_cache_dtype in ("auto", "bfloat16", "float16", "float32"), "bad --kv-cache-dtype"),
+            (self.metrics_port is None or 0 <= self.metrics_port <= 65535, "--metrics-port must be in 0..65535"),
         ]
         for ok, message in checks:
             if not ok:
@@ -86,8 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="members of GROUP (a name or a gid) may attach and call too: the Unix socket is made 0660 with "
                         "that group (default: 0600, memd's user and root only)")
     p.add_argument("--strict", action="store_true", help="check the leak invariant after every mutating call")
+    add_metrics_arguments(p)
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def add_metrics_arguments(p: argparse.ArgumentParser) -> None:
+    """--metrics-port and --metrics-host, the same on both daemons."""
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; "
+                                                   "0: any free port, logged)")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint (default: loopback)")
 
 
 def resolve_device(device: str) -> str:
@@ -146,5 +157,7 @@ def config_from_args(argv: list[str] | None = None) -> MemdConfig:
         listen=listen,
         allow_group=None if args.allow_group is None else group_id(args.allow_group),
         strict=args.strict or os.environ.get("MEMD_STRICT", "") not in ("", "0"),
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
         log_level=args.log_level,
     )

@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from memd.buffers import CudaBuffers, ShmBuffers
 from memd.config import MemdConfig, config_from_args
 from memd.limits import max_request_bytes
+from memd.metrics import RpcTimer, start_metrics
 from memd.parse_guard import AsyncParseGuard
 from memd.plan import ConfigError, PoolPlan, log_plan, make_plan
 from memd.pools import build_pools
@@ -89,7 +90,8 @@ async def serve(cfg: MemdConfig, plan: PoolPlan, stop_signals: StopSignals) -> i
 
     try:
         mgr, layout = build_pools(plan, buffers, epoch)
-        server = grpc.aio.server(interceptors=[AsyncParseGuard()], options=server_options(plan))
+        timer = [RpcTimer()] if cfg.metrics_port is not None else []
+        server = grpc.aio.server(interceptors=[AsyncParseGuard(), *timer], options=server_options(plan))
         service = MemdService(mgr, buffers, layout, cfg.strict, fatal)
         memd_pb2_grpc.add_MemdServicer_to_server(service, server)
         health_servicer = health.aio.HealthServicer()
@@ -100,6 +102,8 @@ async def serve(cfg: MemdConfig, plan: PoolPlan, stop_signals: StopSignals) -> i
             log.warning("memd listens on TCP: there is no peer check, anyone who reaches the port can attach and call "
                         "(a Unix socket admits only memd's user, root and --allow-group)")
         await server.start()
+        if cfg.metrics_port is not None:
+            start_metrics(cfg.metrics_host, cfg.metrics_port, service, asyncio.get_running_loop())
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         bound = cfg.listen if sock is not None else f"{cfg.listen.rsplit(':', 1)[0]}:{port}"

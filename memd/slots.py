@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from memd.errors import FailedPrecondition, InvalidArgument, InvariantViolation, NotFound, ResourceExhausted
+from memd.metrics import EVICTED_TOKENS
 from memd.pages import PagePool
 from memd.prefix_cache import PrefixCache
 
@@ -253,9 +254,9 @@ class SlotManager:
         """Evict from the cache until `need` pages are free on each side: target first (which frees
         the evicted nodes' draft KV too), then draft KV alone. step() checked that it suffices."""
         if need > self.target.free_pages:
-            self.cache.evict_target(need - self.target.free_pages)
+            EVICTED_TOKENS.labels("target").inc(self.P * self.cache.evict_target(need - self.target.free_pages))
         if self.draft is not None and need > self.draft.free_pages:
-            self.cache.evict_draft(need - self.draft.free_pages)
+            EVICTED_TOKENS.labels("draft").inc(self.P * self.cache.evict_draft(need - self.draft.free_pages))
         if need > self.target.free_pages or (self.draft is not None and need > self.draft.free_pages):
             raise InvariantViolation(f"eviction fell short of {need} pages (accounting of evictable pages is wrong)")
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from memd import defaults
 from memd.addresses import check_address
+from memd.config import add_metrics_arguments
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class ModeldConfig:
     disable_cuda_graph: bool = False  # CUDA graphs of decode and verify steps (on CUDA only)
     max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
     connect_timeout: float = 60.0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None  # None: no metrics endpoint
     log_level: str = "INFO"
 
     def __post_init__(self):
@@ -42,6 +45,8 @@ class ModeldConfig:
             raise ValueError("--decode-lookahead must be >= 0")
         if self.max_open_streams is not None and self.max_open_streams < 1:
             raise ValueError("--max-open-streams must be >= 1")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError("--metrics-port must be in 0..65535")
         if not self.connect_timeout > 0:
             raise ValueError(f"--connect-timeout must be > 0 seconds, got {self.connect_timeout}")
 
@@ -69,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-cuda-graph", action="store_true",
                    help="run every step eagerly (default on CUDA: decode and DFLASH verify steps replay CUDA graphs)")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for memd at start")
+    add_metrics_arguments(p)
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -96,5 +102,7 @@ def config_from_args(argv=None) -> ModeldConfig:
         disable_cuda_graph=args.disable_cuda_graph,
         max_open_streams=args.max_open_streams,
         connect_timeout=args.connect_timeout,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
         log_level=args.log_level,
     )

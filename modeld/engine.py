@@ -5,11 +5,13 @@ owns all request state; gRPC handlers talk to it through `submit` / `abort` and 
 import logging
 import queue
 import threading
+import time
 from itertools import accumulate
 
 import grpc
 import torch
 
+from modeld import metrics
 from modeld.dflash import DflashWorker
 from modeld.memd_link import MemdLink
 from modeld.output import OutputProcessor
@@ -113,6 +115,7 @@ class Engine:
                 self._complete(req)
 
     def _step(self) -> bool:
+        started = time.perf_counter()
         items, hopeless = self.scheduler.next_step()
         for req in hopeless:
             self._complete(req)
@@ -127,6 +130,7 @@ class Engine:
                 item.req.finish = Finish("abort", error_code="INTERNAL", error=f"step failed: {exc}")
                 self._complete(item.req)
             return True
+        metrics.step_done(started, committed)
         for item, tokens in committed:
             if tokens and self.output.append(item.req, tokens):
                 self._complete(item.req)
@@ -184,6 +188,7 @@ class Engine:
         self.spec["spec_accepted_tokens"] += committed - 1
 
     def _complete(self, req: Request) -> None:
+        metrics.request_done(req)
         self.scheduler.remove(req)
         self.requests.pop(req.rid, None)
         with self.live_lock:

@@ -1,6 +1,7 @@
 """A generation request inside modeld: its tokens, progress, and the events it streams out."""
 
 import queue
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +30,8 @@ class Request:
     held: int = 0  # positions memd holds slots for (>= computed: decode slots are granted ahead)
     slots: list[int] = field(default_factory=list)  # target slots of positions [slots_from, held)
     slots_from: int = 0
+    arrived: float = field(default_factory=time.perf_counter)
+    first_token_at: float = 0.0  # perf_counter time of the step that produced the first token
     cached_tokens: int = 0
     spec_verify_ct: int = 0
     finish: Finish | None = None

@@ -25,6 +25,7 @@ from modeld.fingerprint import model_fingerprint
 from modeld.limits import MAX_REQUEST_BYTES
 from modeld.loader import load_target
 from modeld.memd_link import MemdLink, StartupError
+from modeld.metrics import start_metrics
 from modeld.packed_inputs import FIELDS
 from modeld.runner import ModelRunner
 from modeld.scheduler import Scheduler
@@ -182,6 +183,8 @@ def serve(cfg: ModeldConfig) -> int:
     try:
         server.start()
         engine.start()
+        if cfg.metrics_port is not None:
+            start_metrics(cfg.metrics_host, cfg.metrics_port, engine)
         set_health(True)
         link.start_watching()
         bound = cfg.listen if sock else f"{cfg.listen.rsplit(':', 1)[0]}:{port}"

@@ -11,6 +11,7 @@ from modeld.request import Request
 from modeld.sampling import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
 from protos import memd_pb2, modeld_pb2, modeld_pb2_grpc
 
+CHAT_ROLES = ("system", "user", "assistant")
 FINISH_REASONS = {"stop": modeld_pb2.STOP, "length": modeld_pb2.LENGTH, "abort": modeld_pb2.ABORT}
 
 
@@ -108,11 +109,26 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
                 )
             else:
                 ids = self.tokenizer(request.text)["input_ids"]
+        elif request.HasField("messages"):
+            ids = self._chat_ids(request.messages.messages, context_len)
         else:
-            raise InvalidRequest("give the prompt as text or as input_ids")
+            raise InvalidRequest("give the prompt as text, input_ids or messages")
         if not ids:
             raise InvalidRequest("the prompt is empty")
         return list(ids)
+
+    def _chat_ids(self, messages, context_len: int) -> list[int]:
+        """A conversation through the chat template, the assistant's turn opened."""
+        if self.tokenizer is None:
+            raise InvalidRequest("this model has no tokenizer: send input_ids")
+        if not messages:
+            raise InvalidRequest("messages is empty")
+        bad = next((m.role for m in messages if m.role not in CHAT_ROLES), None)
+        if bad is not None:
+            raise InvalidRequest(f"message role {bad!r}: one of {', '.join(CHAT_ROLES)}")
+        check_text_size("".join(m.content for m in messages), context_len, self.text_bytes_per_token)
+        turns = [{"role": m.role, "content": m.content} for m in messages]
+        return self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True, return_dict=False)
 
     def _check_vocabulary(self, field: str, ids) -> None:
         bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
@@ -127,7 +143,9 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         return modeld_pb2.AbortResponse(found=self.engine.abort(request.request_id))
 
     def GetInfo(self, request, context):
-        return modeld_pb2.GetInfoResponse(**self.info, **self.engine.spec)
+        running, waiting = self.engine.counts()
+        return modeld_pb2.GetInfoResponse(**self.info, **self.engine.spec, running_requests=running,
+                                          waiting_requests=waiting)
 
     def Capacity(self, request, context):
         if self.link.lost:

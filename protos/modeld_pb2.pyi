@@ -47,19 +47,35 @@ class SamplingParams(_message.Message):
     ignore_eos: bool
     def __init__(self, max_new_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class ChatMessages(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "input_ids", "apply_chat_template", "sampling")
+    __slots__ = ("request_id", "text", "input_ids", "messages", "apply_chat_template", "sampling")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     APPLY_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     input_ids: TokenIds
+    messages: ChatMessages
     apply_chat_template: bool
     sampling: SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., input_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., apply_chat_template: _Optional[bool] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., input_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., apply_chat_template: _Optional[bool] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("token_ids", "text")
@@ -118,7 +134,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("target_model", "draft_model", "dtype", "device", "speculative_algorithm", "block_size", "draft_window", "draft_kv_ratio", "page_size", "max_running_requests", "context_len", "target_tokens", "draft_tokens", "vocab_size", "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
+    __slots__ = ("target_model", "draft_model", "dtype", "device", "speculative_algorithm", "block_size", "draft_window", "draft_kv_ratio", "page_size", "max_running_requests", "context_len", "target_tokens", "draft_tokens", "vocab_size", "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "running_requests", "waiting_requests")
     TARGET_MODEL_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +152,8 @@ class GetInfoResponse(_message.Message):
     SPEC_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     SPEC_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPEC_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     target_model: str
     draft_model: str
     dtype: str
@@ -153,7 +171,9 @@ class GetInfoResponse(_message.Message):
     spec_drafts: int
     spec_draft_tokens: int
     spec_accepted_tokens: int
-    def __init__(self, target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., speculative_algorithm: _Optional[str] = ..., block_size: _Optional[int] = ..., draft_window: _Optional[int] = ..., draft_kv_ratio: _Optional[float] = ..., page_size: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., context_len: _Optional[int] = ..., target_tokens: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., spec_drafts: _Optional[int] = ..., spec_draft_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ...) -> None: ...
+    running_requests: int
+    waiting_requests: int
+    def __init__(self, target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., speculative_algorithm: _Optional[str] = ..., block_size: _Optional[int] = ..., draft_window: _Optional[int] = ..., draft_kv_ratio: _Optional[float] = ..., page_size: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., context_len: _Optional[int] = ..., target_tokens: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., spec_drafts: _Optional[int] = ..., spec_draft_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ...) -> None: ...
 
 class CapacityRequest(_message.Message):
     __slots__ = ()

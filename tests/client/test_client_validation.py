@@ -28,7 +28,7 @@ BAD_GENERATE_ARGUMENTS = [
     (dict(prompt="hi", stop_token_ids=[-(2**31) - 1]), "stop_token_ids[0] must be in"),
     (dict(prompt="hi", ignore_eos="yes"), "ignore_eos must be True or False, got 'yes'"),
     (dict(prompt="hi", request_id=5), "request_id must be a str, got int"),
-    (dict(prompt="hi", input_ids=[1]), "give exactly one of prompt and input_ids"),
+    (dict(prompt="hi", input_ids=[1]), "give exactly one of prompt, input_ids and messages"),
     (dict(input_ids=[1], chat=True), "chat applies to a text prompt only"),
 ]
 

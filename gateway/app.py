@@ -1,0 +1,78 @@
+"""The HTTP application: OpenAI's routes, health, and errors in OpenAI's shape."""
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from gateway.backends import Backends
+from gateway.config import GatewayConfig
+from gateway.errors import ApiError, api_error_response, error_body
+from gateway.generation import generate
+from gateway.router import Router
+from gateway.schemas import ChatRequest, CompletionRequest
+
+log = logging.getLogger("gateway")
+
+
+def create_app(cfg: GatewayConfig) -> FastAPI:
+    router = Router(cfg.affinity_block_chars, cfg.affinity_entries, cfg.affinity_max_imbalance)
+    state = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        backends = Backends(cfg.modelds, cfg.request_timeout, cfg.poll_interval)  # grpc.aio: inside the loop
+        await backends.start()
+        state["backends"] = backends
+        log.info("gateway ready: %d modeld(s), serving %s", len(cfg.modelds), ", ".join(backends.models()) or "nothing yet")
+        yield
+        await backends.close()
+
+    app = FastAPI(title="dflash-serve gateway", lifespan=lifespan)
+
+    @app.exception_handler(ApiError)
+    async def on_api_error(request: Request, exc: ApiError):
+        return api_error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ())[1:])
+        message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
+        return JSONResponse(error_body(message, "invalid_request_error", param=where or None), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, exc: HTTPException):
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def on_bug(request: Request, exc: Exception):
+        log.exception("request failed")
+        return JSONResponse(error_body(f"internal error: {exc}", "server_error"), status_code=500)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request):
+        return await generate(request, state["backends"], router, body, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await generate(request, state["backends"], router, body, chat=False)
+
+    @app.get("/v1/models")
+    async def models():
+        names = state["backends"].models()
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "dflash-serve"}
+                                           for name in names]}
+
+    @app.get("/health")
+    async def health():
+        reachable = [b for b in state["backends"].all if b.reachable]
+        status = 200 if reachable else 503
+        return JSONResponse({"status": "ok" if reachable else "unavailable", "modelds": len(reachable)},
+                            status_code=status)
+
+    return app

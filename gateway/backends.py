@@ -1,0 +1,90 @@
+"""The modelds behind the gateway: one asyncio client each, and their model and load, polled with GetInfo."""
+
+import asyncio
+import logging
+import pathlib
+
+import client
+from client.errors import ClientError
+
+log = logging.getLogger("gateway")
+POLL_TIMEOUT = 2.0
+
+
+class Backend:
+    """One modeld. Its load is the larger of what it reported at the last poll (running + waiting, every client's)
+    and the requests the gateway has open on it now (exact between polls)."""
+
+    def __init__(self, index: int, address: str, request_timeout: float):
+        self.index = index
+        self.address = address
+        self.client = client.AsyncClient(address, timeout=request_timeout, connect_timeout=2.0, max_retries=1)
+        self.model = ""  # GetInfo's target model, by its folder's name; "" until the first answer
+        self.reachable = False
+        self.reported_load = 0
+        self.open_requests = 0
+
+    def claim(self) -> None:
+        """A request starts here; `release` when it ends."""
+        self.open_requests += 1
+
+    def release(self) -> None:
+        self.open_requests -= 1
+
+    @property
+    def load(self) -> int:
+        return max(self.reported_load, self.open_requests)
+
+    async def poll(self) -> None:
+        try:
+            info = await self.client.info(timeout=POLL_TIMEOUT)
+        except ClientError as exc:
+            if self.reachable:
+                log.warning("modeld %s is unreachable: %s", self.address, exc)
+            self.reachable = False
+            return
+        if not self.reachable:
+            log.info("modeld %s serves %s", self.address, model_name(info["target_model"]))
+        self.model = model_name(info["target_model"])
+        self.reported_load = info["running_requests"] + info["waiting_requests"]
+        self.reachable = True
+
+
+def model_name(target_model: str) -> str:
+    """The name a model is served under: its folder's (or GGUF file's) name."""
+    return pathlib.Path(target_model).name
+
+
+class Backends:
+    def __init__(self, addresses: tuple[str, ...], request_timeout: float, poll_interval: float):
+        self.all = [Backend(i, address, request_timeout) for i, address in enumerate(addresses)]
+        self.poll_interval = poll_interval
+        self._poller: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.poll()
+        self._poller = asyncio.create_task(self._poll_forever())
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+        for backend in self.all:
+            await backend.client.close()
+
+    async def poll(self) -> None:
+        await asyncio.gather(*(backend.poll() for backend in self.all))
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            await self.poll()
+
+    def models(self) -> list[str]:
+        """The models served now (every reachable modeld's), each once."""
+        return sorted({b.model for b in self.all if b.reachable})
+
+    def known_model(self, model: str) -> bool:
+        return any(b.model == model for b in self.all)
+
+    def serving(self, model: str) -> list[Backend]:
+        return [b for b in self.all if b.reachable and b.model == model]

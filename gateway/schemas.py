@@ -1,0 +1,112 @@
+"""The OpenAI request bodies the gateway accepts, and the modeld Generate arguments they become.
+
+Fields OpenAI defines that the gateway does not serve are refused (400) rather than ignored when ignoring them
+would change the answer (n > 1, logprobs, tools); other unknown fields are ignored, as OpenAI-compatible
+servers do."""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.errors import ApiError
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, lt=2**64)
+    n: int = 1
+    logprobs: bool | int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    def check_supported(self) -> None:
+        if self.n != 1:
+            raise ApiError(400, f"n={self.n}: this server returns one choice per request (n=1)", param="n")
+        if self.logprobs:
+            raise ApiError(400, "logprobs are not supported", param="logprobs")
+
+    def sampling(self, max_tokens: int | None) -> dict:
+        """The client library's Generate arguments for these fields (unset ones take modeld's defaults)."""
+        values = dict(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+                      stop=self.stop or None)
+        return {key: value for key, value in values.items() if value is not None}
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def turn(self) -> dict[str, str]:
+        """The message as modeld renders it (developer is OpenAI's newer name of system)."""
+        text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class ChatRequest(SamplingRequest):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.tools:
+            raise ApiError(400, "tools are not supported", param="tools")
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise ApiError(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
+
+    def generate_arguments(self) -> dict:
+        turns = [m.turn() for m in self.messages]
+        return dict(messages=turns, **self.sampling(self.max_completion_tokens or self.max_tokens))
+
+    def affinity_key(self) -> str:
+        """The conversation as text, for prefix affinity: a conversation that goes on shares its prefix."""
+        return "".join(f"<{m['role']}>{m['content']}" for m in (message.turn() for message in self.messages))
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+    best_of: int | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) != 1:
+            raise ApiError(400, "give one prompt per request", param="prompt")
+        if self.echo:
+            raise ApiError(400, "echo is not supported", param="echo")
+        if self.best_of not in (None, 1):
+            raise ApiError(400, "best_of is not supported", param="best_of")
+
+    def single_prompt(self) -> str | list[int]:
+        """The prompt: a text, or token ids (a list of one text is that text)."""
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
+            return self.prompt[0]
+        return self.prompt
+
+    def generate_arguments(self) -> dict:
+        prompt = self.single_prompt()
+        source = dict(input_ids=prompt) if isinstance(prompt, list) else dict(prompt=prompt)
+        return dict(**source, **self.sampling(self.max_tokens))
+
+    def affinity_key(self) -> str:
+        prompt = self.single_prompt()
+        return prompt if isinstance(prompt, str) else ",".join(map(str, prompt))

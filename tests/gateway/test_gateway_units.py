@@ -1,0 +1,47 @@
+"""The gateway's parts without daemons: error mapping, routing by load and prefix affinity, configuration."""
+
+import pytest
+
+from client.errors import error_for
+from gateway.config import config_from_args
+from gateway.errors import from_client_error
+from gateway.router import Router
+
+
+@pytest.mark.parametrize("code, status", [("INVALID_ARGUMENT", 400), ("RESOURCE_EXHAUSTED", 429),
+                                          ("UNAVAILABLE", 503), ("INTERNAL", 500), ("UNKNOWN", 500)])
+def test_grpc_codes_become_http_statuses(code, status):
+    error = from_client_error(error_for(code, "why"))
+    assert (error.status, error.message, error.code) == (status, "why", code.lower())
+
+
+class FakeBackend:
+    def __init__(self, index, load=0):
+        self.index, self.load = index, load
+
+
+def test_least_loaded_then_affinity_until_imbalanced():
+    router = Router(block_chars=8, max_entries=100, max_imbalance=2)
+    a, b = FakeBackend(0, load=3), FakeBackend(1, load=1)
+    assert router.pick("system prompt, question one", [a, b]) is b
+    b.load = 3
+    assert router.pick("system prompt, question two", [a, b]) is b  # shares 'system p' with the first: affinity
+    a.load = 0
+    assert router.pick("system prompt, question three", [a, b]) is a  # b has 3 - 0 > 2 more: the least loaded
+    assert router.pick("something else entirely", [a, b]) is a  # no shared prefix
+
+
+def test_affinity_map_is_bounded():
+    router = Router(block_chars=4, max_entries=5, max_imbalance=0)
+    backend = FakeBackend(0)
+    for i in range(20):
+        router.pick(f"prompt number {i}", [backend])
+    assert len(router.recent) == 5
+
+
+def test_config_refuses_bad_flags():
+    with pytest.raises(ValueError, match="--modeld"):
+        config_from_args(["--modeld", "nowhere"])
+    with pytest.raises(ValueError, match="twice"):
+        config_from_args(["--modeld", "127.0.0.1:1", "--modeld", "127.0.0.1:1"])
+    assert config_from_args(["--modeld", "unix:///tmp/m.sock"]).port == 8000
