@@ -3,7 +3,9 @@
 For each draft block size, and once without the draft, in one script: memd (bounded draft pool at
 --ratio) and modeld on the GPU, greedy answers to the prompts at batch 1 (the first --batch1
 prompts) and at --concurrency (all of them). Prints one markdown row per configuration: accept
-length (completion tokens / verify steps) and tokens/s, and the speed-up over no draft.
+length (completion tokens / verify steps), tokens/s, the speed-up over no draft, and how many greedy answers
+equal the no-draft answer (bf16: a near-tie may differ, tests/conftest.py's NEAR_TIE); then the accept
+length per prompt category (the prompts' "category" field) at --concurrency.
 
     python -m bench.draft_accept --prompts DIR/eval/mtbench.jsonl [--draft modeld/default_draft] [--blocks 8,16]
         [--max-new-tokens 128] [--batch1 8] [--concurrency 16] [--ratio 0.25] [--page 64]
@@ -23,15 +25,33 @@ from modeld.fetch_default import ensure_default_model
 from train.stack import memd_args, run_memd, run_modeld
 
 
-def run_set(address: str, prompts: list[list[int]], max_new: int, workers: int) -> tuple[int, int, float]:
-    """(completion tokens, verify steps, seconds) for greedy answers to `prompts`."""
+def run_set(address: str, prompts: list[list[int]], max_new: int, workers: int) -> tuple[int, int, float, list]:
+    """(completion tokens, verify steps, seconds, per-prompt (tokens, verify steps, output ids)) for greedy
+    answers."""
     with client.Client(address, timeout=1200) as c:
         go = lambda ids: c.generate(input_ids=ids, max_new_tokens=max_new, temperature=0)  # noqa: E731
         begin = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             results = list(pool.map(go, prompts))
         seconds = time.perf_counter() - begin
-    return sum(len(r.output_ids) for r in results), sum(r.spec_verify_ct for r in results), seconds
+    each = [(len(r.output_ids), r.spec_verify_ct, tuple(r.output_ids)) for r in results]
+    return sum(e[0] for e in each), sum(e[1] for e in each), seconds, each
+
+
+def category_rows(categories: list[str], each_by_block: dict[int, list]) -> list[str]:
+    """Accept length per prompt category (the prompts' "category" field), one column per block size."""
+    blocks = sorted(each_by_block)
+    rows = ["| category | prompts | " + " | ".join(f"accept length, block {b}" for b in blocks) + " |",
+            "|---|---|" + "---|" * len(blocks)]
+    for name in sorted(set(categories)):
+        picked = [i for i, c in enumerate(categories) if c == name]
+        cells = []
+        for b in blocks:
+            tokens = sum(each_by_block[b][i][0] for i in picked)
+            steps = sum(each_by_block[b][i][1] for i in picked)
+            cells.append(f"{tokens / max(1, steps):.2f}")
+        rows.append(f"| {name} | {len(picked)} | " + " | ".join(cells) + " |")
+    return rows
 
 
 def main(argv=None) -> int:
@@ -49,14 +69,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     target = pathlib.Path(args.target) if args.target else ensure_default_model()
     tokenizer = AutoTokenizer.from_pretrained(target)
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}],
-                                             add_generation_prompt=True, tokenize=True, return_dict=False)
-               for line in open(args.prompts) if line.strip()]
+    records = [json.loads(line) for line in open(args.prompts) if line.strip()]
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=False) for r in records]
+    categories = [r.get("category", "all") for r in records]
+    each_by_block = {}
     window = json.loads((pathlib.Path(args.draft) / "config.json").read_text())["sliding_window"]
     mem = memd_args(draft=pathlib.Path(args.draft), ratio=args.ratio, window=window, page=args.page,
                     budget=4_000_000_000, max_running=max(args.concurrency, 8), chunk=2048, strict=False)
-    rows = ["| config | accept length | batch 1 tok/s | x | batch %d tok/s | x |" % args.concurrency,
-            "|---|---|---|---|---|---|"]
+    rows = ["| config | accept length | batch 1 tok/s | x | batch %d tok/s | x | output = no draft's |"
+            % args.concurrency, "|---|---|---|---|---|---|---|"]
     base = None
     with run_memd(target, *mem, "--kv-cache-dtype", "bfloat16", device=args.device) as memd:
         for block in [None] + [int(b) for b in args.blocks.split(",")]:
@@ -68,13 +90,20 @@ def main(argv=None) -> int:
                 many = run_set(modeld.address, prompts, args.max_new_tokens, args.concurrency)
             speeds = (one[0] / one[2], many[0] / many[2])
             base = base or speeds
+            if block is None:
+                plain = [e[2] for e in many[3]]
+            else:
+                each_by_block[block] = many[3]
+            same = sum(e[2] == out for e, out in zip(many[3], plain))
             accept = "-" if block is None else f"{many[0] / many[1]:.2f}"
             name = "no draft" if block is None else f"DFLASH block {block}"
             rows.append(f"| {name} | {accept} | {speeds[0]:.1f} | {speeds[0] / base[0]:.2f} | {speeds[1]:.1f} "
-                        f"| {speeds[1] / base[1]:.2f} |")
+                        f"| {speeds[1] / base[1]:.2f} | {same}/{len(plain)} |")
             print(rows[-1], file=sys.stderr, flush=True)
     print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, ratio {args.ratio}, page {args.page}")
     print("\n".join(rows))
+    print()
+    print("\n".join(category_rows(categories, each_by_block)))
     return 0
 
 

@@ -1,6 +1,6 @@
-"""The deployment under test, two ways with one interface: memd and modeld as plain processes, or as the
-containers of compose.yaml + compose.cpu.yaml (podman-compose, the README's commands). Both listen on loopback
-TCP ports picked free here; the client reaches them exactly as a user would."""
+"""The deployment under test, two ways with one interface: memd, modeld and the gateway as plain processes, or
+as the containers of compose.yaml + compose.cpu.yaml (podman-compose, the README's commands). They listen on
+loopback TCP ports picked free here; the client reaches them exactly as a user would."""
 
 import json
 import os
@@ -46,11 +46,12 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
 
 
 class Stack:
-    """memd + modeld. Subclasses start, kill and stop them."""
+    """memd + modeld (+ the gateway in front of modeld). Subclasses start, kill and stop them."""
     kind = ""
 
     def __init__(self):
-        self.memd_port, self.modeld_port = free_port(), free_port()
+        self.memd_port, self.modeld_port, self.gateway_port = free_port(), free_port(), free_port()
+        self.gateway_url = f"http://127.0.0.1:{self.gateway_port}"
         self.memd_address = f"127.0.0.1:{self.memd_port}"
         self.modeld_address = f"127.0.0.1:{self.modeld_port}"
         self.memd: MemdProcess | None = None  # capacity and the end-of-test check, over gRPC
@@ -104,6 +105,8 @@ class ProcessStack(Stack):
         self._start_memd()
         self.attach_memd_client(self.folder / "memd.log")
         self.start_modeld()
+        self._spawn("gateway", [sys.executable, "-m", "gateway", "--modeld", self.modeld_address,
+                                "--port", str(self.gateway_port)])
 
     def kill_modeld(self) -> None:
         self.procs["modeld"].send_signal(signal.SIGKILL)
@@ -175,6 +178,7 @@ class ContainerStack(Stack):
         self.project = f"dflash-it-{os.getpid()}-{self.memd_port}"
         self.env = {**podman_env(), "DFLASH_PROJECT": self.project, "DFLASH_IMAGE": image,
                     "MEMD_PORT": str(self.memd_port), "MODELD_PORT": str(self.modeld_port),
+                    "GATEWAY_PORT": str(self.gateway_port),
                     "MEMD_ARGS": shlex.join(MEMD_ARGS), "MODELD_ARGS": ""}
         self.folder = pathlib.Path(tempfile.mkdtemp(prefix="dflash-it-"))
 
@@ -234,7 +238,7 @@ class ContainerStack(Stack):
 
     def logs(self) -> str:
         parts = []
-        for service in ("model", "memd", "modeld"):
+        for service in ("model", "memd", "modeld", "gateway"):
             out = podman("logs", "--tail", "40", self.container(service), check=False)
             parts.append(f"--- {service}\n{out.stdout}{out.stderr}")
         return "\n".join(parts)

@@ -1,15 +1,19 @@
 """The client against memd and modeld deployed as a user deploys them: in two containers of compose.yaml
 (+ compose.cpu.yaml, podman-compose) and, with the same tests, as two plain processes. Over loopback TCP:
 greedy output equals Hugging Face's (the in-process reference of tests/e2e), streaming, capacity and health;
-kill -9 of modeld mid-stream (the client gets UNAVAILABLE at once, memd frees the session within 2 s, a
+the OpenAI-compatible gateway in front of modeld answers a chat
+completion with the client's greedy text; kill -9 of modeld mid-stream (the client gets UNAVAILABLE at once, memd frees the session within 2 s, a
 restarted modeld answers the same greedy output); memd stopped and started again (modeld turns NOT_SERVING,
 then SERVING); a stop is a clean SIGTERM that leaves no segment in /dev/shm. Every test ends with memd's pools
 free (nothing held but by the prefix cache; fully free after FlushCache)."""
 
+import json
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -67,6 +71,30 @@ def test_capacity_and_health(stack, c):
     assert int(target["total"]) > 0 and int(target["free"]) + int(target.get("evictable", 0)) == int(target["total"])
     direct = stack.memd.capacity()
     assert direct.target.total == int(target["total"]) and direct.running_requests == 0
+
+
+def gateway_healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def test_gateway_answers_as_the_client_does(stack, c):
+    question = "What is the capital of France?"
+    expected = c.generate(question, chat=True, max_new_tokens=MAX_NEW, temperature=0).text
+    wait_until(lambda: gateway_healthy(stack.gateway_url), 120, "the gateway healthy", interval=0.5)
+    if stack.kind == "containers":  # compose.yaml's health check of the gateway, run by podman
+        assert stack.healthcheck("gateway") == 0
+    body = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": question}],
+            "max_tokens": MAX_NEW, "temperature": 0}
+    request = urllib.request.Request(f"{stack.gateway_url}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        reply = json.loads(answer.read())
+    assert reply["choices"][0]["message"]["content"] == expected
+    assert reply["usage"]["completion_tokens"] == MAX_NEW or reply["choices"][0]["finish_reason"] == "stop"
 
 
 def test_kill_9_of_modeld_mid_stream(stack, c, chat_ids):

@@ -1,0 +1,31 @@
+"""Sizing a training schedule to a time budget: the anchors per sequence are the most that fit the blocks the
+budget allows, and more epochs are taken only when every position already fits."""
+
+import numpy as np
+import pytest
+
+from train.fit_budget import pick_schedule
+
+
+def trained_blocks(counts: np.ndarray, anchors: int, epochs: int) -> int:
+    return epochs * int(np.minimum(counts, anchors).sum())
+
+
+@pytest.mark.parametrize("blocks", [7, 100, 1_000, 5_000, 12_345])
+def test_the_anchors_are_the_most_that_fit(blocks):
+    counts = np.random.default_rng(0).integers(0, 400, size=50)
+    anchors, epochs = pick_schedule(counts, 2, blocks)
+    assert epochs == 2
+    assert trained_blocks(counts, anchors, epochs) <= blocks or anchors == 1
+    assert anchors == counts.max() or trained_blocks(counts, anchors + 1, epochs) > blocks
+
+
+def test_every_position_fits_then_more_epochs():
+    counts = np.array([10, 20, 0, 30])
+    assert pick_schedule(counts, 2, 60 * 5 + 7) == (30, 5)
+    assert pick_schedule(counts, 2, 120) == (30, 2)
+
+
+def test_no_answers_is_an_error():
+    with pytest.raises(ValueError, match="no sequence has an anchor"):
+        pick_schedule(np.zeros(3, dtype=np.int64), 2, 100)

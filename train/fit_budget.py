@@ -1,0 +1,116 @@
+"""Fit a draft's training run into a time budget: time a few steps, then pick the anchors per sequence (and the
+epochs) so that the whole cosine schedule ends inside the budget, and train. A run stopped by the clock halfway
+through its schedule ends at a high learning rate; a schedule sized to the budget ends where it should.
+
+    python -m train.fit_budget --prompts DIR --responses DIR[,DIR] --out DRAFT --ckpt FILE --seconds S
+        [--epochs 2] [--batch-anchors 4096] [--probe-anchors 128] [--log-json FILE]
+
+The chosen settings are printed as the train.train_draft command line that repeats the run (same data, same
+seed: the same steps). The probes' steps are thrown away. A step's time depends on the anchors per sequence
+(the first run here took 0.29 s a step at 128 anchors and 0.55 s at 1,022 on the H200), so a second probe
+times the setting the first picked, and the schedule is picked again from it.
+"""
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+from train import train_draft as td
+
+PROBE_WARMUP, PROBE_STEPS = 3, 10
+PROBES = 2  # the first at --probe-anchors, the second at the anchors the first picked
+SAVE_MARGIN_S = 25.0  # the checkpoint and the bf16 export at the end
+PACKING_SLACK = 0.95  # batches are packed whole sequences: a step holds a little under --batch-anchors blocks
+
+
+def valid_counts(seqs: list[dict], max_len: int) -> np.ndarray:
+    return np.array([len(td.valid_anchors(len(s["ids"]), s["spans"], max_len)) for s in seqs], dtype=np.int64)
+
+
+def pick_schedule(counts: np.ndarray, epochs: int, blocks: float) -> tuple[int, int]:
+    """(anchors per sequence, epochs) whose schedule trains about `blocks` blocks: the most anchors that fit
+    `epochs` epochs; when every position of every sequence fits, more epochs instead."""
+    full = int(counts.sum())
+    if full == 0:
+        raise ValueError("no sequence has an anchor (no answers in the data)")
+    if epochs * full <= blocks:
+        return int(counts.max()), max(epochs, int(blocks // full))
+    lo, hi = 1, int(counts.max())  # the largest a with epochs * sum(min(a, count)) <= blocks
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if epochs * int(np.minimum(counts, mid).sum()) <= blocks:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo, epochs
+
+
+def step_seconds(target, seqs, tc: td.TrainConfig, device: str, log) -> float:
+    """Wall seconds per training step at these settings (warm-up steps excluded)."""
+    runs = []
+    for steps in (PROBE_WARMUP, PROBE_WARMUP + PROBE_STEPS):
+        begin = time.monotonic()
+        _, _, state = td.train(target, seqs, tc, device, lambda _msg: None, max_steps=steps, save_every=0)
+        runs.append((time.monotonic() - begin, state.step))
+    if runs[1][1] <= runs[0][1]:
+        raise ValueError(f"the probe's schedule has only {runs[0][1]} steps: too little data to time a step")
+    seconds = (runs[1][0] - runs[0][0]) / (runs[1][1] - runs[0][1])
+    log(f"probe: {seconds:.3f} s per step at {tc.anchors} anchors, {tc.batch_anchors} blocks per step")
+    return seconds
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.fit_budget", description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", required=True)
+    p.add_argument("--responses", required=True, help="response shard folders, comma-separated")
+    p.add_argument("--out", required=True)
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--seconds", type=float, required=True, help="the whole call's budget, probe and loading included")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-anchors", type=int, default=4096)
+    p.add_argument("--probe-anchors", type=int, default=128)
+    p.add_argument("--target")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--log-json", help="write the settings, step time and per-step losses here")
+    args = p.parse_args(argv)
+    begin = time.monotonic()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if args.target is None:
+        from modeld.fetch_default import ensure_default_model
+
+        args.target = str(ensure_default_model())
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    seqs = td.load_sequences(pathlib.Path(args.prompts), [pathlib.Path(d) for d in args.responses.split(",")],
+                             tokenizer, log)
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval().requires_grad_(False)
+    base = td.TrainConfig(batch_anchors=args.batch_anchors)
+    counts = valid_counts(seqs, base.max_len)
+    anchors = args.probe_anchors
+    for _ in range(PROBES):  # a step's time depends on the anchors: probe again at the setting picked
+        per_step = step_seconds(target, seqs, dataclasses.replace(base, anchors=anchors, epochs=1), args.device, log)
+        left = args.seconds - (time.monotonic() - begin) - SAVE_MARGIN_S
+        anchors, epochs = pick_schedule(counts, args.epochs, left / per_step * args.batch_anchors * PACKING_SLACK)
+    tc = dataclasses.replace(base, anchors=anchors, epochs=epochs)
+    log(f"schedule: {epochs} epochs at {anchors} anchors per sequence ({left:.0f} s left); repeat with: "
+        f"python -m train.train_draft --prompts {args.prompts} --responses {args.responses} --out DRAFT --ckpt CKPT "
+        f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors}")
+    _, _, state = td.train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), False, pathlib.Path(args.out),
+                           time_budget=left)
+    if args.log_json:
+        pathlib.Path(args.log_json).write_text(json.dumps({
+            "settings": dataclasses.asdict(tc), "sequences": len(seqs), "anchor_positions": int(counts.sum()),
+            "probe_step_seconds": per_step, "steps": state.step, "epoch": state.epoch, "losses": state.losses}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
