@@ -3,7 +3,6 @@
 import contextlib
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import tempfile
@@ -12,6 +11,8 @@ import time
 import grpc
 
 from protos import memd_pb2, memd_pb2_grpc
+from train import stack
+from train.stack import start as start_daemon, stop as stop_daemon, wait_ready  # noqa: F401 (tests import them here)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -91,32 +92,6 @@ def child_env(*paths: str) -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), *paths, os.environ.get("PYTHONPATH")]))}
 
 
-def start_daemon(cmd: list[str], log_path: pathlib.Path) -> subprocess.Popen:
-    with open(log_path, "w") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO)
-
-
-def wait_ready(proc: subprocess.Popen, log_path: pathlib.Path, marker: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while marker not in log_path.read_text():
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[2]} exited with {proc.returncode}:\n{log_path.read_text()}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{proc.args[2]} did not start:\n{log_path.read_text()}")
-        time.sleep(0.05)
-
-
-def stop_daemon(proc: subprocess.Popen, timeout: float) -> None:
-    """SIGTERM (a clean shutdown), SIGKILL if it does not stop in time."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @contextlib.contextmanager
 def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: bool = True, ready_timeout: float = 60,
              address: str | None = None):
@@ -139,16 +114,9 @@ def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: 
         stop_daemon(proc, timeout=10)
 
 
-def memd_args(*, draft: pathlib.Path | None = None, ratio: float = 1.0, window: int | None = None, page: int = 1,
-              budget: int = 4_000_000, max_running: int = 4, chunk: int = 64, strict: bool = True) -> list[str]:
-    args = ["--page-size", str(page), "--max-running-requests", str(max_running), "--kv-budget-bytes", str(budget),
-            "--chunked-prefill-size", str(chunk), "--draft-model", str(draft) if draft else "none",
-            "--draft-kv-ratio", str(ratio)]
-    if window is not None:
-        args += ["--draft-window", str(window)]
-    if strict:
-        args.append("--strict")
-    return args
+def memd_args(**settings) -> list[str]:
+    """train.stack.memd_args, strict unless told otherwise: tests check memd's invariants after every call."""
+    return stack.memd_args(**{"strict": True, **settings})
 
 
 @contextlib.contextmanager
