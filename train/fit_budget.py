@@ -3,7 +3,7 @@ epochs) so that the whole cosine schedule ends inside the budget, and train. A r
 through its schedule ends at a high learning rate; a schedule sized to the budget ends where it should.
 
     python -m train.fit_budget --prompts DIR --responses DIR[,DIR] --out DRAFT --ckpt FILE --seconds S
-        [--epochs 2] [--batch-anchors 4096] [--probe-anchors 128] [--log-json FILE]
+        [--epochs 2] [--batch-anchors 4096] [--probe-anchors 128] [--init DRAFT] [--log-json FILE]
 
 The chosen settings are printed as the train.train_draft command line that repeats the run (same data, same
 seed: the same steps). The probes' steps are thrown away. A step's time depends on the anchors per sequence
@@ -74,6 +74,7 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-anchors", type=int, default=4096)
     p.add_argument("--probe-anchors", type=int, default=128)
+    p.add_argument("--init", help="start from this saved draft's weights (train_draft --init)")
     p.add_argument("--target")
     p.add_argument("--device", default="cuda")
     p.add_argument("--log-json", help="write the settings, step time and per-step losses here")
@@ -102,9 +103,10 @@ def main(argv=None) -> int:
     tc = dataclasses.replace(base, anchors=anchors, epochs=epochs)
     log(f"schedule: {epochs} epochs at {anchors} anchors per sequence ({left:.0f} s left); repeat with: "
         f"python -m train.train_draft --prompts {args.prompts} --responses {args.responses} --out DRAFT --ckpt CKPT "
-        f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors}")
+        f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors}"
+        + (f" --init {args.init}" if args.init else ""))
     _, _, state = td.train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), False, pathlib.Path(args.out),
-                           time_budget=left)
+                           time_budget=left, init=pathlib.Path(args.init) if args.init else None)
     if args.log_json:
         pathlib.Path(args.log_json).write_text(json.dumps({
             "settings": dataclasses.asdict(tc), "sequences": len(seqs), "anchor_positions": int(counts.sum()),

@@ -3,6 +3,7 @@ in the z-lab format modeld loads (modeld/draft.py, unchanged).
 
     python -m train.train_draft --prompts DIR --responses DIR[,DIR] --out DIR --ckpt FILE [--target DIR]
         [--epochs 6] [--max-len 2048] [--anchors 512] [--batch-anchors 8192] [--time-budget S] [--resume]
+        [--init DRAFT]
 
 The recipe and what this does with it:
 - Draft: --layers 5 Qwen3-style layers at the target's attention geometry (hidden 576, 9 heads, 3 KV heads,
@@ -301,6 +302,21 @@ def save_draft(draft: DFlashDraft, config: dict, out: pathlib.Path, max_mb: floa
     return size
 
 
+def load_weights(draft: DFlashDraft, config: dict, folder: pathlib.Path) -> None:
+    """A saved draft's weights into `draft` (fp32 master copies of the bf16 file); refused if its config differs."""
+    from safetensors.torch import load_file
+
+    saved = json.loads((folder / "config.json").read_text())
+    if saved != config:
+        changed = sorted(k for k in set(saved) | set(config) if saved.get(k) != config.get(k))
+        raise ValueError(f"{folder} was trained with other settings ({', '.join(changed)}): it cannot start this run")
+    state = {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    missing = [k for k in missing if "rotary" not in k]
+    if missing or unexpected:
+        raise ValueError(f"{folder}: missing {missing}, unexpected {unexpected}")
+
+
 @dataclass
 class State:
     step: int = 0
@@ -319,12 +335,19 @@ def save_checkpoint(path: pathlib.Path, draft, opt, state: State, tc: TrainConfi
 
 def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckpt: pathlib.Path | None = None,
           resume: bool = False, out: pathlib.Path | None = None, time_budget: float = float("inf"),
-          max_steps: int | None = None, save_every: int = 500) -> tuple[DFlashDraft, dict, State]:
+          max_steps: int | None = None, save_every: int = 500,
+          init: pathlib.Path | None = None) -> tuple[DFlashDraft, dict, State]:
     """Train (or continue, with `resume` and an existing `ckpt`) until the epochs are done, `time_budget`
-    seconds have passed, or `max_steps` steps were taken in this call; saves `ckpt` and `out` at the end."""
+    seconds have passed, or `max_steps` steps were taken in this call; saves `ckpt` and `out` at the end.
+    `init`: a saved draft (save_draft's folder, same settings) whose weights replace the random start; the
+    optimiser and the schedule start afresh (how a later session continues from the weights that came back,
+    when the checkpoint, optimiser included, is too large to)."""
     config = draft_config(target.config, tc)
     size = check_size(config, target.config.hidden_size, tc.max_draft_mb)
     draft = new_draft(config, target.config, device)
+    if init is not None and not (resume and ckpt is not None and ckpt.exists()):
+        load_weights(draft, config, init)
+        log(f"weights from {init}")
     opt = torch.optim.AdamW(draft.parameters(), lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0)
     plans = [epoch_batches(seqs, tc, e) for e in range(tc.epochs)]
     total = sum(map(len, plans))
@@ -390,6 +413,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="the draft's folder (bf16, z-lab format), written at every save")
     p.add_argument("--ckpt", required=True, help="the training checkpoint (draft, optimiser, step, data position)")
     p.add_argument("--resume", action="store_true", help="continue from --ckpt if it exists")
+    p.add_argument("--init", help="start from this saved draft's weights (a fresh optimiser and schedule); "
+                                  "ignored when --resume finds --ckpt")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--time-budget", type=float, default=float("inf"), help="seconds; then save and stop")
     p.add_argument("--save-every", type=int, default=500)
@@ -411,7 +436,7 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval().requires_grad_(False)
     train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), args.resume, pathlib.Path(args.out),
-          args.time_budget, save_every=args.save_every)
+          args.time_budget, save_every=args.save_every, init=pathlib.Path(args.init) if args.init else None)
     log(f"draft in {args.out}")
     return 0
 

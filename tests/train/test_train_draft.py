@@ -110,6 +110,20 @@ def test_resume_takes_the_same_steps_as_an_uninterrupted_run(tiny, tmp_path):
         train(target, train_set[:-1], tc, "cpu", log=lambda m: None, ckpt=ckpt, resume=True)
 
 
+def test_init_starts_from_a_saved_drafts_weights(tiny, tmp_path):
+    target, train_set, _ = tiny
+    tc = TrainConfig(**TINY, epochs=2)
+    trained, _, _ = train(target, train_set, tc, "cpu", log=lambda m: None, out=tmp_path / "draft", max_steps=3)
+    messages = []
+    started, _, state = train(target, train_set, tc, "cpu", log=messages.append, max_steps=0, init=tmp_path / "draft")
+    assert state.step == 0 and any("weights from" in m for m in messages)
+    for name, value in trained.state_dict().items():  # what was saved, in bf16, is where the new run starts
+        torch.testing.assert_close(started.state_dict()[name], value.to(torch.bfloat16).float(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="other settings"):
+        train(target, train_set, TrainConfig(**{**TINY, "window": 32}), "cpu", log=lambda m: None,
+              init=tmp_path / "draft")
+
+
 SMOLLM2 = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                       num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
                       max_position_embeddings=8192, rope_theta=100000.0)
