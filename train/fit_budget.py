@@ -3,7 +3,8 @@ epochs) so that the whole cosine schedule ends inside the budget, and train. A r
 through its schedule ends at a high learning rate; a schedule sized to the budget ends where it should.
 
     python -m train.fit_budget --prompts DIR --responses DIR[,DIR] --out DRAFT --ckpt FILE --seconds S
-        [--epochs 2] [--batch-anchors 4096] [--probe-anchors 128] [--init DRAFT] [--log-json FILE]
+        [--epochs 2] [--batch-anchors 4096] [--probe-anchors 128] [--layers 5] [--lr 6e-4] [--init DRAFT]
+        [--log-json FILE]
 
 The chosen settings are printed as the train.train_draft command line that repeats the run (same data, same
 seed: the same steps). The probes' steps are thrown away. A step's time depends on the anchors per sequence
@@ -50,6 +51,11 @@ def pick_schedule(counts: np.ndarray, epochs: int, blocks: float) -> tuple[int, 
     return lo, epochs
 
 
+def base_config(args) -> td.TrainConfig:
+    """The run's fixed settings (the anchors and the epochs are picked later)."""
+    return td.TrainConfig(batch_anchors=args.batch_anchors, layers=args.layers, lr=args.lr)
+
+
 def step_seconds(target, seqs, tc: td.TrainConfig, device: str, log) -> float:
     """Wall seconds per training step at these settings (warm-up steps excluded)."""
     runs = []
@@ -64,7 +70,7 @@ def step_seconds(target, seqs, tc: td.TrainConfig, device: str, log) -> float:
     return seconds
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m train.fit_budget", description=__doc__.splitlines()[0])
     p.add_argument("--prompts", required=True)
     p.add_argument("--responses", required=True, help="response shard folders, comma-separated")
@@ -74,11 +80,18 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-anchors", type=int, default=4096)
     p.add_argument("--probe-anchors", type=int, default=128)
+    p.add_argument("--layers", type=int, default=td.TrainConfig.layers,
+                   help="draft layers (4 continues the shipped draft with --init modeld/default_draft)")
+    p.add_argument("--lr", type=float, default=td.TrainConfig.lr, help="peak learning rate")
     p.add_argument("--init", help="start from this saved draft's weights (train_draft --init)")
     p.add_argument("--target")
     p.add_argument("--device", default="cuda")
     p.add_argument("--log-json", help="write the settings, step time and per-step losses here")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
     begin = time.monotonic()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -93,7 +106,7 @@ def main(argv=None) -> int:
                              tokenizer, log)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval().requires_grad_(False)
-    base = td.TrainConfig(batch_anchors=args.batch_anchors)
+    base = base_config(args)
     counts = valid_counts(seqs, base.max_len)
     anchors = args.probe_anchors
     for _ in range(PROBES):  # a step's time depends on the anchors: probe again at the setting picked
@@ -103,7 +116,7 @@ def main(argv=None) -> int:
     tc = dataclasses.replace(base, anchors=anchors, epochs=epochs)
     log(f"schedule: {epochs} epochs at {anchors} anchors per sequence ({left:.0f} s left); repeat with: "
         f"python -m train.train_draft --prompts {args.prompts} --responses {args.responses} --out DRAFT --ckpt CKPT "
-        f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors}"
+        f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors} --layers {tc.layers} --lr {tc.lr:g}"
         + (f" --init {args.init}" if args.init else ""))
     _, _, state = td.train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), False, pathlib.Path(args.out),
                            time_budget=left, init=pathlib.Path(args.init) if args.init else None)

@@ -1,8 +1,10 @@
-# On the GPU machine: a schedule sized to SECONDS (train.fit_budget) on every answer in /tmp/gen, optionally
-# from INIT_DRAFT's weights; the bf16 draft comes back in parts ($OUT/draft.safetensors.part-*: cat them).
+# On the GPU machine: a schedule sized to SECONDS (train.fit_budget) on every answer in /tmp/gen; any further
+# arguments go to train.fit_budget (for example --layers 4 --init modeld/default_draft --lr 3e-4 to continue the
+# shipped draft); the bf16 draft comes back in parts ($OUT/draft.safetensors.part-*: cat them).
 export PYTHONPATH=/tmp/site:$PWD
+seconds=$1
+shift
 python3 -m train.fit_budget --prompts /tmp/prompts --responses /tmp/gen --out /tmp/draft --ckpt /tmp/ckpt.pt \
-    --seconds "$1" --epochs 2 --batch-anchors 4096 ${2:+--init "$2"} --log-json "$OUT/train_log.json" 2>&1 \
-    | grep -v Loading | tail -40
+    --seconds "$seconds" --epochs 2 --log-json "$OUT/train_log.json" "$@" 2>&1 | grep -v Loading | tail -40
 split -b 15M /tmp/draft/model.safetensors "$OUT/draft.safetensors.part-" && cp /tmp/draft/config.json "$OUT/draft_config.json"
 sha256sum /tmp/draft/model.safetensors

@@ -4,7 +4,8 @@ budget allows, and more epochs are taken only when every position already fits."
 import numpy as np
 import pytest
 
-from train.fit_budget import pick_schedule
+from train.fit_budget import base_config, parse, pick_schedule
+from train.train_draft import TrainConfig
 
 
 def trained_blocks(counts: np.ndarray, anchors: int, epochs: int) -> int:
@@ -29,3 +30,11 @@ def test_every_position_fits_then_more_epochs():
 def test_no_answers_is_an_error():
     with pytest.raises(ValueError, match="no sequence has an anchor"):
         pick_schedule(np.zeros(3, dtype=np.int64), 2, 100)
+
+
+def test_the_fixed_settings_come_from_the_command_line():
+    args = parse(["--prompts", "P", "--responses", "R", "--out", "O", "--ckpt", "C", "--seconds", "60",
+                  "--layers", "4", "--lr", "3e-4", "--batch-anchors", "1024"])
+    assert base_config(args) == TrainConfig(layers=4, lr=3e-4, batch_anchors=1024)
+    defaults = base_config(parse(["--prompts", "P", "--responses", "R", "--out", "O", "--ckpt", "C", "--seconds", "60"]))
+    assert (defaults.layers, defaults.lr, defaults.batch_anchors) == (5, 6e-4, 4096)

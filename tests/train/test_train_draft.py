@@ -4,6 +4,7 @@ weights; a run stopped and resumed from its checkpoint takes exactly the steps a
 the 40 MB limit; the saved draft loads with modeld's loader."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -151,3 +152,13 @@ def test_save_refuses_a_file_over_the_limit(tiny, tmp_path):
     with pytest.raises(DraftTooLarge):
         save_draft(draft, config, tmp_path / "big", max_mb=0.01)
     assert not (tmp_path / "big" / "model.safetensors").exists()
+
+
+def test_the_shipped_draft_is_a_4_layer_run_of_this_trainer(default_model):
+    """`--layers 4 --init modeld/default_draft` continues the shipped draft: its settings are this trainer's."""
+    from transformers import AutoConfig
+
+    from modeld.draft import __file__ as draft_module
+
+    shipped = json.loads((Path(draft_module).parent / "default_draft" / "config.json").read_text())
+    assert draft_config(AutoConfig.from_pretrained(default_model), TrainConfig(layers=4)) == shipped
