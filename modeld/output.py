@@ -1,5 +1,8 @@
 """Output processing: a step's sampled tokens join a request's output; stop rules (EOS, stop tokens, stop strings,
-max_new_tokens, the context) end it; new tokens and text are streamed to its gRPC handler."""
+max_new_tokens, the context) end it; new tokens and text are streamed to its gRPC handler, which sends the
+chunks queued behind one as one message (`stream_events`)."""
+
+import queue
 
 from modeld.detokenize import new_text
 from modeld.request import Finish, Request
@@ -34,3 +37,29 @@ class OutputProcessor:
             req.sent_ids = len(req.output_ids)
             req.sent_text += text
         return req.finish is not None
+
+
+def stream_events(events: queue.Queue):
+    """A request's events for its stream, ending with its "complete": every "chunk" merged with the chunks queued
+    behind it. A stream that keeps up with the engine sends each step's tokens as they come; one that lags (many
+    requests in flight, one Python handler each) sends fewer, larger messages instead of falling further behind."""
+    while True:
+        kind, *payload = events.get()
+        if kind != "chunk":
+            yield kind, payload
+            return
+        ids, text = list(payload[0]), payload[1]
+        after = None
+        while after is None:
+            try:
+                after = events.get_nowait()
+            except queue.Empty:
+                break
+            if after[0] == "chunk":
+                ids += after[1]
+                text += after[2]
+                after = None
+        yield "chunk", (ids, text)
+        if after is not None:
+            yield after[0], list(after[1:])
+            return

@@ -7,6 +7,7 @@ import grpc
 from modeld.engine import Engine, make_generator
 from modeld.limits import check_request_id, check_stops, check_text_size, text_bytes_per_token
 from modeld.memd_link import MemdLink
+from modeld.output import stream_events
 from modeld.request import Request
 from modeld.sampling import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
 from protos import memd_pb2, modeld_pb2, modeld_pb2_grpc
@@ -36,8 +37,7 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request id {req.rid!r} is already running")
         # A client that goes away (cancel, deadline, crash) aborts its request and frees its slots.
         context.add_callback(lambda: req.finish is None and self.engine.abort(req.rid))
-        while True:
-            kind, *payload = req.events.get()
+        for kind, payload in stream_events(req.events):
             if kind == "chunk":
                 ids, text = payload
                 yield modeld_pb2.GenerateResponse(request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=ids, text=text))

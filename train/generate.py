@@ -1,14 +1,17 @@
 """The draft's training data: the target's own answers to the prompts, resumable and time-bounded.
 
-    python -m train.generate --prompts DIR --out DIR [--engine modeld|hf] [--addr MODELD | --target DIR]
+    python -m train.generate --prompts DIR --out DIR [--engine inproc|modeld|hf] [--addr MODELD | --memd MEMD]
+        [--target DIR]
         [--sampling greedy,0.8] [--top-p 0.95] [--max-new-tokens 768] [--concurrency 256] [--batch 256]
         [--time-budget SECONDS] [--limit N] [--device cuda] [--kv-budget-gb 40] [--page-size 64]
     python -m train.generate pack --src DIR --out DIR [--max-mib 15]
 
---engine modeld (the default): prompts stream through the project's asyncio client at --concurrency requests
-in flight, to the modeld at --addr, or to a memd + modeld pair started here for --target (no draft: plain
-decoding is what the draft learns to predict). --engine hf: batched Hugging Face `generate` on --target, the
-fallback; batches of similar prompt length, greedy and sampled apart.
+--engine inproc (the default without --addr): modeld's engine in this process (train.inproc: no gRPC stream, about 4x the
+tokens/s at hundreds of requests in flight) over the memd at --memd, or one started here for --target.
+--engine modeld (the default with --addr): prompts stream through the project's asyncio client at --concurrency requests in flight, to
+the modeld at --addr, or to a memd + modeld pair started here. Both decode without a draft (plain decoding is
+what the draft learns to predict). --engine hf: batched Hugging Face `generate` on --target, the fallback;
+batches of similar prompt length, greedy and sampled apart.
 
 Every prompt record (train.prompts) is answered once per --sampling entry: "greedy", or a temperature (with
 --top-p; the seed comes from the prompt id, so a re-run samples the same). Requests are built by train.chat:
@@ -183,24 +186,41 @@ def _hf_batch(model, prompts: list[list[int]], temperature: float, args, eos: in
     return [a[: a.index(eos) + 1] if eos in a else a for a in out]
 
 
+def start_memd(args):
+    """memd for --target on --device, sized for --concurrency requests (train.stack.run_memd)."""
+    from train.stack import memd_args, run_memd
+
+    kv = "bfloat16" if args.device == "cuda" else "float32"
+    mem = memd_args(page=args.page_size, budget=int(args.kv_budget_gb * 2**30), max_running=args.concurrency,
+                    chunk=args.chunked_prefill)
+    return run_memd(pathlib.Path(args.target), *mem, "--kv-cache-dtype", kv, device=args.device)
+
+
 def start_stack(args):
-    """memd + modeld for --target on --device, sized for --concurrency requests; a context manager."""
+    """memd + modeld for --target on --device; a context manager yielding modeld's address."""
     import contextlib
 
-    from train.stack import memd_args, run_memd, run_modeld
+    from train.stack import run_modeld
 
     @contextlib.contextmanager
     def stack():
-        kv = "bfloat16" if args.device == "cuda" else "float32"
-        mem = memd_args(page=args.page_size, budget=int(args.kv_budget_gb * 2**30), max_running=args.concurrency,
-                        chunk=args.chunked_prefill)
-        with run_memd(pathlib.Path(args.target), *mem, "--kv-cache-dtype", kv, device=args.device) as memd:
+        with start_memd(args) as memd:
             extra = ["--chunked-prefill-size", str(args.chunked_prefill)]
             with run_modeld(memd, "--target-model", args.target, "--speculative-algorithm", "none", *extra,
                             device=args.device) as modeld:
                 yield modeld.address
 
     return stack()
+
+
+def run_inproc(args, *rest) -> int:
+    """--engine inproc over the memd at --memd, or one started here."""
+    from train.inproc import generate_inproc
+
+    if args.memd:
+        return generate_inproc(args.memd, *rest, seed_of=seed_of, meta=meta)
+    with start_memd(args) as memd:
+        return generate_inproc(memd.address, *rest, seed_of=seed_of, meta=meta)
 
 
 def main_generate(args) -> int:
@@ -226,6 +246,8 @@ def main_generate(args) -> int:
     try:
         if args.engine == "hf":
             finished = generate_hf(args.target, jobs, tokenizer, temperatures, args, writer, stop, log)
+        elif args.engine == "inproc":
+            finished = run_inproc(args, jobs, tokenizer, temperatures, args, writer, stop, log)
         elif args.addr:
             finished = asyncio.run(generate_modeld(args.addr, jobs, tokenizer, temperatures, args, writer, stop, log))
         else:
@@ -253,14 +275,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m train.generate", description=__doc__.splitlines()[0])
     p.add_argument("--prompts", required=True, help="a folder of prompt shards (python -m train.prompts build)")
     p.add_argument("--out", required=True, help="the response shards' folder (read first: what is there is skipped)")
-    p.add_argument("--engine", choices=["modeld", "hf"], default="modeld")
-    p.add_argument("--addr", help="a running modeld (else memd + modeld are started here for --target)")
+    p.add_argument("--engine", choices=["inproc", "modeld", "hf"], help="default: modeld with --addr, else inproc")
+    p.add_argument("--addr", help="--engine modeld: a running modeld (else memd + modeld are started here)")
+    p.add_argument("--memd", help="--engine inproc: a running memd (else one is started here for --target)")
     p.add_argument("--target", help="the target's folder (default: the converted default model)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--sampling", default="greedy", help="comma-separated: greedy and/or temperatures, e.g. greedy,0.8")
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--max-new-tokens", type=int, default=768)
-    p.add_argument("--concurrency", type=int, default=256, help="requests in flight (modeld engine)")
+    p.add_argument("--concurrency", type=int, default=256, help="requests in flight (inproc and modeld engines)")
     p.add_argument("--batch", type=int, default=256, help="sequences per generate call (hf engine)")
     p.add_argument("--time-budget", type=float, default=float("inf"), help="seconds; then stop cleanly")
     p.add_argument("--limit", type=int, help="only the first N prompts")
@@ -271,7 +294,13 @@ def main(argv=None) -> int:
     p.add_argument("--kv-budget-gb", type=float, default=40.0, help="memd's KV budget when started here")
     p.add_argument("--page-size", type=int, default=64)
     p.add_argument("--chunked-prefill", type=int, default=4096)
-    return main_generate(p.parse_args(argv))
+    args = p.parse_args(argv)
+    args.engine = args.engine or ("modeld" if args.addr else "inproc")
+    if args.addr and args.engine != "modeld":
+        p.error(f"--addr is a modeld's address: it needs --engine modeld, not {args.engine}")
+    if args.memd and args.engine != "inproc":
+        p.error(f"--memd is for --engine inproc (--engine {args.engine} starts its own or uses --addr)")
+    return main_generate(args)
 
 
 if __name__ == "__main__":

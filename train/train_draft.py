@@ -336,12 +336,13 @@ def save_checkpoint(path: pathlib.Path, draft, opt, state: State, tc: TrainConfi
 def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckpt: pathlib.Path | None = None,
           resume: bool = False, out: pathlib.Path | None = None, time_budget: float = float("inf"),
           max_steps: int | None = None, save_every: int = 500,
-          init: pathlib.Path | None = None) -> tuple[DFlashDraft, dict, State]:
+          init: pathlib.Path | None = None, step_ends: list[float] | None = None) -> tuple[DFlashDraft, dict, State]:
     """Train (or continue, with `resume` and an existing `ckpt`) until the epochs are done, `time_budget`
     seconds have passed, or `max_steps` steps were taken in this call; saves `ckpt` and `out` at the end.
     `init`: a saved draft (save_draft's folder, same settings) whose weights replace the random start; the
     optimiser and the schedule start afresh (how a later session continues from the weights that came back,
-    when the checkpoint, optimiser included, is too large to)."""
+    when the checkpoint, optimiser included, is too large to). `step_ends`: the monotonic time at which each
+    step of this call ended is appended to it (a step ends with its loss on the host: the device is done)."""
     config = draft_config(target.config, tc)
     size = check_size(config, target.config.hidden_size, tc.max_draft_mb)
     draft = new_draft(config, target.config, device)
@@ -389,6 +390,8 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
             torch.nn.utils.clip_grad_norm_(draft.parameters(), tc.clip)
             opt.step()
             state.losses.append(round(loss.item(), 5))
+            if step_ends is not None:
+                step_ends.append(time.monotonic())
             state.step += 1
             state.batch += 1
             taken += 1

@@ -1,9 +1,9 @@
-# On the GPU machine: SECONDS of generation (engine modeld or hf) into /tmp/gen, then the answers packed
+# On the GPU machine: SECONDS of generation (engine inproc, modeld or hf) into /tmp/gen, then the answers packed
 # into $OUT/gen to bring back. The pack holds every answer in /tmp/gen, earlier sessions' included: it replaces
 # what train/data/ holds (one folder, so that training never reads an answer twice).
 export PYTHONPATH=/tmp/site:$PWD
 mkdir -p /tmp/prompts && cp -r .cache/train/prompts/. /tmp/prompts/
-python3 -m train.generate --prompts /tmp/prompts --out /tmp/gen --engine "${2:-modeld}" --batch 512 --sampling greedy \
+python3 -m train.generate --prompts /tmp/prompts --out /tmp/gen --engine "${2:-inproc}" --batch 512 --sampling greedy \
     --max-new-tokens 512 --concurrency 384 --time-budget "$1" 2>&1 | grep -v Loading | tail -5
 python3 -m train.stats /tmp/gen
 python3 -m train.generate pack --src /tmp/gen --out "$OUT/gen" --max-mib 15

@@ -1,9 +1,12 @@
-"""Response generation: through a real memd + modeld (CPU) and by the HF fallback; stopped part-way and run
-again, it neither loses nor repeats a (prompt, sample); requests carry the serving path's chat template, and a
-multi-turn prompt's second request holds the first answer."""
+"""Response generation: through a real memd + modeld (CPU), through modeld's engine in this process over a real
+memd (the same answers as the service, greedy and seeded samples), and by the HF fallback; stopped part-way
+and run again, it neither loses nor repeats a (prompt, sample); requests carry the serving path's chat
+template, and a multi-turn prompt's second request holds the first answer."""
 
 import gzip
 import json
+
+import pytest
 
 import client
 from tests.conftest import greedy
@@ -64,6 +67,29 @@ def test_modeld_stop_and_resume(tmp_path, default_model, tokenizer):
     assert len(spans) == 2 and ids[spans[0][0] : spans[0][1]] == answers[0]
 
 
+def test_inproc_stop_and_resume_gives_the_services_answers(tmp_path, default_model):
+    prompts = write_prompts(tmp_path / "prompts")
+    out, served = tmp_path / "out", tmp_path / "served"
+    args = ["--max-running-requests", "4", "--max-total-tokens", "4096", "--draft-model", "none",
+            "--kv-cache-dtype", "float32", "--strict"]
+    common = ["--device", "cpu", "--prompts", str(prompts), "--target", str(default_model), "--sampling", "greedy,0.8",
+              "--max-new-tokens", "10", "--concurrency", "3", "--shard-records", "1"]
+    with run_memd(default_model, *args) as memd:  # ends by checking memd's pools free (or only cached)
+        inproc = common + ["--engine", "inproc", "--memd", memd.address, "--out", str(out)]
+        assert main(inproc + ["--max-answers", "2"]) == 0
+        first, _ = read_all(out)
+        assert 2 <= len(first) < 8  # stopped part-way; what finished is on disk
+        assert main(inproc) == 0
+        with run_modeld(memd, "--target-model", str(default_model)) as modeld:
+            assert main(common + ["--engine", "modeld", "--addr", modeld.address, "--out", str(served)]) == 0
+    done, keys = read_all(out)
+    assert len(keys) == len(set(keys)) == 8  # nothing repeated, nothing lost
+    assert all(first[key][1] == done[key][1] for key in first)
+    by_service, _ = read_all(served)
+    assert {key: answers for key, (_, answers) in done.items()} == {key: answers for key, (_, answers) in by_service.items()}
+    assert done["m:3#1"][0]["turns"] == 2 and len(done["m:3#1"][1]) == 2
+
+
 def test_hf_fallback_stop_and_resume(tmp_path, default_model, tokenizer, hf_models):
     prompts = write_prompts(tmp_path / "prompts")
     out = tmp_path / "out"
@@ -100,3 +126,12 @@ def test_self_instruct_cleaning():
 
     assert clean('Question: "How do volcanoes form?"\nSure!') == "How do volcanoes form?"
     assert clean("Sure, here is a question.") is None and clean("Hi?") is None
+
+
+def test_engine_flags_that_do_not_go_together_are_refused(tmp_path, capsys):
+    common = ["--prompts", str(tmp_path), "--out", str(tmp_path / "out")]
+    for flags, message in [(["--engine", "hf", "--addr", "unix:///x"], "--addr is a modeld's address"),
+                           (["--engine", "modeld", "--memd", "unix:///x"], "--memd is for --engine inproc")]:
+        with pytest.raises(SystemExit):
+            main(common + flags)
+        assert message in capsys.readouterr().err

@@ -100,7 +100,9 @@ def test_resume_takes_the_same_steps_as_an_uninterrupted_run(tiny, tmp_path):
     straight, _, s1 = train(target, train_set, tc, "cpu", log=lambda m: None)
     ckpt = tmp_path / "ckpt.pt"
     messages = []
-    _, _, part = train(target, train_set, tc, "cpu", log=messages.append, ckpt=ckpt, max_steps=3)
+    ends = []
+    _, _, part = train(target, train_set, tc, "cpu", log=messages.append, ckpt=ckpt, max_steps=3, step_ends=ends)
+    assert len(ends) == 3 and ends == sorted(ends)  # one end time per step taken (fit_budget's probe times them)
     assert part.step == 3 and part.epoch == 1 and "stopped at step 3" in messages[-1]  # 2 batches an epoch
     resumed, _, s2 = train(target, train_set, tc, "cpu", log=messages.append, ckpt=ckpt, resume=True)
     assert any("resumed at step 3" in m for m in messages)
