@@ -4,7 +4,7 @@ through its schedule ends at a high learning rate; a schedule sized to the budge
 
     python -m train.fit_budget --prompts DIR --responses DIR[,DIR] --out DRAFT --ckpt FILE --seconds S
         [--epochs 2] [--batch-anchors 4096] [--probe-anchors 128] [--layers 5] [--lr 6e-4] [--init DRAFT]
-        [--log-json FILE]
+        [--log-json FILE] [--profile-steps N]
 
 The chosen settings are printed as the train.train_draft command line that repeats the run (same data, same
 seed: the same steps). The probes' steps are thrown away. A step's time depends on the anchors per sequence
@@ -70,6 +70,30 @@ def step_seconds(target, seqs, tc: td.TrainConfig, device: str, log) -> float:
     return seconds
 
 
+def profile_steps(target, seqs, tc: td.TrainConfig, device: str, steps: int, log, rows: int = 15) -> str:
+    """Where a step's time goes: `steps` steps (after PROBE_WARMUP) under torch.profiler, the ops by their own
+    device time (CPU time on the CPU), and the wall time against the device's busy time (host-bound or not)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    td.train(target, seqs, tc, device, lambda _msg: None, max_steps=PROBE_WARMUP, save_every=0)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    begin = time.monotonic()
+    with profile(activities=activities) as prof:
+        td.train(target, seqs, tc, device, lambda _msg: None, max_steps=steps, save_every=0)
+        if cuda:
+            torch.cuda.synchronize()
+    wall = time.monotonic() - begin
+    averages = prof.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    busy = sum(getattr(e, key) for e in averages) / 1e6
+    table = averages.table(sort_by=key, row_limit=rows)
+    log(f"profile of {steps} steps ({tc.anchors} anchors, {tc.batch_anchors} blocks per step): {wall:.2f} s wall, "
+        f"{busy:.2f} s of {'device' if cuda else 'CPU'} op time (set-up of the call included)\n{table}")
+    return table
+
+
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m train.fit_budget", description=__doc__.splitlines()[0])
     p.add_argument("--prompts", required=True)
@@ -87,6 +111,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--target")
     p.add_argument("--device", default="cuda")
     p.add_argument("--log-json", help="write the settings, step time and per-step losses here")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="first profile this many steps at the probe's settings (torch.profiler table in the log)")
     return p.parse_args(argv)
 
 
@@ -109,6 +135,9 @@ def main(argv=None) -> int:
     base = base_config(args)
     counts = valid_counts(seqs, base.max_len)
     anchors = args.probe_anchors
+    if args.profile_steps:
+        profile_steps(target, seqs, dataclasses.replace(base, anchors=anchors, epochs=1), args.device,
+                      args.profile_steps, log)
     for _ in range(PROBES):  # a step's time depends on the anchors: probe again at the setting picked
         per_step = step_seconds(target, seqs, dataclasses.replace(base, anchors=anchors, epochs=1), args.device, log)
         left = args.seconds - (time.monotonic() - begin) - SAVE_MARGIN_S

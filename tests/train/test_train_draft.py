@@ -164,3 +164,13 @@ def test_the_shipped_draft_is_a_4_layer_run_of_this_trainer(default_model):
 
     shipped = json.loads((Path(draft_module).parent / "default_draft" / "config.json").read_text())
     assert draft_config(AutoConfig.from_pretrained(default_model), TrainConfig(layers=4)) == shipped
+
+
+def test_profile_steps_reports_where_a_step_goes(tiny):
+    from train.fit_budget import profile_steps
+
+    target, train_set, _ = tiny
+    messages = []
+    table = profile_steps(target, train_set, TrainConfig(**TINY, epochs=4), "cpu", 2, messages.append)
+    assert "aten::" in table and "Self CPU" in table
+    assert messages and messages[0].startswith("profile of 2 steps") and "s wall" in messages[0]
