@@ -28,12 +28,15 @@ class OutputProcessor:
                 req.finish = Finish("length")
             if req.finish is not None:
                 break
+        if not req.stream and not p.stop:
+            return req.finish is not None  # nobody reads the text, no stop string needs it: no detokenisation
         text, stop = new_text(self.tokenizer, req)
         if stop is not None:
             req.finish = stop
         new_ids = req.output_ids[req.sent_ids :]
         if text or new_ids:
-            req.events.put(("chunk", new_ids, text))
+            if req.stream:
+                req.events.put(("chunk", new_ids, text))
             req.sent_ids = len(req.output_ids)
             req.sent_text += text
         return req.finish is not None

@@ -41,6 +41,7 @@ class Request:
     sent_text: str = ""  # text already streamed
     sent_ids: int = 0  # output tokens already streamed
     events: queue.Queue = field(default_factory=queue.Queue)
+    stream: bool = True  # False: only "complete" is read (in-process bulk generation): no chunk events, no text
 
     @property
     def all_ids(self) -> list[int]:

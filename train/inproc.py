@@ -2,7 +2,8 @@
 engine thread here, no gRPC. At hundreds of requests in flight the per-token gRPC stream costs about three
 quarters of the throughput (BENCHMARKS.md, 2026-12-04: the engine alone ran 20 K tokens/s, the same engine
 behind gRPC 4.5 K); the answers are the service's own, the request built as modeld's service builds it (the
-same sampling parameters and seeded generator), the tokens the same.
+same sampling parameters and seeded generator), the tokens the same. Nobody streams these requests: the engine
+neither detokenises them nor queues their chunks (Request.stream False).
 
 Up to --concurrency conversations are in flight; a multi-turn conversation sends its next turn when the last
 one completes. At the budget (or a signal) requests still in flight are aborted and their slots go back to
@@ -37,7 +38,7 @@ def generate_inproc(memd: str, jobs, tokenizer, temperatures, args, writer, stop
     cfg = ModeldConfig(device=args.device, memd=memd, target_model=args.target, speculative_algorithm="none",
                        chunked_prefill_size=args.chunked_prefill)
     built = build_engine(cfg, lambda serving: None)
-    engine, done = built.engine, queue.Queue()  # every request's events: only "complete" is read
+    engine, done = built.engine, queue.Queue()  # every request's "complete" (no chunks: stream=False)
     conversations: dict[str, tuple[dict, int, list]] = {}  # rid -> (record, sample index, answers so far)
     rids = itertools.count()
     jobs = iter(jobs)
@@ -47,7 +48,8 @@ def generate_inproc(memd: str, jobs, tokenizer, temperatures, args, writer, stop
         params = sampling_params(t, args.top_p, args.max_new_tokens, None if t == 0 else seed_of(record, k))
         rid = f"gen-{next(rids)}"
         req = Request(rid=rid, prompt_ids=chat.turn_prompt(tokenizer, record, answers), params=params,
-                      generator=None if params.greedy else make_generator(params.seed, args.device), events=done)
+                      generator=None if params.greedy else make_generator(params.seed, args.device), events=done,
+                      stream=False)
         conversations[rid] = (record, k, answers)
         engine.submit(req)
 
@@ -59,12 +61,9 @@ def generate_inproc(memd: str, jobs, tokenizer, temperatures, args, writer, stop
             send(record, k, [])
         while conversations and not stop():
             try:
-                kind, *event = done.get(timeout=max(0.01, min(1.0, stop.left())))
+                _, req = done.get(timeout=max(0.01, min(1.0, stop.left())))  # ("complete", req)
             except queue.Empty:
                 continue
-            if kind != "complete":
-                continue
-            req = event[0]
             record, k, answers = conversations.pop(req.rid)
             if req.finish.reason == "abort":
                 raise GenerationFailed(f"{record['id']}: {req.finish.error_code} {req.finish.error}")

@@ -1,5 +1,7 @@
 """A stream sends the chunks queued behind one as one message: nothing lost, nothing reordered, the complete
-event last; a stream that keeps up sends each chunk as it comes."""
+event last; a stream that keeps up sends each chunk as it comes. A request nobody streams (in-process bulk
+generation) finishes exactly as a streamed one, without detokenisation (unless a stop string needs it) and
+without chunk events."""
 
 import queue
 import threading
@@ -52,3 +54,45 @@ def test_every_token_arrives_in_order_while_the_engine_keeps_producing():
     assert [t for ids, _ in chunks for t in ids] == list(range(total))
     assert "".join(text for _, text in chunks) == "".join(f"{i}," for i in range(total))
     assert out[-1] == ("complete", ["req"]) and len(chunks) <= total
+
+
+class CountingTokenizer:
+    """Counts decode calls (what the engine thread pays per step for text)."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.calls += 1
+        return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def run_output(tokenizer, ids, stream: bool, stop=(), eos=frozenset({2}), max_new=64):
+    from modeld.output import OutputProcessor
+    from modeld.request import Request
+    from modeld.sampling import SamplingParams
+
+    req = Request(rid="r", prompt_ids=[1], params=SamplingParams(max_new_tokens=max_new, stop=tuple(stop)), stream=stream)
+    out = OutputProcessor(tokenizer, set(eos), context_len=4096)
+    for token in ids:
+        if out.append(req, [token]):
+            break
+    chunks = []
+    while not req.events.empty():
+        chunks.append(req.events.get())
+    return req, chunks
+
+
+def test_a_request_nobody_streams_finishes_alike_without_text_or_events(tokenizer):
+    ids = tokenizer("The answer is 42. STOP here and nothing after.")["input_ids"]
+    for stop, eos, max_new in [((), frozenset({2}), 64), ((), frozenset({ids[5]}), 64), ((), frozenset(), 4)]:
+        counting = CountingTokenizer(tokenizer)
+        quiet, quiet_events = run_output(counting, ids, False, stop, eos, max_new)
+        loud, loud_events = run_output(tokenizer, ids, True, stop, eos, max_new)
+        assert quiet.output_ids == loud.output_ids and quiet.finish == loud.finish
+        assert quiet_events == [] and counting.calls == 0 and loud_events
+    # A stop string still needs the text: it is found, and still nothing is queued.
+    quiet, quiet_events = run_output(tokenizer, ids, False, stop=["STOP"])
+    loud, _ = run_output(tokenizer, ids, True, stop=["STOP"])
+    assert quiet.finish.matched_stop == "STOP" and quiet.finish == loud.finish
+    assert quiet.output_ids == loud.output_ids and quiet_events == []
