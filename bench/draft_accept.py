@@ -5,7 +5,8 @@ For each draft block size, and once without the draft, in one script: memd (boun
 prompts) and at --concurrency (all of them). Prints one markdown row per configuration: accept
 length (completion tokens / verify steps), tokens/s, the speed-up over no draft, and how many greedy answers
 equal the no-draft answer (bf16: a near-tie may differ, tests/conftest.py's NEAR_TIE); then the accept
-length per prompt category (the prompts' "category" field) at --concurrency.
+length per prompt category (the prompts' "category" field) at --concurrency, and per draft position the
+share of verify steps that accepted it (from modeld's metrics, over the --concurrency run).
 
     python -m bench.draft_accept --prompts DIR/eval/mtbench.jsonl [--draft modeld/default_draft] [--blocks 8,16]
         [--max-new-tokens 128] [--batch1 8] [--concurrency 16] [--ratio 0.25] [--page 64]
@@ -15,9 +16,12 @@ import argparse
 import concurrent.futures
 import json
 import pathlib
+import re
 import sys
 import time
+import urllib.request
 
+from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
 import client
@@ -54,6 +58,37 @@ def category_rows(categories: list[str], each_by_block: dict[int, list]) -> list
     return rows
 
 
+METRICS_AT = re.compile(r"modeld metrics on (http://\S+/metrics)")
+
+
+def verify_counts(modeld_log: str) -> tuple[float, dict[int, float]]:
+    """(verify steps, {draft position: verify steps that accepted it}) so far, from the modeld's metrics endpoint."""
+    with urllib.request.urlopen(METRICS_AT.search(modeld_log).group(1), timeout=10) as reply:
+        text = reply.read().decode()
+    drafts, per_position = 0.0, {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "modeld:spec_decode_num_drafts_total":
+                drafts = sample.value
+            elif sample.name == "modeld:spec_decode_num_accepted_tokens_per_pos_total":
+                per_position[int(sample.labels["position"])] = sample.value
+    return drafts, per_position
+
+
+def position_rows(rates_by_block: dict[int, list[float]]) -> list[str]:
+    """Per block size, the share of verify steps that accepted the draft at each position (1 = the first draft)."""
+    width = max(map(len, rates_by_block.values()), default=0)
+    rows = ["| block | " + " | ".join(str(k + 1) for k in range(width)) + " |", "|---|" + "---|" * width]
+    for block, rates in sorted(rates_by_block.items()):
+        rows.append(f"| {block} | " + " | ".join(f"{r:.2f}" for r in rates) + " |" + " - |" * (width - len(rates)))
+    return rows
+
+
+def acceptance_rates(before: tuple[float, dict], after: tuple[float, dict]) -> list[float]:
+    verifies = after[0] - before[0]
+    return [(after[1][k] - before[1].get(k, 0.0)) / max(verifies, 1.0) for k in sorted(after[1])]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.draft_accept", description=__doc__.splitlines()[0])
     p.add_argument("--prompts", required=True, help="JSON lines {prompt}, held out of the draft's training")
@@ -73,7 +108,7 @@ def main(argv=None) -> int:
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
                                              tokenize=True, return_dict=False) for r in records]
     categories = [r.get("category", "all") for r in records]
-    each_by_block = {}
+    each_by_block, rates_by_block = {}, {}
     window = json.loads((pathlib.Path(args.draft) / "config.json").read_text())["sliding_window"]
     mem = memd_args(draft=pathlib.Path(args.draft), ratio=args.ratio, window=window, page=args.page,
                     budget=4_000_000_000, max_running=max(args.concurrency, 8), chunk=2048, strict=False)
@@ -83,11 +118,14 @@ def main(argv=None) -> int:
     with run_memd(target, *mem, "--kv-cache-dtype", "bfloat16", device=args.device) as memd:
         for block in [None] + [int(b) for b in args.blocks.split(",")]:
             extra = ["--speculative-algorithm", "none"] if block is None else [
-                "--draft-model", args.draft, "--num-draft-tokens", str(block)]
+                "--draft-model", args.draft, "--num-draft-tokens", str(block), "--metrics-port", "0"]
             with run_modeld(memd, "--target-model", str(target), *extra, device=args.device) as modeld:
                 run_set(modeld.address, prompts[:2], 16, 1)  # warm-up (Triton compiles)
                 one = run_set(modeld.address, prompts[: args.batch1], args.max_new_tokens, 1)
+                before = verify_counts(modeld.log()) if block else None
                 many = run_set(modeld.address, prompts, args.max_new_tokens, args.concurrency)
+                if block:
+                    rates_by_block[block] = acceptance_rates(before, verify_counts(modeld.log()))
             speeds = (one[0] / one[2], many[0] / many[2])
             base = base or speeds
             if block is None:
@@ -104,6 +142,8 @@ def main(argv=None) -> int:
     print("\n".join(rows))
     print()
     print("\n".join(category_rows(categories, each_by_block)))
+    print("\nShare of verify steps that accepted the draft at each position:\n")
+    print("\n".join(position_rows(rates_by_block)))
     return 0
 
 

@@ -31,6 +31,7 @@ class Engine:
         self.dflash = dflash
         self.trim_draft = trim_draft  # bounded draft pool: ask memd to free out-of-window draft slots each step
         self.spec = {"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
+        self.verifies_by_accepted = [0] * (dflash.block if dflash is not None else 0)  # [a]: verifies accepting a drafts
         self.scheduler = scheduler
         self.output = OutputProcessor(tokenizer, eos_ids, context_len)
         self.inbox: queue.Queue = queue.Queue()
@@ -186,6 +187,7 @@ class Engine:
         self.spec["spec_drafts"] += 1
         self.spec["spec_draft_tokens"] += self.dflash.block - 1
         self.spec["spec_accepted_tokens"] += committed - 1
+        self.verifies_by_accepted[committed - 1] += 1
 
     def _complete(self, req: Request) -> None:
         metrics.request_done(req)

@@ -82,6 +82,17 @@ class EngineCollector(Collector):
                                   value=spec["spec_draft_tokens"])
         yield CounterMetricFamily("modeld:spec_decode_num_accepted_tokens", "DFLASH draft tokens accepted",
                                   value=spec["spec_accepted_tokens"])
+        yield accepted_per_position(list(self.engine.verifies_by_accepted))
+
+
+def accepted_per_position(verifies_by_accepted: list[int]) -> CounterMetricFamily:
+    """Per draft position k (0: the first draft after the block's committed token), the verify steps that
+    accepted it: those that accepted more than k drafts (a draft is accepted only with every one before it)."""
+    family = CounterMetricFamily("modeld:spec_decode_num_accepted_tokens_per_pos",
+                                 "DFLASH verify steps that accepted the draft at this position", labels=["position"])
+    for k in range(len(verifies_by_accepted) - 1):
+        family.add_metric([str(k)], sum(verifies_by_accepted[k + 1 :]))
+    return family
 
 
 def start_metrics(host: str, port: int, engine) -> int:

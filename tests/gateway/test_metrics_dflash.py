@@ -1,6 +1,7 @@
 """modeld's DFLASH metrics move as a speculative request runs (CPU, the shipped draft): drafts = the request's
 verify steps, draft tokens = (block - 1) per draft, accepted tokens within what was generated, one accept-length
-observation equal to the request's accept length."""
+observation equal to the request's accept length, and accepted drafts per position (block - 1 positions, never
+more at a later position, summing to the accepted tokens)."""
 
 import pytest
 
@@ -24,7 +25,12 @@ def test_dflash_counters_follow_a_request(default_model, chat_ids):
         before = {name: total(scrape(modeld.log_path.read_text()), name) for name in NAMES}
         with client.Client(modeld.address, timeout=300) as c:
             result = c.generate(input_ids=chat_ids[0], max_new_tokens=24, temperature=0, ignore_eos=True)
-        after = {name: total(scrape(modeld.log_path.read_text()), name) for name in NAMES}
+            samples = scrape(modeld.log_path.read_text())
+    after = {name: total(samples, name) for name in NAMES}
+    per_position = [total(samples, "modeld:spec_decode_num_accepted_tokens_per_pos_total", position=str(k))
+                    for k in range(BLOCK - 1)]
+    positions = {dict(labels)["position"] for (name, labels) in samples
+                 if name == "modeld:spec_decode_num_accepted_tokens_per_pos_total"}
     moved = {name: after[name] - before[name] for name in NAMES}
     verifies, generated = result.spec_verify_ct, len(result.output_ids)
     assert verifies > 0
@@ -33,3 +39,14 @@ def test_dflash_counters_follow_a_request(default_model, chat_ids):
     assert 0 <= moved["modeld:spec_decode_num_accepted_tokens_total"] <= generated - verifies + 1
     assert moved["modeld:spec_decode_accept_length_count"] == 1
     assert moved["modeld:spec_decode_accept_length_sum"] == pytest.approx(generated / verifies)
+    assert positions == {str(k) for k in range(BLOCK - 1)}
+    assert per_position == sorted(per_position, reverse=True)
+    assert per_position[0] <= after["modeld:spec_decode_num_drafts_total"]
+    assert sum(per_position) == after["modeld:spec_decode_num_accepted_tokens_total"]
+
+
+def test_a_draft_counts_at_its_position_only_with_every_draft_before_it():
+    from modeld.metrics import accepted_per_position
+
+    family = accepted_per_position([2, 3, 0, 1])  # block 4: verifies that accepted 0, 1, 2, 3 drafts
+    assert [(s.labels["position"], s.value) for s in family.samples] == [("0", 4), ("1", 1), ("2", 1)]
