@@ -100,10 +100,12 @@ class MemdSession:
     def map(self) -> dict[str, torch.Tensor]:
         return {desc.name: map_buffer(desc) for desc in self.layout.buffers}
 
-    def match_prefix(self, rid: str, token_ids, timeout: float = 10.0) -> memd_pb2.MatchPrefixResponse:
+    def match_prefix(self, rid: str, token_ids, extend_to: int = 0, timeout: float = 10.0) -> memd_pb2.MatchPrefixResponse:
         """Start request `rid` from the longest cached prefix of `token_ids`: it holds positions
-        [0, cached_len) and a row; continue it with an extend at prefix_len cached_len."""
-        request = memd_pb2.MatchPrefixRequest(session_id=self.session_id, rid=rid, token_ids=list(token_ids))
+        [0, cached_len) and a row; continue it with an extend at prefix_len cached_len. With `extend_to`, the answer's
+        `extension` (when there was room) grants [cached_len, extend_to) too."""
+        request = memd_pb2.MatchPrefixRequest(session_id=self.session_id, rid=rid, token_ids=list(token_ids),
+                                              extend_to=extend_to)
         return self.stub.MatchPrefix(request, timeout=timeout)
 
     def match_prefix_async(self, rid: str, token_ids, timeout: float = 10.0):

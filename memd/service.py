@@ -81,15 +81,7 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         grows = [(op.rid, op.num_tokens) for op in request.grows]
         label = await self._label(context, request.session_id)
         allocated = await self._run(context, self.mgr.step, label, release, extends, grows)
-        return memd_pb2.AllocResponse(
-            requests=[
-                memd_pb2.RequestSlots(
-                    rid=a.rid, row=a.row, start=a.start,
-                    target_slots=a.target_slots.tolist(), draft_slots=a.draft_slots.tolist(),
-                )
-                for a in allocated
-            ]
-        )
+        return memd_pb2.AllocResponse(requests=[request_slots(a) for a in allocated])
 
     async def Free(self, request, context):
         await self._check(context, self.limits.check_release, request)
@@ -100,10 +92,12 @@ class MemdService(memd_pb2_grpc.MemdServicer):
     async def MatchPrefix(self, request, context):
         await self._check(context, self.limits.check_match, request)
         label = await self._label(context, request.session_id)
-        matched = await self._run(context, self.mgr.match_prefix, label, request.rid, list(request.token_ids))
+        matched = await self._run(context, self.mgr.match_prefix, label, request.rid, list(request.token_ids),
+                                  request.extend_to)
         return memd_pb2.MatchPrefixResponse(
             rid=matched.rid, row=matched.row, cached_len=matched.cached_len,
             target_slots=matched.target_slots.tolist(), draft_slots=matched.draft_slots.tolist(),
+            extension=None if matched.extension is None else request_slots(matched.extension),
         )
 
     async def FlushCache(self, request, context):
@@ -195,3 +189,9 @@ def release_from_message(request: memd_pb2.FreeRequest) -> Release:
         finishes=tuple(request.finish),
         inserts=tuple((op.rid, tuple(op.token_ids)) for op in request.cache),
     )
+
+
+def request_slots(a) -> memd_pb2.RequestSlots:
+    """An allocation (memd.slots.Allocated) as the API's RequestSlots."""
+    return memd_pb2.RequestSlots(rid=a.rid, row=a.row, start=a.start, target_slots=a.target_slots.tolist(),
+                                 draft_slots=a.draft_slots.tolist())

@@ -16,6 +16,7 @@ prefix cache owns (and the request only holds locked); every later page is the r
 own until it finishes, when it goes into the cache (insert) or back to the pools.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
@@ -73,6 +74,7 @@ class Matched:
     cached_len: int
     target_slots: np.ndarray
     draft_slots: np.ndarray
+    extension: "Allocated | None" = None  # positions [cached_len, extend_to) granted in the same call
 
 
 @dataclass(frozen=True)
@@ -138,8 +140,22 @@ class SlotManager:
         self.models.pop(session, None)
 
     # ---- prefix cache ----------------------------------------------------------------
-    def match_prefix(self, session: str, rid: str, tokens) -> Matched:
-        """Register request `rid` at the usable cached prefix of `tokens` and lock it there."""
+    def match_prefix(self, session: str, rid: str, tokens, extend_to: int = 0) -> Matched:
+        """Register request `rid` at the usable cached prefix of `tokens` and lock it there; with `extend_to` past the
+        match, also extend it to [cached_len, extend_to) if there is room (else the match stands alone: an admission
+        is one call either way, and a refused extension changes nothing but the match)."""
+        if not 0 <= extend_to <= self.context_len:
+            raise InvalidArgument(f"extend_to {extend_to} must lie in [0, {self.context_len}] (the context)")
+        matched = self._match(session, rid, tokens)
+        if extend_to <= matched.cached_len:
+            return matched
+        try:
+            extension = self.step(session, Release(), extends=[(rid, matched.cached_len, extend_to - matched.cached_len)])
+        except ResourceExhausted:
+            return matched
+        return dataclasses.replace(matched, extension=extension[0])
+
+    def _match(self, session: str, rid: str, tokens) -> Matched:
         held = self._requests(session)
         if not rid:
             raise InvalidArgument("empty request id")

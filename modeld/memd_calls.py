@@ -139,9 +139,9 @@ class MemdCalls:
         room for sit this step out. Returns the answers; the rest of the plan is marked in `self.left_out`."""
         answer = {}
         for r, n, decode, ask in plan:
-            op = dict(grows=[(r.rid, ask)]) if decode else dict(extends=[(r.rid, r.computed, ask)])
-            if decode and not ask:
-                continue
+            if not ask:
+                continue  # runs on slots it holds
+            op = dict(grows=[(r.rid, ask)]) if decode else dict(extends=[(r.rid, r.held, ask)])
             try:
                 answer.update({a.rid: a for a in self.session.alloc(**op).requests})
             except grpc.RpcError as exc:
@@ -202,18 +202,23 @@ class MemdCalls:
             r.slots = r.slots[r.computed - r.slots_from : got.start - r.slots_from] + list(got.target_slots)
             r.slots_from, r.held = r.computed, got.start + len(got.target_slots)
 
-    def _match(self, r: Request) -> bool:
+    def _match(self, r: Request, extend_to: int = 0) -> bool:
         """Register a waiting request in memd at its usable cached prefix (the last token is always
         computed: its logits give the next one). It keeps that row and lock while it waits, until
-        admitted or until memory pressure releases it. False when memd has no request row free now."""
+        admitted or until memory pressure releases it. With `extend_to`, memd grants positions up to it in
+        the same call when it has room (the request's first chunk: an admission in one round trip). False
+        when memd has no request row free now."""
         try:
-            answer = self.session.match_prefix(r.rid, r.all_ids[:-1])
+            answer = self.session.match_prefix(r.rid, r.all_ids[:-1], extend_to=extend_to)
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise
             return False
         r.computed = r.held = answer.cached_len
         r.row, r.in_memd = answer.row, True
+        if answer.HasField("extension"):
+            got = answer.extension
+            r.slots, r.slots_from, r.held = list(got.target_slots), got.start, got.start + len(got.target_slots)
         return True
 
     def _match_ahead(self, count: int, budget: int) -> None:

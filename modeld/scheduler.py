@@ -8,7 +8,8 @@ K/V they computed, for memd's prefix cache; prompt checkpoints; out-of-window dr
 computed length); memd answers while the step runs. So most steps wait for nothing (memd stays the only
 allocator: the spare slots are the request's, freed with it or given back when memory is short, the "lean"
 plan). A request is admitted from the usable cached prefix memd matches for it (MatchPrefix, the calls of a
-burst of arrivals in flight together): only the rest is prefilled. When memd answers RESOURCE_EXHAUSTED nothing
+burst of arrivals in flight together): only the rest is prefilled. A lone arrival whose prompt fits the step,
+with no earlier admission in the step, asks memd to grant the prompt (and the lookahead) in that same call. When memd answers RESOURCE_EXHAUSTED nothing
 changed there, and the step is planned again: first without new admissions and prefill chunks (they wait),
 then by preempting the newest running request (its slots are released and it is recomputed later from its
 prompt and the tokens it already produced, so its greedy output does not change).
@@ -109,7 +110,7 @@ class Scheduler(MemdCalls):
 
     def _ask(self, plan, refused: set[tuple], lean: bool):
         """memd's answer to a plan ({} when the step needs no call), or None when it is (or was already) refused."""
-        extends = [(r.rid, r.computed, ask) for r, n, decode, ask in plan if not decode]
+        extends = [(r.rid, r.held, ask) for r, n, decode, ask in plan if not decode and ask]
         grows = [(r.rid, ask) for r, n, decode, ask in plan if decode and ask]
         if not (extends or grows) and (self.async_top_ups or not (self.releases or self.cache)):
             return {}  # every decode runs on slots granted ahead; releases go out without waiting, or with the next call
@@ -179,7 +180,8 @@ class Scheduler(MemdCalls):
         while level == 0 and self.waiting and len(admitted) < admit and len(self.running) + len(admitted) < self.max_running and budget > 0:
             if self.waiting[0].rid in self.releases:
                 break  # preempted this step: memd frees its old slots first
-            if not self.waiting[0].in_memd and not self._match(self.waiting[0]):
+            first = self.waiting[0]  # an earlier admission of this step asks first: its grant never waits behind this one
+            if not first.in_memd and not self._match(first, 0 if admitted else self._admission_end(first, budget, lean)):
                 break
             r = self.waiting.popleft()
             take = min(r.pending, budget)
@@ -192,11 +194,21 @@ class Scheduler(MemdCalls):
         return [(r, n, True, self._grant(r, n, commits.get(r.rid, r.held), lean, calling)) for r, n in decodes] + plan, admitted
 
     def _extend_ask(self, r: Request, take: int, lean: bool) -> int:
-        """Positions to ask memd for, for a prefill chunk of `take` tokens: the chunk that ends the prompt also asks
-        for the lookahead, so the decodes after it start on slots granted ahead."""
-        if lean or not self.lookahead or take < r.pending:
-            return take
-        return min(r.computed + take + self.lookahead, self.context_len) - r.computed
+        """Positions to ask memd for, for a prefill chunk of `take` tokens, beyond those it holds (granted with its
+        match): the chunk that ends the prompt also asks for the lookahead, so the decodes after it start on slots
+        granted ahead."""
+        end = r.computed + take
+        if not (lean or not self.lookahead or take < r.pending):
+            end = min(end + self.lookahead, self.context_len)
+        return max(0, end - r.held)
+
+    def _admission_end(self, r: Request, budget: int, lean: bool) -> int:
+        """Where a lone arrival's first chunk ends when its whole prompt fits this step's budget (memd then grants it
+        with the match), with the lookahead as _extend_ask adds it; 0 (no grant with the match) otherwise."""
+        tokens = len(r.prompt_ids) + len(r.output_ids)
+        if tokens > budget:
+            return 0
+        return tokens if lean or not self.lookahead else min(tokens + self.lookahead, self.context_len)
 
     def _grant(self, r: Request, n: int, base: int, lean: bool, calling: bool) -> int:
         """Positions to ask memd for, for a decode of n tokens of a request memd holds `base` positions of

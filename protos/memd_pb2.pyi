@@ -219,28 +219,32 @@ class FreeResponse(_message.Message):
     def __init__(self, target_freed: _Optional[int] = ..., draft_freed: _Optional[int] = ...) -> None: ...
 
 class MatchPrefixRequest(_message.Message):
-    __slots__ = ("session_id", "rid", "token_ids")
+    __slots__ = ("session_id", "rid", "token_ids", "extend_to")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    EXTEND_TO_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     rid: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., rid: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    extend_to: int
+    def __init__(self, session_id: _Optional[str] = ..., rid: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., extend_to: _Optional[int] = ...) -> None: ...
 
 class MatchPrefixResponse(_message.Message):
-    __slots__ = ("rid", "row", "cached_len", "target_slots", "draft_slots")
+    __slots__ = ("rid", "row", "cached_len", "target_slots", "draft_slots", "extension")
     RID_FIELD_NUMBER: _ClassVar[int]
     ROW_FIELD_NUMBER: _ClassVar[int]
     CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
     TARGET_SLOTS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    EXTENSION_FIELD_NUMBER: _ClassVar[int]
     rid: str
     row: int
     cached_len: int
     target_slots: _containers.RepeatedScalarFieldContainer[int]
     draft_slots: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, rid: _Optional[str] = ..., row: _Optional[int] = ..., cached_len: _Optional[int] = ..., target_slots: _Optional[_Iterable[int]] = ..., draft_slots: _Optional[_Iterable[int]] = ...) -> None: ...
+    extension: RequestSlots
+    def __init__(self, rid: _Optional[str] = ..., row: _Optional[int] = ..., cached_len: _Optional[int] = ..., target_slots: _Optional[_Iterable[int]] = ..., draft_slots: _Optional[_Iterable[int]] = ..., extension: _Optional[_Union[RequestSlots, _Mapping]] = ...) -> None: ...
 
 class FlushCacheRequest(_message.Message):
     __slots__ = ()

@@ -167,6 +167,8 @@ CASES = {
                                                                     extends=[("a", CONTEXT + 1)])),
     "memd-match-beyond-context": lambda env: env.memd_call("MatchPrefix", memd_pb2.MatchPrefixRequest(
         session_id=env.session.session_id, rid="m", token_ids=[1] * (CONTEXT + 1))),
+    "memd-match-extend-beyond-context": lambda env: env.memd_call("MatchPrefix", memd_pb2.MatchPrefixRequest(
+        session_id=env.session.session_id, rid="m", token_ids=[1, 2, 3], extend_to=CONTEXT + 1)),
     "memd-translate-too-many": lambda env: env.memd_call("Translate", memd_pb2.TranslateRequest(
         target_slots=[1] * (MAX_RUNNING * CONTEXT + 1))),
     "memd-translate-without-draft": lambda env: env.memd_call("Translate", memd_pb2.TranslateRequest(target_slots=[1])),

@@ -295,6 +295,44 @@ def test_allocation_evicts_cached_prefixes_but_never_protected_ones(tmp_path, pa
         s.free(finishes=["held", "big", "again"])
 
 
+@pytest.mark.parametrize("draft", ["none", "bounded"])
+def test_match_grants_the_first_chunk_in_the_same_call(tmp_path, page, draft):
+    n = 100
+    ids = tokens(n)
+    with memd_with(tmp_path, page, draft) as m, session(m, "one-trip") as s:
+        pools = s.map()
+        _, cached_target, cached_draft = run_and_cache(s, "cached", ids)
+        cached = floor(n, page)
+        hit = s.match_prefix("b", ids + [5, 6, 7], extend_to=n + 3 + 8)  # the rest of the prompt and 8 ahead
+        assert hit.cached_len == cached and hit.HasField("extension")
+        ext = hit.extension
+        assert (ext.rid, ext.row, ext.start, len(ext.target_slots)) == ("b", hit.row, cached, n + 11 - cached)
+        slots = list(hit.target_slots) + list(ext.target_slots)
+        assert slots[:cached] == cached_target[:cached] and len(set(slots)) == n + 11
+        assert pools["req_to_token"][hit.row][: n + 11].tolist() == slots
+        if draft == "bounded":
+            assert all(ext.draft_slots) and translate(s, ext.target_slots) == list(ext.draft_slots)
+        assert capacity(s).target.held_by_requests == -(-(n + 11) // page) * page - cached
+        grown = s.alloc(grows=[("b", 4)]).requests[0]  # it goes on from extend_to
+        assert (grown.start, len(grown.target_slots)) == (n + 11, 4)
+        assert not s.match_prefix("c", ids, extend_to=5).HasField("extension")  # at or below the match: none asked
+        s.free(finishes=["b", "c"])
+
+
+def test_a_match_whose_first_chunk_has_no_room_stands_alone(tmp_path, page):
+    with memd_with(tmp_path, page, "none", max_running=3, budget=400_000) as m, session(m, "no-room") as s:
+        total = capacity(s).target.total
+        s.alloc(extends=[("big", 0, total - page)])
+        before = counts(capacity(s))
+        alone = s.match_prefix("late", tokens(50), extend_to=3 * page)
+        assert alone.cached_len == 0 and not alone.HasField("extension")
+        cap = capacity(s)
+        assert counts(cap) == before and cap.running_requests == 2  # the match holds a row, nothing else changed
+        s.free(finishes=["big"])
+        assert s.alloc(extends=[("late", 0, 3 * page)]).requests[0].start == 0  # admitted later, from its match
+        s.free(finishes=["late"])
+
+
 def test_bad_input_gets_the_right_code_and_changes_nothing(tmp_path, page):
     ids = tokens(100)
     with memd_with(tmp_path, page, "bounded") as m, session(m, "bad") as s, \
@@ -319,6 +357,8 @@ def test_bad_input_gets_the_right_code_and_changes_nothing(tmp_path, page):
             (IA, lambda: s.match_prefix("", ids)),
             (IA, lambda: s.match_prefix("a", ids)),  # already held by this session
             (IA, lambda: s.match_prefix("neg", [1, 2, -3])),
+            (IA, lambda: s.match_prefix("far", ids, extend_to=10**8)),  # beyond the context: not even matched
+            (IA, lambda: s.match_prefix("back", ids, extend_to=-1)),
             (RE, lambda: s.match_prefix("c", ids)),  # no request row left
             # a running request's cache op (a checkpoint) whose tokens disagree with its matched prefix
             (IA, lambda: s.free(cache=[("a", [a_ids[0] + 1] + a_ids[1:])])),

@@ -26,7 +26,7 @@ import pytest
 
 from memd.errors import MemdError
 from memd.invariants import check_structure
-from memd.service import release_from_message
+from memd.service import release_from_message, request_slots
 from memd.slots import DraftMode, Release, SlotManager
 from modeld.request import Request
 from modeld.sampling import SamplingParams
@@ -98,12 +98,18 @@ class FakeSession:
         mgr.open_session(SESSION, model="model-under-test")
         self.calls: list[Call] = []
         self.matches: list[Call] = []
+        self.rounds: list[Call] = []  # every call that allocated or released, in order (`calls` + granting matches)
 
-    def match_prefix(self, rid: str, token_ids, timeout: float = 10.0):
+    def match_prefix(self, rid: str, token_ids, extend_to: int = 0, timeout: float = 10.0):
         call = Call("match", [], [], [], [], [])
         self.matches.append(call)  # kept apart: `calls` are the per-step Alloc / Free round trips
-        matched = self._serve(call, self.mgr.match_prefix, SESSION, rid, list(token_ids))
-        return memd_pb2.MatchPrefixResponse(rid=rid, row=matched.row, cached_len=matched.cached_len)
+        matched = self._serve(call, self.mgr.match_prefix, SESSION, rid, list(token_ids), extend_to)
+        if matched.extension is not None:  # it allocated: in the order of `rounds` (every call that allocates)
+            call.extends = [(rid, matched.cached_len, extend_to - matched.cached_len)]
+            self.rounds.append(call)
+        return memd_pb2.MatchPrefixResponse(
+            rid=rid, row=matched.row, cached_len=matched.cached_len,
+            extension=None if matched.extension is None else request_slots(matched.extension))
 
     def match_prefix_async(self, rid: str, token_ids, timeout: float = 10.0):
         """MemdSession.match_prefix_async: served at once here, recorded as a "match-ahead"."""
@@ -158,6 +164,7 @@ class FakeSession:
             trim_lengths={op.rid: op.length if op.HasField("length") else None for op in release.trims},
         )
         self.calls.append(call)
+        self.rounds.append(call)
         return call
 
     def _serve(self, call: Call, op, *args):
@@ -288,8 +295,12 @@ class Sim:
                 assert sched.commits[req.rid] == req.computed
             slots = self.mgr.req_to_token[mem.row, : req.computed]
             assert self.kv[slots].tolist() == req.all_ids[: req.computed], f"{req.rid}: KV does not match its tokens"
-        for req in sched.waiting:  # matched (in memd at its cached prefix) or not in memd at all
-            assert req.computed == (held[req.rid].length if req.in_memd else 0)
+        for req in sched.waiting:  # matched (in memd at its cached prefix, perhaps with its first chunk granted) or not
+            if req.in_memd:
+                mem = held[req.rid]
+                assert req.computed == mem.cached_pages * P and req.held == mem.length >= req.computed
+            else:
+                assert req.computed == req.held == 0
         if not sched.running and not sched.waiting and not sched.releases:
             self.assert_all_free()
 
@@ -323,8 +334,8 @@ def expected_outputs(max_new: int) -> list[int]:
 
 
 def admissions(calls: list[Call]) -> list[str]:
-    """Rids in the order of their (served) first prefill chunk."""
-    return [r for c in calls if c.kind == "alloc" and c.ok for r, p, _ in c.extends if p == 0]
+    """Rids in the order of their (served) first prefill chunk: in an Alloc, or granted with a lone arrival's match."""
+    return [r for c in calls if c.kind in ("alloc", "match") and c.ok for r, p, _ in c.extends if p == 0]
 
 
 # ---- 1. one memd call per step --------------------------------------------------------------
@@ -341,11 +352,12 @@ def test_mixed_step_is_one_alloc_and_idle_releases_are_one_free():
     c = sim.request("c", 7, max_new=2)
 
     before = len(sim.session.calls)
-    items, _ = sim.step()  # releases of a + decode of b + prefill of c
+    items, _ = sim.step()  # releases of a + decode of b; c's prefill was granted with its match
     assert len(sim.session.calls) == before + 1
     call = sim.session.calls[-1]
     assert call.kind == "alloc" and call.ok
-    assert call.finishes == ["a"] and call.grows == [("b", 1)] and call.extends == [("c", 0, 7)]
+    assert call.finishes == ["a"] and call.grows == [("b", 1)] and call.extends == []
+    assert sim.session.matches[-1].extends == [("c", 0, 7)]  # a lone arrival: match and first chunk in one call
     assert [(i.req.rid, i.num_tokens) for i in items] == [("b", 1), ("c", 7)]
 
     while sim.sched.running:
@@ -363,6 +375,22 @@ def test_mixed_step_is_one_alloc_and_idle_releases_are_one_free():
     sim.step()  # idle with nothing to release: no memd call at all
     assert len(sim.session.calls) == before
     assert c.output_ids == expected_outputs(2) and a.output_ids == expected_outputs(3)
+
+
+@pytest.mark.parametrize("lookahead", [0, 8])
+def test_a_lone_arrival_is_admitted_in_one_round_trip(lookahead):
+    sim = Sim(pages=64, max_running=4, chunk=64, context=64, lookahead=lookahead, async_top_ups=bool(lookahead))
+    x = sim.request("x", 5, max_new=3)
+    calls = len(sim.session.calls)
+    items, _ = sim.step()
+    assert len(sim.session.calls) == calls  # no Alloc: the match granted the prompt (and the lookahead)
+    assert sim.session.matches[-1].extends == [("x", 0, 5 + lookahead)]
+    assert [(i.req.rid, i.num_tokens) for i in items] == [("x", 5)] and x.held == 5 + lookahead
+    sim.run()
+    assert x.output_ids == expected_outputs(3)
+    sim.assert_all_free()
+    # (An arrival behind one admitted earlier in the same step is matched without a grant, so it never takes
+    # memory ahead of it: test_preemption_releases_the_newest_and_recomputes_it_later re-admits c before d.)
 
 
 def test_every_step_is_exactly_one_served_alloc_without_pressure():
@@ -442,7 +470,7 @@ def test_max_running_caps_the_batch_and_the_rest_wait_in_fifo_order():
         assert waiting == rids[len(rids) - len(waiting):]  # a suffix of the arrival order
 
     sim.run(each=capped)
-    assert admissions(sim.session.calls) == rids
+    assert admissions(sim.session.rounds) == rids
     assert sim.sched.preemptions == 0 and not sim.session.errors()
     assert all(sim.done[rid].output_ids == expected_outputs(2 + i % 3) for i, rid in enumerate(rids))
 
@@ -512,7 +540,7 @@ def test_preemption_releases_the_newest_and_recomputes_it_later():
 
     assert sim.sched.preemptions == 1
     # the preempting step: refusals at every level, then one call that releases c and serves a, b
-    calls = sim.session.calls
+    calls = sim.session.rounds
     i = next(k for k, call in enumerate(calls) if call.ok and "c" in call.finishes)
     served = calls[i]
     assert served.grows == [("a", 1), ("b", 1)] and served.extends == [] and served.finishes == ["c"]
@@ -655,7 +683,7 @@ def test_resubmitted_rid_waits_for_the_release_of_its_predecessor():
     assert call.ok and call.finishes == ["x"] and call.extends == [] and call.grows == [("keep", 1)]
     assert list(sim.sched.waiting) == [again]
     sim.step()
-    assert sim.session.calls[-1].extends == [("x", 0, 6)]
+    assert sim.session.matches[-1].extends == [("x", 0, 6)]  # granted with its match
     sim.run()
     _no_rid_released_and_allocated(sim.session.calls)
     assert again.output_ids == expected_outputs(2)
@@ -690,6 +718,11 @@ def test_dflash_verify_blocks_commit_trim_and_plain_decodes_at_the_context_end()
     while "x" not in sim.done:
         calls_before = len(sim.session.calls)
         items, _ = sim.step()
+        if not kinds:  # the prefill, granted with x's match: no Alloc
+            assert len(sim.session.calls) == calls_before and sim.session.matches[-1].extends == [("x", 0, 10)]
+            assert not items[0].verify
+            kinds.append("prefill")
+            continue
         call = sim.session.calls[-1]
         assert len(sim.session.calls) == calls_before + 1 and call.ok
         if last_verify is not None:
