@@ -9,10 +9,11 @@ computed length); memd answers while the step runs. So most steps wait for nothi
 allocator: the spare slots are the request's, freed with it or given back when memory is short, the "lean"
 plan). A request is admitted from the usable cached prefix memd matches for it (MatchPrefix, the calls of a
 burst of arrivals in flight together): only the rest is prefilled. A lone arrival whose prompt fits the step,
-with no earlier admission in the step, asks memd to grant the prompt (and the lookahead) in that same call. When memd answers RESOURCE_EXHAUSTED nothing
-changed there, and the step is planned again: first without new admissions and prefill chunks (they wait),
-then by preempting the newest running request (its slots are released and it is recomputed later from its
-prompt and the tokens it already produced, so its greedy output does not change).
+with no earlier admission in the step, asks memd to grant the prompt (and the lookahead) in that same call.
+When memd answers RESOURCE_EXHAUSTED nothing changed there, and the step is planned again: first without new
+admissions and prefill chunks (they wait), then by preempting the newest running request (its slots are
+released and it is recomputed later from its prompt and the tokens it already produced, so its greedy output
+does not change).
 """
 
 import logging
@@ -180,9 +181,11 @@ class Scheduler(MemdCalls):
         while level == 0 and self.waiting and len(admitted) < admit and len(self.running) + len(admitted) < self.max_running and budget > 0:
             if self.waiting[0].rid in self.releases:
                 break  # preempted this step: memd frees its old slots first
-            first = self.waiting[0]  # an earlier admission of this step asks first: its grant never waits behind this one
-            if not first.in_memd and not self._match(first, 0 if admitted else self._admission_end(first, budget, lean)):
-                break
+            first = self.waiting[0]
+            if not first.in_memd:
+                # Granted with its match only when no earlier admission of this step asks first (FIFO for memory).
+                if not self._match(first, 0 if admitted else self._admission_end(first, budget, lean)):
+                    break
             r = self.waiting.popleft()
             take = min(r.pending, budget)
             plan.append((r, take, False, self._extend_ask(r, take, lean)))
@@ -204,11 +207,9 @@ class Scheduler(MemdCalls):
 
     def _admission_end(self, r: Request, budget: int, lean: bool) -> int:
         """Where a lone arrival's first chunk ends when its whole prompt fits this step's budget (memd then grants it
-        with the match), with the lookahead as _extend_ask adds it; 0 (no grant with the match) otherwise."""
-        tokens = len(r.prompt_ids) + len(r.output_ids)
-        if tokens > budget:
-            return 0
-        return tokens if lean or not self.lookahead else min(tokens + self.lookahead, self.context_len)
+        with the match); 0 (no grant with the match) otherwise. An unmatched request holds nothing (computed == held
+        == 0), so that end is _extend_ask's ask for the whole prompt."""
+        return self._extend_ask(r, r.pending, lean) if r.pending <= budget else 0
 
     def _grant(self, r: Request, n: int, base: int, lean: bool, calling: bool) -> int:
         """Positions to ask memd for, for a decode of n tokens of a request memd holds `base` positions of

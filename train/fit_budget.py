@@ -71,8 +71,9 @@ def step_seconds(target, seqs, tc: td.TrainConfig, device: str, log) -> float:
 
 
 def profile_steps(target, seqs, tc: td.TrainConfig, device: str, steps: int, log, rows: int = 15) -> str:
-    """Where a step's time goes: `steps` steps (after PROBE_WARMUP) under torch.profiler, the ops by their own
-    device time (CPU time on the CPU), and the wall time against the device's busy time (host-bound or not)."""
+    """Where a step's time goes: after a warm-up call of PROBE_WARMUP steps (kernels compiled, memory cached), a
+    call of `steps` steps under torch.profiler; the ops by their own device time (CPU time on the CPU), and the
+    wall time against the device's busy time (host-bound or not)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 

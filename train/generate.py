@@ -6,12 +6,12 @@
         [--time-budget SECONDS] [--limit N] [--device cuda] [--kv-budget-gb 40] [--page-size 64]
     python -m train.generate pack --src DIR --out DIR [--max-mib 15]
 
---engine inproc (the default without --addr): modeld's engine in this process (train.inproc: no gRPC stream, about 4x the
-tokens/s at hundreds of requests in flight) over the memd at --memd, or one started here for --target.
---engine modeld (the default with --addr): prompts stream through the project's asyncio client at --concurrency requests in flight, to
-the modeld at --addr, or to a memd + modeld pair started here. Both decode without a draft (plain decoding is
-what the draft learns to predict). --engine hf: batched Hugging Face `generate` on --target, the fallback;
-batches of similar prompt length, greedy and sampled apart.
+--engine inproc (the default without --addr): modeld's engine in this process (train.inproc: no gRPC stream,
+about 4x the tokens/s at hundreds of requests in flight) over the memd at --memd, or one started here for
+--target. --engine modeld (the default with --addr): prompts stream through the project's asyncio client at
+--concurrency requests in flight, to the modeld at --addr, or to a memd + modeld pair started here. Both
+decode without a draft (plain decoding is what the draft learns to predict). --engine hf: batched Hugging Face
+`generate` on --target, the fallback; batches of similar prompt length, greedy and sampled apart.
 
 Every prompt record (train.prompts) is answered once per --sampling entry: "greedy", or a temperature (with
 --top-p; the seed comes from the prompt id, so a re-run samples the same). Requests are built by train.chat:
@@ -213,14 +213,17 @@ def start_stack(args):
     return stack()
 
 
-def run_inproc(args, *rest) -> int:
+def run_inproc(args, jobs, tokenizer, temperatures, writer, stop: Stop, log) -> int:
     """--engine inproc over the memd at --memd, or one started here."""
     from train.inproc import generate_inproc
 
+    def run(memd: str) -> int:
+        return generate_inproc(memd, jobs, tokenizer, temperatures, args, writer, stop, log, seed_of=seed_of, meta=meta)
+
     if args.memd:
-        return generate_inproc(args.memd, *rest, seed_of=seed_of, meta=meta)
+        return run(args.memd)
     with start_memd(args) as memd:
-        return generate_inproc(memd.address, *rest, seed_of=seed_of, meta=meta)
+        return run(memd.address)
 
 
 def main_generate(args) -> int:
@@ -247,7 +250,7 @@ def main_generate(args) -> int:
         if args.engine == "hf":
             finished = generate_hf(args.target, jobs, tokenizer, temperatures, args, writer, stop, log)
         elif args.engine == "inproc":
-            finished = run_inproc(args, jobs, tokenizer, temperatures, args, writer, stop, log)
+            finished = run_inproc(args, jobs, tokenizer, temperatures, writer, stop, log)
         elif args.addr:
             finished = asyncio.run(generate_modeld(args.addr, jobs, tokenizer, temperatures, args, writer, stop, log))
         else:

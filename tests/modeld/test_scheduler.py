@@ -131,11 +131,7 @@ class FakeSession:
         call = self._record("alloc", request.release, request)
         allocated = self._serve(call, self.mgr.step, request.session_id, release_from_message(request.release),
                                 call.extends, call.grows)
-        return memd_pb2.AllocResponse(requests=[
-            memd_pb2.RequestSlots(rid=a.rid, row=a.row, start=a.start, target_slots=a.target_slots.tolist(),
-                                  draft_slots=a.draft_slots.tolist())
-            for a in allocated
-        ])
+        return memd_pb2.AllocResponse(requests=[request_slots(a) for a in allocated])
 
     def alloc_async(self, grows=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
         """MemdSession.alloc_async: served at once here, recorded as a "sent ahead" call."""
