@@ -47,14 +47,18 @@ def parse_sampling(text: str) -> list[float]:
     return out
 
 
-def make_jobs(records: list[dict], temperatures: list[float], done: set[str], limit: int | None) -> list[tuple[dict, int]]:
-    """(record, sample index) still to do, in prompt order; --limit counts prompts (done or not)."""
+def make_jobs(records: list[dict], temperatures: list[float], done: set[str], limit: int | None,
+              sources_first: tuple[str, ...] = ()) -> list[tuple[dict, int]]:
+    """(record, sample index) still to do, in prompt order; --limit counts prompts (done or not). The prompts of
+    `sources_first` go first, in the order given (the rest after them, in prompt order): a time-bounded run then
+    spends its budget on the mix asked for."""
     jobs = []
     for record in records[:limit]:
         for k in range(len(temperatures)):
             if f"{record['id']}#{k}" not in done:
                 jobs.append((record, k))
-    return jobs
+    rank = {source: i for i, source in enumerate(sources_first)}
+    return sorted(jobs, key=lambda job: rank.get(job[0].get("source"), len(rank)))
 
 
 def meta(record: dict, k: int, temperature: float, answers: list[list[int]]) -> dict:
@@ -234,7 +238,7 @@ def main_generate(args) -> int:
     records = read_records(pathlib.Path(args.prompts))
     out = pathlib.Path(args.out)
     done = responses.done_keys(out) if out.exists() else set()
-    jobs = make_jobs(records, temperatures, done, args.limit)
+    jobs = make_jobs(records, temperatures, done, args.limit, tuple(filter(None, args.sources_first.split(","))))
     log(f"{len(records)} prompts x {len(temperatures)} samples; {len(done)} done before, {len(jobs)} to do")
     if not jobs:
         return 0
@@ -290,6 +294,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256, help="sequences per generate call (hf engine)")
     p.add_argument("--time-budget", type=float, default=float("inf"), help="seconds; then stop cleanly")
     p.add_argument("--limit", type=int, help="only the first N prompts")
+    p.add_argument("--sources-first", default="", help="comma-separated prompt sources answered before the rest")
     p.add_argument("--max-answers", type=int, help="stop (cleanly, as at the time budget) after N answers")
     p.add_argument("--shard-records", type=int, default=4000)
     p.add_argument("--flush-seconds", type=float, default=120.0)

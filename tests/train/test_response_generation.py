@@ -12,7 +12,7 @@ import client
 from tests.conftest import greedy
 from tests.daemons import run_memd, run_modeld
 from train import chat, responses
-from train.generate import main, parse_sampling
+from train.generate import main, make_jobs, parse_sampling
 
 PROMPTS = [
     {"id": "t:0", "source": "t", "turns": ["What is the capital of France?"]},
@@ -36,6 +36,14 @@ def read_all(out):
 
 def test_parse_sampling():
     assert parse_sampling("greedy,0.8") == [0.0, 0.8] and parse_sampling("0.7") == [0.7]
+
+
+def test_sources_first_orders_jobs_and_keeps_the_rest():
+    done = {"t:1#0"}
+    jobs = make_jobs(PROMPTS, [0.0, 0.8], done, None, ("multi-turn",))
+    keys = [f"{record['id']}#{k}" for record, k in jobs]
+    assert keys == ["m:3#0", "m:3#1", "t:0#0", "t:0#1", "t:1#1", "t:2#0", "t:2#1"]
+    assert [f"{r['id']}#{k}" for r, k in make_jobs(PROMPTS, [0.0], done, 2)] == ["t:0#0"]
 
 
 def test_modeld_stop_and_resume(tmp_path, default_model, tokenizer):

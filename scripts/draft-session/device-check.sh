@@ -1,0 +1,10 @@
+# On the GPU machine after call 3 (device-setup.sh): the GPU suites with CUDA graphs on (kernels, graph replay,
+# device sampling, greedy equals HF, DFLASH on equals off) and the engine's speed against the engine-speed
+# issue's goals (tables in $OUT/engine_speed.md). Run it after every change to the engine's hot path.
+export PYTHONPATH=/tmp/site:$PWD
+python3 -m pytest -q tests/kernels tests/modeld/test_cuda_graph.py tests/modeld/test_device_sampling.py \
+    tests/dflash/test_dummy_draft.py 2>&1 | tail -3
+python3 -m pytest -q tests/modeld/test_forward_vs_hf.py tests/e2e/test_generate.py tests/dflash/test_dflash_gpu.py \
+    -k "cuda or gpu or graph" 2>&1 | tail -3
+python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 > "$OUT/engine_speed.md" 2> "$OUT/engine_speed.log"
+cat "$OUT/engine_speed.md"
