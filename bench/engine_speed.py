@@ -96,6 +96,9 @@ class Breakdown:
 
     def __init__(self, engine):
         self.engine, self.totals, self.steps, self.step_time = engine, dict.fromkeys(self.PHASES, 0.0), 0, 0.0
+        self.current = dict.fromkeys(self.PHASES, 0.0)  # the step under way; kept only if it was a step
+        self.current_calls = 0
+        self.memd_idle = 0.0  # memd time of idle passes (releases flushed after the last step): no step's time
         self.memd_calls = 0  # calls the engine waited for
         self.undo = []
         runner, sched = engine.runner, engine.scheduler
@@ -111,11 +114,17 @@ class Breakdown:
         step = engine._step
 
         def timed_step():
+            self.current, self.current_calls = dict.fromkeys(self.PHASES, 0.0), 0
             begin = time.perf_counter()
             busy = step()
             if busy:
                 self.steps += 1
                 self.step_time += time.perf_counter() - begin
+                self.memd_calls += self.current_calls
+                for phase, seconds in self.current.items():
+                    self.totals[phase] += seconds
+            else:
+                self.memd_idle += self.current["memd"]
             return busy
 
         engine._step = timed_step
@@ -126,10 +135,10 @@ class Breakdown:
 
         def timed(*a, **kw):
             begin = time.perf_counter()
-            self.memd_calls += phase == "memd" and waited(*a)
+            self.current_calls += phase == "memd" and waited(*a)
             out = original(*a, **kw)
             torch.cuda.synchronize()
-            self.totals[phase] += time.perf_counter() - begin
+            self.current[phase] += time.perf_counter() - begin
             return out
 
         setattr(owner, name, timed)
@@ -143,6 +152,7 @@ class Breakdown:
         per_step["host"] = step_ms - sum(per_step.values())
         per_step["step"] = step_ms
         per_step["memd_calls_per_100_steps"] = 100 * self.memd_calls / max(self.steps, 1)
+        per_step["memd_idle"] = 1000 * self.memd_idle / max(self.steps, 1)
         return per_step
 
 
@@ -224,16 +234,18 @@ def report(rows: list[dict], hf: float | None, args) -> str:
         xhf = f"{r['bs1'] / hf:.2f}" if hf else "-"
         lines.append(f"| {r['name']} | {accept} | {r['bs1']:.1f} | {xhf} | {r['bs1'] / plain['bs1']:.2f} | " + " | ".join(
             f"{r[f'c{c}']:.1f} | {r[f'c{c}'] / plain[f'c{c}']:.2f}" for c in cs) + " |")
-    lines += ["", "Per-step breakdown (ms; separate runs that synchronise after each phase):", "",
-              "| config | batch | step | forward | draft | sampling | memd | host | memd share | waited memd calls / 100 steps | MBU (bs 1) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "Per-step breakdown (ms; separate runs that synchronise after each phase; memd between steps: the"
+              " releases flushed on idle passes, per step, in no step's time):", "",
+              "| config | batch | step | forward | draft | sampling | memd | host | memd share | waited memd calls / 100 steps"
+              " | memd between steps | MBU (bs 1) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for c in (1, 16):
             b = r[f"breakdown{c}"]
             mbu = f"{r['weight_bytes'] / (b['step'] / 1000) / H200_BANDWIDTH:.0%}" if c == 1 and not r["accept"] else "-"
             lines.append(f"| {r['name']} | {c} | {b['step']:.2f} | {b['forward']:.2f} | {b['draft']:.2f} | "
                          f"{b['sampling']:.2f} | {b['memd']:.3f} | {b['host']:.2f} | {b['memd'] / b['step']:.1%} | "
-                         f"{b['memd_calls_per_100_steps']:.1f} | {mbu} |")
+                         f"{b['memd_calls_per_100_steps']:.1f} | {b['memd_idle']:.3f} | {mbu} |")
     spec = next((r for r in rows if r["accept"]), None)
     if spec is not None:
         for c in (1, 16):
