@@ -161,22 +161,32 @@ def sample_anchors(seq: dict, count: int, max_len: int, seed: int, epoch: int, i
     return np.sort(rng.choice(valid, size=count, replace=False))
 
 
+SORT_WINDOW = 4096  # sequences whose batches are packed in length order (then the batches are shuffled)
+
+
 def epoch_batches(seqs: list[dict], tc: TrainConfig, epoch: int) -> list[list[int]]:
-    """Sequence indices per step: a seeded order for the epoch, packed until batch_anchors blocks."""
+    """Sequence indices per step, packed until batch_anchors blocks: every sequence with an anchor once. A seeded
+    order for the epoch, cut into windows of SORT_WINDOW sequences, each packed in length order so that a batch
+    holds sequences of about one length (the target's forward pads a batch to its longest sequence); the
+    batches are then shuffled, so the schedule does not run from short to long."""
     counts = [min(tc.anchors, len(valid_anchors(len(s["ids"]), s["spans"], tc.max_len))) for s in seqs]
-    order = np.random.default_rng([tc.seed, epoch, 2**31]).permutation(len(seqs))
-    batches, current, blocks = [], [], 0
-    for i in order.tolist():
-        if counts[i] == 0:
-            continue
-        if current and blocks + counts[i] > tc.batch_anchors:
+    rng = np.random.default_rng([tc.seed, epoch, 2**31])
+    order = rng.permutation(len(seqs)).tolist()
+    batches = []
+    for start in range(0, len(order), SORT_WINDOW):
+        window = sorted(order[start:start + SORT_WINDOW], key=lambda i: len(seqs[i]["ids"]))
+        current, blocks = [], 0
+        for i in window:
+            if counts[i] == 0:
+                continue
+            if current and blocks + counts[i] > tc.batch_anchors:
+                batches.append(current)
+                current, blocks = [], 0
+            current.append(i)
+            blocks += counts[i]
+        if current:
             batches.append(current)
-            current, blocks = [], 0
-        current.append(i)
-        blocks += counts[i]
-    if current:
-        batches.append(current)
-    return batches
+    return [batches[k] for k in rng.permutation(len(batches)).tolist()]
 
 
 def fingerprint(seqs: list[dict]) -> str:

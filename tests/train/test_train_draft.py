@@ -46,6 +46,21 @@ def test_taps_follow_the_reference_rule():
     assert build_target_layer_ids(24, 5) == [1, 6, 11, 16, 21]
 
 
+def test_epoch_batches_cover_every_sequence_once_in_batches_of_like_lengths():
+    rng = np.random.default_rng(3)
+    seqs = [{"ids": np.zeros(n, dtype=np.int32), "spans": [(4, n)]} for n in rng.integers(6, 400, size=600)]
+    seqs.append({"ids": np.zeros(5, dtype=np.int32), "spans": [(5, 5)]})  # no anchor: never in a batch
+    tc = TrainConfig(anchors=8, batch_anchors=64, max_len=2048)
+    first = epoch_batches(seqs, tc, 0)
+    assert sorted(i for b in first for i in b) == list(range(600))
+    assert all(sum(min(8, len(seqs[i]["ids"]) - 5) for i in b) <= 64 for b in first)
+    assert first == epoch_batches(seqs, tc, 0) and first != epoch_batches(seqs, tc, 1)
+    padded = sum(len(b) * max(len(seqs[i]["ids"]) for i in b) for b in first)
+    assert padded < 1.1 * sum(len(s["ids"]) for s in seqs[:600])  # a random packing pads about 1.8x
+    longest = [max(len(seqs[i]["ids"]) for i in b) for b in first]
+    assert longest != sorted(longest)  # shuffled: not short to long
+
+
 def test_training_learns_and_saves_a_loadable_draft(tiny, tmp_path):
     target, train_set, held = tiny
     tc = TrainConfig(**TINY, epochs=60)
