@@ -2,6 +2,7 @@
 
     python -m train.prompts build --out DIR [--cache .cache/train/downloads] [--seed 0] [--scale 1.0]
         [--only SRC,SRC] [--extra DIR] [--multi-turn 6000] [--shard-size 20000]
+    python -m train.prompts extend --prompts DIR --extra EXTRA      # on a machine without the downloads
     python -m train.prompts stats DIR
 
 DIR gets:
@@ -49,31 +50,50 @@ def read_records(folder: pathlib.Path) -> list[dict]:
     return out
 
 
+class Admission:
+    """The build's rules for one record at a time: clear of the held-out items, new after normalisation and not
+    a near duplicate of anything admitted before; per-source counts."""
+
+    def __init__(self, held_out: list[str]):
+        self.hold = dedupe.HoldOut(held_out)
+        self.seen = dedupe.MinHashDeduper()
+        self.counts: dict[str, dict] = {}
+
+    def remember(self, records: list[dict]) -> None:
+        """Records already written (an earlier build): later ones must not repeat them."""
+        for r in records:
+            self.seen.add(record_text(r))
+
+    def admit(self, name: str, raw: dict) -> dict | None:
+        c = self.counts.setdefault(name, {"made": 0, "held_out": 0, "duplicates": 0, "written": 0})
+        c["made"] += 1
+        turns = [t for t in raw.get("turns", []) if isinstance(t, str) and t.strip()]
+        if not turns:
+            return None
+        rec = {"source": name, "turns": turns, **({"system": raw["system"]} if raw.get("system") else {})}
+        text = record_text(rec)
+        if self.hold.hits(text):
+            c["held_out"] += 1
+            return None
+        if not self.seen.add(text):
+            c["duplicates"] += 1
+            return None
+        rec["id"] = f"{name}:{hashlib.sha1(dedupe.normalise(text).encode()).hexdigest()[:16]}"
+        return rec
+
+
 def build(sources: list[Source], fetch: Fetcher, held_out: list[str], seed: int = 0, scale: float = 1.0,
           extra: list[dict] = (), multi_turn: int = 0, log=print) -> tuple[list[dict], dict]:
     """(records, per-source counts). Every record is new after normalisation, not a near duplicate of an
     earlier one, and clear of `held_out`."""
-    hold = dedupe.HoldOut(held_out)
-    seen = dedupe.MinHashDeduper()
-    counts: dict[str, dict] = {}
+    gate = Admission(held_out)
+    hold, counts = gate.hold, gate.counts
     records: list[dict] = []
 
     def admit(name: str, raw: dict) -> None:
-        c = counts.setdefault(name, {"made": 0, "held_out": 0, "duplicates": 0, "written": 0})
-        c["made"] += 1
-        turns = [t for t in raw.get("turns", []) if isinstance(t, str) and t.strip()]
-        if not turns:
-            return
-        rec = {"source": name, "turns": turns, **({"system": raw["system"]} if raw.get("system") else {})}
-        text = record_text(rec)
-        if hold.hits(text):
-            c["held_out"] += 1
-            return
-        if not seen.add(text):
-            c["duplicates"] += 1
-            return
-        rec["id"] = f"{name}:{hashlib.sha1(dedupe.normalise(text).encode()).hexdigest()[:16]}"
-        records.append(rec)
+        rec = gate.admit(name, raw)
+        if rec is not None:
+            records.append(rec)
 
     for source in sources:
         begin = time.time()
@@ -103,9 +123,21 @@ def build(sources: list[Source], fetch: Fetcher, held_out: list[str], seed: int 
     return records, counts
 
 
-def write_shards(records: list[dict], out: pathlib.Path, shard_size: int) -> list[dict]:
+def extend(records: list[dict], extra: list[dict], held_out: list[str]) -> tuple[list[dict], dict]:
+    """(the extra records that pass, their counts): the build's rules with `records` (a built folder's) taken as
+    admitted before them. Lets the GPU machine, which has no downloads, add self-instruct prompts to the
+    carried build; the same extras given to `build --extra` get the same ids."""
+    gate = Admission(held_out)
+    gate.remember(records)
+    added = [rec for raw in extra if (rec := gate.admit(raw.get("source") or "extra", raw)) is not None]
+    for r in added:
+        gate.counts[r["source"]]["written"] += 1
+    return added, gate.counts
+
+
+def write_shards(records: list[dict], out: pathlib.Path, shard_size: int, first_index: int = 0) -> list[dict]:
     shards = []
-    for n, first in enumerate(range(0, len(records), shard_size)):
+    for n, first in enumerate(range(0, len(records), shard_size), start=first_index):
         path = out / f"prompts-{n:05d}.jsonl.gz"
         data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records[first : first + shard_size]).encode()
         with open(path, "wb") as fh, gzip.GzipFile(fileobj=fh, mode="wb", compresslevel=9, mtime=0) as gz:
@@ -156,6 +188,28 @@ def main_build(args) -> int:
     return 0
 
 
+def main_extend(args) -> int:
+    """Adds --extra's records to the built folder --prompts in place: new shards after the last one, the
+    manifest's counts and shards updated; nothing else is rewritten (generation keys answers by prompt id)."""
+    out = pathlib.Path(args.prompts)
+    manifest = json.loads((out / "manifest.json").read_text())
+    evals = {name: [json.loads(x) for x in (out / "eval" / f"{name}.jsonl").read_text().splitlines() if x.strip()]
+             for name in ("mtbench", "humaneval")}
+    added, counts = extend(read_records(out), read_records(pathlib.Path(args.extra)), held_out_texts(evals))
+    random.Random(f"{args.seed}:extend").shuffle(added)
+    shards = write_shards(added, out, args.shard_size, first_index=len(manifest["shards"]))
+    for name, c in counts.items():
+        was = manifest["counts"].setdefault(name, {"made": 0, "held_out": 0, "duplicates": 0, "written": 0})
+        for key in ("made", "held_out", "duplicates", "written"):
+            was[key] += c[key]
+    manifest["prompts"] += len(added)
+    manifest["shards"] += shards
+    manifest["bytes"] = sum(s["bytes"] for s in manifest["shards"])
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    print_stats(manifest)
+    return 0
+
+
 def print_stats(manifest: dict) -> None:
     print(f"{'source':16} {'made':>8} {'held out':>9} {'dupes':>8} {'written':>8}")
     for name, c in sorted(manifest["counts"].items(), key=lambda kv: -kv[1]["written"]):
@@ -175,11 +229,18 @@ def main(argv=None) -> int:
     b.add_argument("--extra", help="a folder of extra prompt records (*.jsonl.gz, *.jsonl)")
     b.add_argument("--multi-turn", type=int, default=6000)
     b.add_argument("--shard-size", type=int, default=20000)
+    e = sub.add_parser("extend", help="add extra records to a built folder (same rules, no downloads)")
+    e.add_argument("--prompts", required=True, help="a folder written by build")
+    e.add_argument("--extra", required=True, help="a folder of extra prompt records (*.jsonl.gz, *.jsonl)")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--shard-size", type=int, default=20000)
     s = sub.add_parser("stats", help="print a built folder's counts")
     s.add_argument("dir")
     args = p.parse_args(argv)
     if args.command == "build":
         return main_build(args)
+    if args.command == "extend":
+        return main_extend(args)
     print_stats(json.loads((pathlib.Path(args.dir) / "manifest.json").read_text()))
     return 0
 

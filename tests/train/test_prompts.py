@@ -4,12 +4,13 @@ turns and HumanEval, also reworded or pasted into a longer prompt), shard format
 import gzip
 import json
 import random
+import shutil
 
 import pytest
 
 from train import dedupe
 from train.prompt_sources import Source
-from train.prompts import build, main, read_records, record_text, write_shards
+from train.prompts import Admission, build, main, read_records, record_text, write_shards
 
 HELD = ["Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural experiences "
         "and must-see attractions.",
@@ -130,6 +131,34 @@ def test_build_writes_shards_manifest_and_evaluation_sets(built):
     mt = [json.loads(x) for x in (out / "eval" / "mtbench.jsonl").read_text().splitlines()]
     assert len(mt) == 80 and [q["prompt"] for q in mt] == questions and all(q["category"] for q in mt)
     assert len((out / "eval" / "humaneval.jsonl").read_text().splitlines()) == 164
+
+
+def test_extend_adds_what_build_would_and_keeps_the_rest(built, tmp_path):
+    """A built folder extended in place (as on the GPU machine, without downloads): the earlier shards are
+    untouched, the new records pass the same hold-out and deduplication, and their ids are build's."""
+    out, questions = built
+    folder = tmp_path / "prompts"
+    shutil.copytree(out, folder)
+    before = {p.name: p.read_bytes() for p in folder.glob("prompts-*.jsonl.gz")}
+    records = read_records(folder)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    lines = [{"source": "self-instruct", "turns": [questions[3]]},  # held out
+             {"source": "self-instruct", "turns": [records[0]["turns"][0]]},  # already in the build
+             {"source": "self-instruct", "turns": ["Why do cats purr when they are content?"]},
+             {"source": "self-instruct", "turns": ["why do cats purr, when they are content"]}]  # same, normalised
+    (extra / "si.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["extend", "--prompts", str(folder), "--extra", str(extra)]) == 0
+    assert all((folder / name).read_bytes() == data for name, data in before.items())
+    after = read_records(folder)
+    added = after[len(records):]
+    assert [r["turns"] for r in added] == [["Why do cats purr when they are content?"]]
+    assert added[0]["id"] == Admission([]).admit("self-instruct", lines[2])["id"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["prompts"] == len(after) and sum(s["records"] for s in manifest["shards"]) == len(after)
+    si = json.loads((out / "manifest.json").read_text())["counts"]["self-instruct"]
+    assert manifest["counts"]["self-instruct"] == {"made": si["made"] + 4, "held_out": si["held_out"] + 1,
+                                                   "duplicates": si["duplicates"] + 2, "written": si["written"] + 1}
 
 
 def test_build_drops_every_mtbench_first_turn(built):

@@ -1,0 +1,10 @@
+# On the GPU machine after call 3: SECONDS of self-instruct (the target writes questions over train.templates'
+# topics, PER_TOPIC per topic and kind of request), added to the carried prompt build in /tmp/prompts through the
+# build's hold-out and deduplication (train.prompts extend); the questions come back in $OUT/self-instruct: keep
+# them in train/data/self-instruct/, which prepare's build reads (the same ids). Carry .cache/train/prompts.
+export PYTHONPATH=/tmp/site:$PWD
+[ -d /tmp/prompts ] || { mkdir -p /tmp/prompts && cp -r .cache/train/prompts/. /tmp/prompts/; }
+python3 -m train.self_instruct --out /tmp/si --per-topic "${2:-8}" --time-budget "$1" --concurrency 384 --temperature 0.8 \
+    2>&1 | grep -v Loading | tail -3
+python3 -m train.prompts extend --prompts /tmp/prompts --extra /tmp/si | tail -5
+mkdir -p "$OUT/self-instruct" && cp /tmp/si/*.jsonl.gz "$OUT/self-instruct/"
