@@ -182,9 +182,11 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
         for c in args.concurrency:
             n, s, _ = generate_all(engine, [prompts[i % len(prompts)] for i in range(c)], args.new_tokens, ignore_eos, f"c{c}")
             row[f"c{c}"] = n / s
-        for c in (1, 16):
-            prof = Breakdown(engine)
-            generate_all(engine, [prompts[i % len(prompts)] for i in range(c)], args.new_tokens, ignore_eos, f"prof{c}")
+        for c in (1, 16):  # batch 1: the throughput run's prompts one at a time (one short answer would weigh
+            prof = Breakdown(engine)  # its admission against a handful of steps)
+            runs = [[p] for p in prompts[: args.batch1]] if c == 1 else [[prompts[i % len(prompts)] for i in range(c)]]
+            for k, batch in enumerate(runs):
+                generate_all(engine, batch, args.new_tokens, ignore_eos, f"prof{c}-{k}")
             row[f"breakdown{c}"] = prof.close()
         row["weight_bytes"] = weight_bytes(engine.runner.model)
         return row
