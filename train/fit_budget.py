@@ -9,7 +9,9 @@ through its schedule ends at a high learning rate; a schedule sized to the budge
 The chosen settings are printed as the train.train_draft command line that repeats the run (same data, same
 seed: the same steps). The probes' steps are thrown away. A step's time depends on the anchors per sequence
 (the first run here took 0.29 s a step at 128 anchors and 0.55 s at 1,022 on the H200), so a second probe
-times the setting the first picked, and the schedule is picked again from it. Each probe times its steps
+times the setting the first picked, and the schedule is picked again from it. Epochs give way before anchors do: below
+MIN_ANCHORS per sequence the schedule drops to fewer epochs at more anchors (the 2026-12-04 run's 2 epochs at 12
+anchors trained 874 K blocks in 364 s; one epoch at about 128 would have trained several times more). Each probe times its steps
 themselves (their end times), not the whole call: set-up time varies by seconds, and the first probe that
 timed whole calls overestimated a step by half (0.34 s against 0.23 s in the run, 2026-12-04).
 """
@@ -29,28 +31,43 @@ PROBE_WARMUP, PROBE_STEPS = 3, 20
 PROBES = 2  # the first at --probe-anchors, the second at the anchors the first picked
 SAVE_MARGIN_S = 25.0  # the checkpoint and the bf16 export at the end
 PACKING_SLACK = 0.95  # batches are packed whole sequences: a step holds a little under --batch-anchors blocks
+# Fewer anchors per sequence than this and a step's time goes mostly to the target's forward (H200: 0.45 s per
+# 1,024 blocks at 12 anchors, 0.29 s per 4,096 at 128): fewer epochs at more anchors train more blocks.
+MIN_ANCHORS = 64
 
 
 def valid_counts(seqs: list[dict], max_len: int) -> np.ndarray:
     return np.array([len(td.valid_anchors(len(s["ids"]), s["spans"], max_len)) for s in seqs], dtype=np.int64)
 
 
-def pick_schedule(counts: np.ndarray, epochs: int, blocks: float) -> tuple[int, int]:
-    """(anchors per sequence, epochs) whose schedule trains about `blocks` blocks: the most anchors that fit
-    `epochs` epochs; when every position of every sequence fits, more epochs instead."""
-    full = int(counts.sum())
-    if full == 0:
-        raise ValueError("no sequence has an anchor (no answers in the data)")
-    if epochs * full <= blocks:
-        return int(counts.max()), max(epochs, int(blocks // full))
-    lo, hi = 1, int(counts.max())  # the largest a with epochs * sum(min(a, count)) <= blocks
+def most_anchors(counts: np.ndarray, epochs: int, blocks: float) -> int:
+    """The largest a (at least 1) with epochs * sum(min(a, count)) <= blocks."""
+    lo, hi = 1, int(counts.max())
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if epochs * int(np.minimum(counts, mid).sum()) <= blocks:
             lo = mid
         else:
             hi = mid - 1
-    return lo, epochs
+    return lo
+
+
+def pick_schedule(counts: np.ndarray, epochs: int, blocks: float, min_anchors: int = MIN_ANCHORS) -> tuple[int, int]:
+    """(anchors per sequence, epochs) whose schedule trains about `blocks` blocks: the most anchors that fit
+    `epochs` epochs; when every position of every sequence fits, more epochs instead; when `epochs` would leave
+    fewer than `min_anchors` per sequence, fewer epochs at more anchors (every sequence is still seen, and a
+    step at few anchors per sequence spends its time on the target's forward, not on blocks)."""
+    full = int(counts.sum())
+    if full == 0:
+        raise ValueError("no sequence has an anchor (no answers in the data)")
+    if epochs * full <= blocks:
+        return int(counts.max()), max(epochs, int(blocks // full))
+    floor = min(min_anchors, int(counts.max()))
+    for e in range(epochs, 0, -1):
+        anchors = most_anchors(counts, e, blocks)
+        if anchors >= floor or e == 1:
+            return anchors, e
+    raise AssertionError("unreachable: epochs >= 1")
 
 
 def base_config(args) -> td.TrainConfig:

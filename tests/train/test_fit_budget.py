@@ -15,7 +15,7 @@ def trained_blocks(counts: np.ndarray, anchors: int, epochs: int) -> int:
 @pytest.mark.parametrize("blocks", [7, 100, 1_000, 5_000, 12_345])
 def test_the_anchors_are_the_most_that_fit(blocks):
     counts = np.random.default_rng(0).integers(0, 400, size=50)
-    anchors, epochs = pick_schedule(counts, 2, blocks)
+    anchors, epochs = pick_schedule(counts, 2, blocks, min_anchors=1)
     assert epochs == 2
     assert trained_blocks(counts, anchors, epochs) <= blocks or anchors == 1
     assert anchors == counts.max() or trained_blocks(counts, anchors + 1, epochs) > blocks
@@ -25,6 +25,14 @@ def test_every_position_fits_then_more_epochs():
     counts = np.array([10, 20, 0, 30])
     assert pick_schedule(counts, 2, 60 * 5 + 7) == (30, 5)
     assert pick_schedule(counts, 2, 120) == (30, 2)
+
+
+def test_fewer_epochs_before_fewer_anchors_than_the_floor():
+    counts = np.full(100, 300)
+    assert pick_schedule(counts, 2, 2 * 100 * 80, min_anchors=64) == (80, 2)  # 2 epochs leave 80 >= 64
+    assert pick_schedule(counts, 2, 2 * 100 * 40, min_anchors=64) == (80, 1)  # 40 < 64: one epoch at 80
+    assert pick_schedule(counts, 3, 100 * 30, min_anchors=64) == (30, 1)  # even one epoch is under: all in one
+    assert pick_schedule(np.array([5, 10]), 2, 20, min_anchors=64) == (10, 1)  # the floor: at most the longest
 
 
 def test_no_answers_is_an_error():
