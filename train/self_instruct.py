@@ -5,7 +5,7 @@
     python -m train.prompts build --out PROMPTS --extra DIR      # hold-out + dedupe, merged with the rest
 
 For every (topic, kind of request) in train.templates' TOPICS x KINDS, --per-topic sampled requests ask the
-target for one question a user might ask; the answer's first line, cleaned, is the new prompt. Exact
+target for a list of questions users ask; each numbered item, cleaned, is a new prompt. Exact
 duplicates (after normalisation) are dropped here; near duplicates and evaluation items are dropped by the
 build, which reads DIR/*.jsonl.gz as extra records tagged "self-instruct".
 """
@@ -27,14 +27,32 @@ KINDS = ["a factual question", "a request for advice", "a request to write somet
          "a math word problem with numbers", "a request to explain a concept simply", "a coding question",
          "a question that needs step-by-step reasoning", "a request to summarise or compare ideas",
          "a request for a list or a plan", "a question a student might ask a teacher"]
-ASK = ("Write {kind} that a user might ask an AI assistant about {topic}. Reply with the question only, "
-       "in one line, without any introduction.")
+# A list asked for, not one question: the 135M target, asked for one question, mostly writes about the question
+# ("A user asks: ...", "I can help with that"); asked for a list it mostly writes questions (a CPU trial of 12
+# topics, 2026-12-04), and one request gives several.
+ASK = "List five different questions that people ask an AI assistant about {topic}. Each one should be {kind}."
+ITEM = re.compile(r"(?:^|\s)\d{1,2}[.)]\s+")  # "1. ", "2) " at a line's start or inline after a space
 
 
 def clean(text: str) -> str | None:
     line = next((x.strip() for x in text.strip().splitlines() if x.strip()), "")
+    line = line.replace("**", "").strip()
     line = re.sub(r'^(question|user|q)\s*[:.\-]\s*', "", line, flags=re.I).strip().strip('"').strip()
+    line = line.rstrip(":").strip().strip('"').strip()
     return line if 15 <= len(line) <= 600 and not line.lower().startswith(("sure", "here is", "here's")) else None
+
+
+def questions(text: str) -> list[str]:
+    """The cleaned items of the answer's numbered list (items on their own lines or run together on one)."""
+    found = []
+    for line in text.splitlines():
+        if not ITEM.match(line.strip()):
+            continue
+        for part in ITEM.split(" " + line.strip()):
+            question = clean(part)
+            if question is not None:
+                found.append(question)
+    return found
 
 
 async def ask_all(address: str, tokenizer, args, out: pathlib.Path, log) -> int:
@@ -52,12 +70,12 @@ async def ask_all(address: str, tokenizer, args, out: pathlib.Path, log) -> int:
                 record = {"turns": [ASK.format(kind=kind, topic=topic)]}
                 ids = chat.turn_prompt(tokenizer, record, [])
                 seed = stable_hash(f"{topic}|{kind}|{i}|{args.seed}") % (2**31 - 1)
-                result = await c.generate(input_ids=ids, max_new_tokens=96, temperature=args.temperature,
+                result = await c.generate(input_ids=ids, max_new_tokens=256, temperature=args.temperature,
                                           top_p=0.95, seed=seed)
-                question = clean(tokenizer.decode(list(result.output_ids), skip_special_tokens=True))
-                if question and normalise(question) not in seen:
-                    seen.add(normalise(question))
-                    records.append({"source": "self-instruct", "turns": [question], "topic": topic, "kind": kind})
+                for question in questions(tokenizer.decode(list(result.output_ids), skip_special_tokens=True)):
+                    if normalise(question) not in seen:
+                        seen.add(normalise(question))
+                        records.append({"source": "self-instruct", "turns": [question], "topic": topic, "kind": kind})
 
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
     out.mkdir(parents=True, exist_ok=True)

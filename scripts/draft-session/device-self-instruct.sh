@@ -4,7 +4,7 @@
 # them in train/data/self-instruct/, which prepare's build reads (the same ids). Carry .cache/train/prompts.
 export PYTHONPATH=/tmp/site:$PWD
 [ -d /tmp/prompts ] || { mkdir -p /tmp/prompts && cp -r .cache/train/prompts/. /tmp/prompts/; }
-python3 -m train.self_instruct --out /tmp/si --per-topic "${2:-8}" --time-budget "$1" --concurrency 384 --temperature 0.8 \
+python3 -m train.self_instruct --out /tmp/si --per-topic "${2:-3}" --time-budget "$1" --concurrency 384 --temperature 0.8 \
     2>&1 | grep -v Loading | tail -3
 python3 -m train.prompts extend --prompts /tmp/prompts --extra /tmp/si | tail -5
 mkdir -p "$OUT/self-instruct" && cp /tmp/si/*.jsonl.gz "$OUT/self-instruct/"

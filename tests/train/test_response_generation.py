@@ -134,6 +134,17 @@ def test_self_instruct_cleaning():
 
     assert clean('Question: "How do volcanoes form?"\nSure!') == "How do volcanoes form?"
     assert clean("Sure, here is a question.") is None and clean("Hi?") is None
+    assert clean('**"What would you do if you were a climber?":**') == "What would you do if you were a climber?"
+
+
+def test_self_instruct_reads_every_item_of_a_numbered_list():
+    from train.self_instruct import questions
+
+    text = ("Here are five questions:\n1. **What is a drone used for?**\n2) How high can a drone fly legally?\n"
+            "3. Hi?\nSome closing words.\n4. How to find a hospital? 5. How to book a hospital bed at night?")
+    assert questions(text) == ["What is a drone used for?", "How high can a drone fly legally?",
+                               "How to find a hospital?", "How to book a hospital bed at night?"]
+    assert questions("No list here, only prose about 3. things.") == []
 
 
 def test_engine_flags_that_do_not_go_together_are_refused(tmp_path, capsys):
