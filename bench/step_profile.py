@@ -1,0 +1,103 @@
+"""Where a step's time goes, plain decoding against DFLASH, in one run: torch.profiler over the steps of modeld's
+engine in this process (CUDA graphs as served), the ops by their own device time and by their own host time, and
+per step the wall time against the device's busy time (a step whose device time is well under its wall time is
+host-bound).
+
+    python -m bench.step_profile [--target DIR] [--draft DIR] [--batch 1] [--new-tokens 64] [--rows 20]
+        [--device cuda|cpu]
+
+One memd (a child process) serves both configurations in turn; requests are `--batch` chat prompts generating
+`--new-tokens` each (EOS ignored), after a warm-up that leaves graphs captured and kernels compiled. The engine's
+loop runs in this thread, not its own (the profiler records the host ops of its own thread).
+"""
+
+import argparse
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bench.engine_speed import prompts_for
+from bench.memd_process import memd_process
+from modeld.config import ModeldConfig
+from modeld.fetch_default import ensure_default_model
+from modeld.request import Request
+from modeld.sampling import SamplingParams
+from modeld.server import build_engine
+
+DEFAULT_DRAFT = "modeld/default_draft"
+
+
+def memd_flags(args) -> list[str]:
+    return ["--device", args.device, "--target-model", args.target, "--page-size", "16", "--max-running-requests",
+            str(max(args.batch, 2)), "--max-total-tokens", "65536", "--kv-cache-dtype", "bfloat16",
+            "--draft-model", args.draft, "--draft-kv-ratio", "0.25", "--draft-window", "256"]
+
+
+def run_in_this_thread(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> tuple[int, int, int, float]:
+    """The engine's loop in the calling thread (the profiler sees host ops of the thread it runs in) until every
+    request completed: (steps, tokens, verify steps, seconds)."""
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True)
+    reqs = [Request(rid=f"{tag}-{i}", prompt_ids=list(p), params=params) for i, p in enumerate(prompts)]
+    for r in reqs:
+        assert engine.submit(r)
+    steps, begin = 0, time.perf_counter()
+    while any(r.finish is None for r in reqs):
+        engine._drain_inbox()
+        steps += engine._step()
+    seconds = time.perf_counter() - begin
+    failed = [r.finish for r in reqs if r.finish.reason == "abort"]
+    assert not failed, failed
+    return steps, sum(len(r.output_ids) for r in reqs), sum(r.spec_verify_ct for r in reqs), seconds
+
+
+def profile_config(memd: str, args, prompts, dflash: bool) -> str:
+    cfg = ModeldConfig(device=args.device, memd=memd, target_model=args.target,
+                       draft_model=args.draft if dflash else None, speculative_algorithm="dflash" if dflash else "none")
+    built = build_engine(cfg, lambda serving: None)
+    engine = built.engine
+    cuda = args.device == "cuda"
+    try:
+        run_in_this_thread(engine, prompts[:2], 8, "warm")
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            steps, tokens, verifies, seconds = run_in_this_thread(engine, prompts[: args.batch], args.new_tokens, "prof")
+            if cuda:
+                torch.cuda.synchronize()
+    finally:
+        engine.scheduler.flush_releases()
+        built.link.close()
+    averages = prof.key_averages()
+    n = max(steps, 1)
+    device_key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    busy = f"{sum(e.self_device_time_total for e in averages) / 1e3 / n:.2f} ms device busy" if cuda else "CPU only"
+    head = (f"### {'DFLASH' if dflash else 'plain'}, batch {args.batch}: {steps} steps, {tokens} tokens"
+            + (f", accept length {tokens / verifies:.2f}" if verifies else "")
+            + f"; per step {1000 * seconds / n:.2f} ms wall (profiled), {busy}")
+    tables = [averages.table(sort_by=device_key, row_limit=args.rows)] if cuda else []
+    tables.append(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows))
+    return "\n\n".join([head, *tables])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.step_profile", description=__doc__.splitlines()[0])
+    p.add_argument("--target", help="default: the converted default model")
+    p.add_argument("--draft", default=DEFAULT_DRAFT)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--rows", type=int, default=20)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    args = p.parse_args(argv)
+    args.target = args.target or str(ensure_default_model())
+    from transformers import AutoTokenizer
+
+    prompts = prompts_for(AutoTokenizer.from_pretrained(args.target), 0, max(args.batch, 2))
+    with memd_process(*memd_flags(args)) as memd:
+        for dflash in (False, True):
+            print(profile_config(memd, args, prompts, dflash), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
