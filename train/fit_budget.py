@@ -4,7 +4,7 @@ through its schedule ends at a high learning rate; a schedule sized to the budge
 
     python -m train.fit_budget --prompts DIR --responses DIR[,DIR] --out DRAFT --ckpt FILE --seconds S
         [--epochs 2] [--batch-anchors 4096] [--probe-anchors 128] [--layers 5] [--lr 6e-4] [--init DRAFT]
-        [--log-json FILE] [--profile-steps N]
+        [--distill W] [--log-json FILE] [--profile-steps N]
 
 The chosen settings are printed as the train.train_draft command line that repeats the run (same data, same
 seed: the same steps). The probes' steps are thrown away. A step's time depends on the anchors per sequence
@@ -72,7 +72,7 @@ def pick_schedule(counts: np.ndarray, epochs: int, blocks: float, min_anchors: i
 
 def base_config(args) -> td.TrainConfig:
     """The run's fixed settings (the anchors and the epochs are picked later)."""
-    return td.TrainConfig(batch_anchors=args.batch_anchors, layers=args.layers, lr=args.lr)
+    return td.TrainConfig(batch_anchors=args.batch_anchors, layers=args.layers, lr=args.lr, distill=args.distill)
 
 
 def step_seconds(target, seqs, tc: td.TrainConfig, device: str, log) -> float:
@@ -125,6 +125,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=td.TrainConfig.layers,
                    help="draft layers (4 continues the shipped draft with --init modeld/default_draft)")
     p.add_argument("--lr", type=float, default=td.TrainConfig.lr, help="peak learning rate")
+    p.add_argument("--distill", type=float, default=0.0,
+                   help="weight of the target's distribution in the loss (train_draft --distill; 0: hard labels)")
     p.add_argument("--init", help="start from this saved draft's weights (train_draft --init)")
     p.add_argument("--target")
     p.add_argument("--device", default="cuda")
@@ -164,6 +166,7 @@ def main(argv=None) -> int:
     log(f"schedule: {epochs} epochs at {anchors} anchors per sequence ({left:.0f} s left); repeat with: "
         f"python -m train.train_draft --prompts {args.prompts} --responses {args.responses} --out DRAFT --ckpt CKPT "
         f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors} --layers {tc.layers} --lr {tc.lr:g}"
+        f" --distill {tc.distill:g}"
         + (f" --init {args.init}" if args.init else ""))
     _, _, state = td.train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), False, pathlib.Path(args.out),
                            time_budget=left, init=pathlib.Path(args.init) if args.init else None)

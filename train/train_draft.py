@@ -23,12 +23,16 @@ The recipe and what this does with it:
   135M target's answers are a few hundred tokens, fewer than 512, so in practice every valid position is an
   anchor once per epoch; --anchors lower than that trades data per epoch for time.
 - Loss: cross-entropy weighted exp(-(k-1)/gamma), gamma 7 for block 16 (4 for block 8, 5 for block 10).
+  --distill w mixes in (weight w, 1 - w on the hard labels) the cross-entropy against the target's own
+  distribution for each block position (logit self-distillation, as NVIDIA's Model-Optimizer recipe trains
+  DFLASH drafts): the same weights, the target's logits computed only at the labelled positions.
+- The target runs without its LM head over the sequences (its hidden states are all the taps need).
 - Optimiser: AdamW lr 6e-4 (no weight decay), cosine schedule with 4 % linear warm-up, gradient clip 1.0,
   --epochs (6 in the paper), sequences cut at --max-len (3,072 in the paper; 2,048 by default here: longer
   ones are rare for this target). fp32 master weights, bf16 autocast on CUDA (a bf16-only run learned more
   slowly in the first experiment, see the draft-training notes).
-- Batches: sequences in a seeded per-epoch order, packed until --batch-anchors blocks (the step's compute is
-  proportional to blocks, not to sequences).
+- Batches: sequences in a seeded per-epoch order, packed in length order within windows of SORT_WINDOW
+  sequences until --batch-anchors blocks, the batches then shuffled.
 - Resumable: --ckpt holds the draft, the optimiser, the schedule, the step and the data position (epoch,
   batch); --resume continues from it and gives the same next step as a run that never stopped. It is written
   every --save-every steps, at --time-budget and at the end; each save also exports the bf16 draft to --out.
@@ -74,9 +78,14 @@ class TrainConfig:
     lr: float = 6e-4
     warmup: float = 0.04
     gamma: float = 7.0
+    distill: float = 0.0  # weight of the target-distribution term (0: hard labels only)
     clip: float = 1.0
     seed: int = 0
     max_draft_mb: float = 40.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.distill <= 1.0:
+            raise ValueError(f"distill is a weight in [0, 1], not {self.distill}")
 
 
 def build_target_layer_ids(target_layers: int, count: int) -> list[int]:
@@ -233,8 +242,8 @@ def block_loss(draft: DFlashDraft, target, seqs: list[dict], anchors: list[np.nd
         ids[i, :n] = torch.as_tensor(np.asarray(s["ids"][:n], dtype=np.int64), device=device)
         attn[i, :n] = 1
         lmask[i, :n] = torch.as_tensor(label_mask(len(s["ids"]), s["spans"], width)[:n], device=device)
-    with torch.no_grad():
-        states = target(ids, attention_mask=attn, output_hidden_states=True).hidden_states
+    with torch.no_grad():  # the base model: hidden states without the LM head over every position
+        states = target.model(ids, attention_mask=attn, output_hidden_states=True).hidden_states
         taps = torch.cat([states[i + 1] for i in draft.spec.target_layer_ids], dim=-1).float()
     positions = torch.arange(width, device=device).expand(len(seqs), -1)
     ctx = draft.context_kv(taps.flatten(0, 1), positions.flatten())  # per layer [S * T, kv_heads, head_dim]
@@ -269,6 +278,11 @@ def block_loss(draft: DFlashDraft, target, seqs: list[dict], anchors: list[np.nd
     decay = torch.exp(-(offsets[1:] - 1) / tc.gamma)
     weights = decay * (inside[:, 1:] & lmask[seq_of[:, None], label_pos[:, 1:]]).float()
     losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
+    if tc.distill:
+        with torch.no_grad():  # the target's distribution for the token at anchor + k comes from anchor + k - 1
+            soft = target.lm_head(states[-1][seq_of[:, None], block_pos[:, :-1].clamp(max=width - 1)]).float().softmax(-1)
+        soft_losses = -(soft * logits.log_softmax(-1)).sum(-1)
+        losses = (1 - tc.distill) * losses + tc.distill * soft_losses
     return (losses * weights).sum() / weights.sum().clamp(min=1e-6), logits.argmax(-1), weights
 
 
