@@ -71,13 +71,19 @@ def prompts_for(tokenizer, vocab: int, count: int) -> list[list[int]]:
                                           tokenize=True, return_dict=False) for i in range(count)]
 
 
-def generate_all(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: bool, tag: str) -> tuple[int, float, int]:
-    """Submits every prompt at once; (generated tokens, seconds, verify steps) when all completed."""
+def submit_greedy(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: bool, tag: str) -> list[Request]:
+    """One greedy request per prompt, submitted to the engine."""
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=ignore_eos)
     reqs = [Request(rid=f"{tag}-{i}", prompt_ids=list(p), params=params) for i, p in enumerate(prompts)]
-    begin = time.perf_counter()
     for r in reqs:
         assert engine.submit(r)
+    return reqs
+
+
+def generate_all(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: bool, tag: str) -> tuple[int, float, int]:
+    """Submits every prompt at once; (generated tokens, seconds, verify steps) when all completed."""
+    begin = time.perf_counter()
+    reqs = submit_greedy(engine, prompts, new_tokens, ignore_eos, tag)
     for r in reqs:
         while True:
             kind, *_ = r.events.get(timeout=600)

@@ -18,12 +18,10 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.engine_speed import prompts_for
+from bench.engine_speed import prompts_for, submit_greedy
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
 from modeld.fetch_default import ensure_default_model
-from modeld.request import Request
-from modeld.sampling import SamplingParams
 from modeld.server import build_engine
 
 DEFAULT_DRAFT = "modeld/default_draft"
@@ -38,10 +36,7 @@ def memd_flags(args) -> list[str]:
 def run_in_this_thread(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> tuple[int, int, int, float]:
     """The engine's loop in the calling thread (the profiler sees host ops of the thread it runs in) until every
     request completed: (steps, tokens, verify steps, seconds)."""
-    params = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True)
-    reqs = [Request(rid=f"{tag}-{i}", prompt_ids=list(p), params=params) for i, p in enumerate(prompts)]
-    for r in reqs:
-        assert engine.submit(r)
+    reqs = submit_greedy(engine, prompts, new_tokens, True, tag)
     steps, begin = 0, time.perf_counter()
     while any(r.finish is None for r in reqs):
         engine._drain_inbox()

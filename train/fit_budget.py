@@ -9,11 +9,12 @@ through its schedule ends at a high learning rate; a schedule sized to the budge
 The chosen settings are printed as the train.train_draft command line that repeats the run (same data, same
 seed: the same steps). The probes' steps are thrown away. A step's time depends on the anchors per sequence
 (the first run here took 0.29 s a step at 128 anchors and 0.55 s at 1,022 on the H200), so a second probe
-times the setting the first picked, and the schedule is picked again from it. Epochs give way before anchors do: below
-MIN_ANCHORS per sequence the schedule drops to fewer epochs at more anchors (the 2026-12-04 run's 2 epochs at 12
-anchors trained 874 K blocks in 364 s; one epoch at about 128 would have trained several times more). Each probe times its steps
-themselves (their end times), not the whole call: set-up time varies by seconds, and the first probe that
-timed whole calls overestimated a step by half (0.34 s against 0.23 s in the run, 2026-12-04).
+times the setting the first picked, and the schedule is picked again from it. Epochs give way before anchors
+do: below MIN_ANCHORS per sequence the schedule drops to fewer epochs at more anchors (the 2026-12-04 run's 2
+epochs at 12 anchors trained 874 K blocks in 364 s; one epoch at about 128 would have trained several times
+more). Each probe times its steps themselves (their end times), not the whole call: set-up time varies by
+seconds, and the first probe that timed whole calls overestimated a step by half (0.34 s against 0.23 s in the
+run, 2026-12-04).
 """
 
 import argparse
@@ -63,11 +64,11 @@ def pick_schedule(counts: np.ndarray, epochs: int, blocks: float, min_anchors: i
     if epochs * full <= blocks:
         return int(counts.max()), max(epochs, int(blocks // full))
     floor = min(min_anchors, int(counts.max()))
-    for e in range(epochs, 0, -1):
+    for e in range(epochs, 1, -1):
         anchors = most_anchors(counts, e, blocks)
-        if anchors >= floor or e == 1:
+        if anchors >= floor:
             return anchors, e
-    raise AssertionError("unreachable: epochs >= 1")
+    return most_anchors(counts, 1, blocks), 1
 
 
 def base_config(args) -> td.TrainConfig:
