@@ -20,6 +20,7 @@ through the target):
 import torch
 
 from modeld.draft import DFlashDraft
+from modeld.draft_serving import ServingDraft
 from modeld.kernels.kv_write import store_kv_prefix_valid, store_kv_translated
 from modeld.model import CausalLM
 from modeld.runner import StepInputs, StepOutput
@@ -35,7 +36,7 @@ def accept_lengths(drafts: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 class DflashWorker:
     def __init__(self, draft: DFlashDraft, target: CausalLM, pools: dict[str, torch.Tensor]):
-        self.draft = draft
+        self.draft = ServingDraft(draft, target.config.max_position_embeddings)
         self.target = target
         self.block = draft.spec.block_size
         self.taps = draft.spec.target_layer_ids

@@ -201,3 +201,8 @@ def rotary(q, k, cos, sin):
     contiguous [T, H, D] tensors.
     """
     return (rotary_triton if q.is_cuda else rotary_torch)(q, k, cos, sin)
+
+
+def rotary_one(x, cos, sin):
+    """`rotary` of one tensor x [T, H, D] (the draft's context keys of every layer at once)."""
+    return rotary(x, x[:, :0], cos, sin)[0]

@@ -1,0 +1,120 @@
+"""The DFLASH draft's serving path: the function of modeld.draft.DFlashDraft (the checkpoint's module, which
+training differentiates through) computed with fused weights and kernels, as the target's layers are.
+
+- every layer's q|k|v and gate|up in one matrix each; residual add + RMSNorm, SiLU-and-multiply and rotary
+  in one Triton launch each (modeld.kernels.fused; their torch references on the CPU);
+- cos / sin gathered from a table filled once, not recomputed per call;
+- the context K/V of all layers from one projection (k_proj|v_proj of every layer stacked), one norm launch
+  and one rotary launch for all layers;
+- the block's attention mask built once per distinct context visibility, not once per layer.
+
+The numerics are the reference's: RMSNorm statistics in fp32, every product and sum rounded to the activation
+dtype where the reference's torch expressions round (a norm with unit weight followed by the bf16 product
+with the weight rounds the same exact product once). Weights are shared with the module, not copied, except
+the concatenated matrices.
+"""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from modeld.draft import DFlashDraft
+from modeld.kernels.fused import rms_norm, rotary, rotary_one, silu_mul
+
+
+def _cat(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights (and biases, when every part has one) of linears applied to one input, stacked."""
+    weight = torch.cat([m.weight for m in linears])
+    biases = [m.bias for m in linears]
+    return weight, None if any(b is None for b in biases) else torch.cat(biases)
+
+
+class _Layer:
+    def __init__(self, layer):
+        attn = layer.self_attn
+        self.qkv = _cat(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.split = (attn.heads * attn.head_dim, attn.kv_heads * attn.head_dim, attn.kv_heads * attn.head_dim)
+        self.o = attn.o_proj.weight
+        self.q_norm, self.k_norm = attn.q_norm.weight, attn.k_norm.weight
+        self.gate_up = _cat(layer.mlp.gate_proj, layer.mlp.up_proj)
+        self.down = (layer.mlp.down_proj.weight, layer.mlp.down_proj.bias)
+        self.input_norm = layer.input_layernorm.weight
+        self.post_norm = layer.post_attention_layernorm.weight
+
+
+class ServingDraft:
+    """DFlashDraft's context_kv and block_hidden for inference (no autograd), with the same signatures."""
+
+    @torch.no_grad()
+    def __init__(self, draft: DFlashDraft, max_positions: int):
+        cfg = draft.config
+        self.spec, self.config = draft.spec, cfg
+        attn = draft.layers[0].self_attn
+        self.heads, self.kv_heads, self.head_dim = attn.heads, attn.kv_heads, attn.head_dim
+        self.eps = cfg.rms_norm_eps
+        self.fc, self.hidden_norm, self.norm = draft.fc.weight, draft.hidden_norm.weight, draft.norm.weight
+        self.layers = [_Layer(layer) for layer in draft.layers]
+        # Context K/V of every layer in one product: rows [k of layer 0, k of layer 1, ..., v of layer 0, ...].
+        attns = [layer.self_attn for layer in draft.layers]
+        self.context_kv_weight = torch.cat([a.k_proj.weight for a in attns] + [a.v_proj.weight for a in attns])
+        self.k_norms = torch.stack([a.k_norm.weight for a in attns])[:, None, :]  # [layers, 1, head_dim]
+        self.unit = torch.ones_like(attns[0].k_norm.weight)
+        limit = max(max_positions, cfg.max_position_embeddings)
+        probe = torch.empty(0, dtype=torch.float32, device=self.fc.device)
+        cos, sin = draft.rotary_emb(probe, torch.arange(limit, device=self.fc.device)[None, :])
+        dtype = self.fc.dtype
+        self.cos, self.sin = cos[0].to(dtype), sin[0].to(dtype)  # HF computes in fp32 and casts per call
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = positions.reshape(-1)
+        return self.cos[flat], self.sin[flat]
+
+    @torch.inference_mode()
+    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per draft layer, the K/V [T, kv_heads, head_dim] that committed tokens leave in the draft pool."""
+        t, layers = taps.shape[0], len(self.layers)
+        ctx = rms_norm(F.linear(taps, self.fc), self.hidden_norm, self.eps)[0]
+        kv = F.linear(ctx, self.context_kv_weight).view(t, 2, layers, self.kv_heads, self.head_dim)
+        k = rms_norm(kv[:, 0].reshape(-1, self.head_dim), self.unit, self.eps)[0].view(t, layers, self.kv_heads, self.head_dim)
+        k = k * self.k_norms  # the k_norm weights of every layer: the reference's bf16 product
+        cos, sin = self.rope(positions)
+        k = rotary_one(k.view(t, layers * self.kv_heads, self.head_dim), cos, sin).view(t, layers, self.kv_heads, self.head_dim)
+        return [(k[:, i], kv[:, 1, i]) for i in range(layers)]
+
+    @torch.inference_mode()
+    def block_hidden(self, embeds: torch.Tensor, positions: torch.Tensor, contexts) -> torch.Tensor:
+        """embeds [N, B, hidden], positions [N, B]; contexts: per layer (ctx_k, ctx_v, ctx_visible [N, B, C]).
+        Returns the final hidden states [N, B, hidden]."""
+        n, b, hidden = embeds.shape
+        cos, sin = self.rope(positions)
+        masks: dict[int, torch.Tensor] = {}
+        x, residual = embeds.reshape(n * b, hidden), None
+        for layer, (ctx_k, ctx_v, visible) in zip(self.layers, contexts):
+            if id(visible) not in masks:
+                masks[id(visible)] = self._mask(visible)
+            h, residual = rms_norm(x, layer.input_norm, self.eps, residual)
+            h = self._attention(layer, h, n, b, cos, sin, ctx_k, ctx_v, masks[id(visible)])
+            h, residual = rms_norm(h, layer.post_norm, self.eps, residual)
+            x = F.linear(silu_mul(F.linear(h, *layer.gate_up)), *layer.down)
+        return rms_norm(x, self.norm, self.eps, residual)[0].view(n, b, hidden)
+
+    def _mask(self, ctx_visible: torch.Tensor) -> torch.Tensor:
+        """[N, 1, B, C + B]: the context positions each query sees, then the block (all of it, or causal)."""
+        n, b, _ = ctx_visible.shape
+        block = torch.ones(b, b, dtype=torch.bool, device=ctx_visible.device)
+        if self.spec.causal:
+            block = block.tril()
+        return torch.cat([ctx_visible, block.expand(n, b, b)], dim=-1)[:, None]
+
+    def _attention(self, layer: _Layer, h, n: int, b: int, cos, sin, ctx_k, ctx_v, mask) -> torch.Tensor:
+        hd = self.head_dim
+        q, k, v = F.linear(h, *layer.qkv).split(layer.split, dim=-1)
+        q = rms_norm(q.reshape(-1, hd), layer.q_norm, self.eps)[0].view(n * b, self.heads, hd)
+        k = rms_norm(k.reshape(-1, hd), layer.k_norm, self.eps)[0].view(n * b, self.kv_heads, hd)
+        q, k = rotary(q, k, cos, sin)
+        groups = self.heads // self.kv_heads
+        keys = torch.cat([ctx_k, k.view(n, b, self.kv_heads, hd)], dim=1).repeat_interleave(groups, dim=2)
+        values = torch.cat([ctx_v, v.view(n, b, self.kv_heads, hd)], dim=1).repeat_interleave(groups, dim=2)
+        out = F.scaled_dot_product_attention(q.view(n, b, self.heads, hd).transpose(1, 2), keys.transpose(1, 2),
+                                             values.transpose(1, 2), attn_mask=mask, scale=hd**-0.5)
+        return F.linear(out.transpose(1, 2).reshape(n * b, self.heads * hd), layer.o)
