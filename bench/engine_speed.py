@@ -112,6 +112,7 @@ class Breakdown:
         self._wrap(runner, "forward", "forward")
         if engine.dflash is not None:
             self._wrap(engine.dflash, "propose", "draft")
+            self._wrap(engine.dflash, "replay_greedy_cycle", "forward")  # a greedy verify step: draft included
         self._wrap(sched.session, "alloc", "memd")
         self._wrap(sched.session, "free", "memd")
         self._wrap(sched.session, "match_prefix", "memd")

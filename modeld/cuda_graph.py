@@ -7,6 +7,11 @@ lengths and offsets are all data. Padding requests use row 0 of req_to_token, wh
 entries are 0, the sink slot), and slot -1, which writes no K/V. Graphs capture memd's buffers by address, so they
 are captured again whenever modeld maps new pools (a re-attach). Triton kernels are compiled by one eager run of
 each shape before its capture.
+
+Greedy steps need no logits on the host side: a decode graph also takes the argmax of every row (the LM head's bf16
+logits: their argmax is that of their exact fp32 values), and with DFLASH a "greedy cycle" graph per bucket runs a
+whole verify step (draft, target, argmax, acceptance, draft K/V of the committed prefixes), so such a step is one
+replay and one copy of its tokens to the host.
 """
 
 import logging
@@ -34,9 +39,12 @@ class GraphRunner:
         width = max_requests * max(tokens_per_request)
         self.static = torch.zeros((fields, width), dtype=torch.int64, device=device)
         self.staging = torch.zeros((fields, width), dtype=torch.int64).pin_memory()
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, list[torch.Tensor]]] = {}
+        # (bucket, q) -> (graph, hidden, taps, argmax of every row (decode graphs; None for q > 1))
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, list[torch.Tensor], torch.Tensor | None]] = {}
         self.draft_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.cycle_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, tokens|lengths)
+        self.target = None  # (model, kv_pool, req_to_token, taps) of the last capture
         self.commit_lengths = torch.zeros(max_requests, dtype=torch.int64, device=device)
         self.pool = None
 
@@ -67,10 +75,17 @@ class GraphRunner:
         self.commit_lengths[: len(lengths)] = lengths
         self.commit_graphs[bucket].replay()
 
-    def replay(self, shape: tuple[int, int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        graph, hidden, captured = self.graphs[shape]
+    def replay_cycle(self, bucket: int) -> torch.Tensor:
+        """A whole greedy verify step whose inputs are in the static array: [target tokens of every block row
+        (bucket * block), committed lengths (bucket; 0 for padding)]."""
+        graph, out = self.cycle_graphs[bucket]
         graph.replay()
-        return hidden, captured
+        return out
+
+    def replay(self, shape: tuple[int, int]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
+        graph, hidden, captured, greedy = self.graphs[shape]
+        graph.replay()
+        return hidden, captured, greedy
 
     def _batch(self, bucket: int, q: int, req_to_token: torch.Tensor) -> ForwardBatch:
         s, n = self.static, bucket * q
@@ -91,6 +106,7 @@ class GraphRunner:
         """(Re)captures every (bucket, q) graph over these pools, largest first, in one shared memory pool."""
         began = time.monotonic()
         self.graphs.clear()
+        self.target = (model, kv_pool, req_to_token, taps)
         self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -103,7 +119,8 @@ class GraphRunner:
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                         hidden, captured = model(batch, kv_pool, capture_layers=taps)
-                    self.graphs[(bucket, q)] = (graph, hidden, captured)
+                        greedy = model.lm_head(hidden).argmax(dim=-1) if q == 1 else None
+                    self.graphs[(bucket, q)] = (graph, hidden, captured, greedy)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         log.info("captured %d CUDA graphs (batch buckets %s, tokens per request %s) in %.1f s",
@@ -113,12 +130,15 @@ class GraphRunner:
     def capture_draft(self, worker) -> None:
         """(Re)captures the DFLASH draft's propose() per batch bucket of verify steps (q = the block), reading the
         verify items' rows, first positions and last tokens from the static array as the target's graph does; and
-        the draft K/V write of the committed prefixes, reading the verify graph's taps and `commit_lengths`."""
+        the draft K/V write of the committed prefixes, reading the verify graph's taps and `commit_lengths`; and the
+        greedy cycle (worker.greedy_cycle) over the target of the last capture."""
         block = worker.block
         if block not in self.tokens_per_request:
             return
         self.draft_graphs.clear()
         self.commit_graphs.clear()
+        self.cycle_graphs.clear()
+        _, kv_pool, req_to_token, _ = self.target
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -131,7 +151,7 @@ class GraphRunner:
                 with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                     drafts = worker.propose(*args, max_start=worker.graph_width)
                 self.draft_graphs[bucket] = (graph, drafts)
-                _, _, captured = self.graphs[(bucket, block)]
+                _, _, captured, _ = self.graphs[(bucket, block)]
                 commit = (captured, s[POSITIONS, : bucket * block], s[SLOTS, : bucket * block].view(bucket, block),
                           self.commit_lengths[:bucket])
                 worker.write_committed(*commit)  # padding: every length 0, nothing is written
@@ -139,5 +159,12 @@ class GraphRunner:
                 with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                     worker.write_committed(*commit)
                 self.commit_graphs[bucket] = graph
+                self._pad_inputs(bucket, block)
+                batch = self._batch(bucket, block, req_to_token)
+                worker.greedy_cycle(batch, kv_pool)  # padding: writes no K/V, commits nothing
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    out = worker.greedy_cycle(batch, kv_pool)
+                self.cycle_graphs[bucket] = (graph, out)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()

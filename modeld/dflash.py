@@ -22,7 +22,7 @@ import torch
 from modeld.draft import DFlashDraft
 from modeld.draft_serving import ServingDraft
 from modeld.kernels.kv_write import store_kv_prefix_valid, store_kv_translated
-from modeld.model import CausalLM
+from modeld.model import CausalLM, ForwardBatch
 from modeld.runner import StepInputs, StepOutput
 
 
@@ -68,6 +68,11 @@ class DflashWorker:
         """The step replays the target's verify graph with every item verifying: the draft's graphs serve it."""
         return self.graphs is not None and inputs.graph is not None and len(inputs.verify) == len(inputs.offsets)
 
+    def replay_greedy_cycle(self, inputs: StepInputs) -> torch.Tensor | None:
+        """A whole verify step of greedy requests from its graph, when the step has one: [target tokens of every block
+        row (bucket * B), committed lengths (bucket)] on the device; None otherwise."""
+        return self.graphs.replay_cycle(inputs.graph[0]) if self._graphed(inputs) else None
+
     def propose_into(self, inputs: StepInputs, max_start: int) -> torch.Tensor:
         """Proposes the verify items' drafts [V, B-1] and places them in the step's input ids."""
         if self._graphed(inputs):
@@ -95,6 +100,22 @@ class DflashWorker:
             slots_2d = out.slots[rows].reshape(len(inputs.verify), -1)
             self.write_committed([c[rows] for c in out.captured], out.positions[rows], slots_2d, lengths)
         return lengths
+
+    @torch.inference_mode()
+    def greedy_cycle(self, batch: ForwardBatch, kv_pool: torch.Tensor) -> torch.Tensor:
+        """A verify step of N greedy requests on the device alone (what the cycle graphs capture): the drafts into
+        the block's ids, the target's forward, its argmax at every row, the committed lengths (0 for a padding
+        request, whose slots are -1), the draft K/V of the committed prefixes. Returns [tokens (N * B), lengths (N)]."""
+        n, b = len(batch.rows), self.block
+        ids = batch.input_ids.view(n, b)
+        drafts = self.propose(batch.rows, batch.q_starts, ids[:, 0], max_start=self.graph_width)
+        ids[:, 1:].copy_(drafts)
+        hidden, captured = self.target(batch, kv_pool, capture_layers=self.taps)
+        target = self.target.lm_head(hidden).argmax(dim=-1).view(n, b)
+        slots_2d = batch.out_slots.view(n, b)
+        lengths = accept_lengths(drafts, target) * (slots_2d[:, 0] >= 0)
+        self.write_committed(captured, batch.positions, slots_2d, lengths)
+        return torch.cat([target.reshape(-1), lengths])
 
     # ---- kernels of the parts -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -125,16 +146,17 @@ class DflashWorker:
         block_ids = torch.full((n, b), self.draft.spec.mask_token_id, dtype=torch.int64, device=rows.device)
         block_ids[:, 0] = last_tokens
         embeds = self.target.model.embed_tokens(block_ids)
-        contexts, cache = [], {}
-        for layer, window in enumerate(self.draft.spec.windows):
-            if window not in cache:
-                width = max_start if window is None else min(max_start, window - 1)
-                cache[window] = self._context_slots(rows, starts, positions, window, width)
-            slots, valid, visible = cache[window]
-            keep = valid[:, :, None, None]  # never let a sink row (slot 0) into the block, even masked
-            k = torch.where(keep, self.draft_kv[layer, 0][slots], 0)
-            v = torch.where(keep, self.draft_kv[layer, 1][slots], 0)
-            contexts.append((k, v, visible))
+        windows = self.draft.spec.windows
+        contexts = [None] * len(windows)
+        for window in dict.fromkeys(windows):
+            layers = [i for i, w in enumerate(windows) if w == window]
+            width = max_start if window is None else min(max_start, window - 1)
+            slots, valid, visible = self._context_slots(rows, starts, positions, window, width)
+            # [layers, 2, N, C, kv_heads, head_dim] in one gather when every layer shares the window
+            kv = self.draft_kv[:, :, slots] if len(layers) == len(windows) else torch.stack([self.draft_kv[i][:, slots] for i in layers])
+            kv = torch.where(valid[:, :, None, None], kv, 0)  # never let a sink row (slot 0) into the block, even masked
+            for j, layer in enumerate(layers):
+                contexts[layer] = (kv[j, 0], kv[j, 1], visible)
         hidden = self.draft.block_hidden(embeds, positions, contexts)
         return self.target.logits(hidden[:, 1:]).argmax(dim=-1)
 

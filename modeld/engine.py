@@ -142,6 +142,12 @@ class Engine:
         stays on the device until one copy of the step's sampled tokens (and accepted lengths) to the host."""
         inputs = self.runner.prepare(items)
         verify = inputs.verify
+        greedy = all(item.req.params.greedy for item in items)
+        cycle = self.dflash.replay_greedy_cycle(inputs) if verify and greedy else None
+        if cycle is not None:  # the whole verify step was one graph: its tokens, then its committed lengths
+            n, block = len(items), self.dflash.block
+            host = cycle.tolist()
+            return self._commit_tokens(items, [block] * n, range(0, n * block, block), host, host[inputs.graph[0] * block :])
         drafts = self.dflash.propose_into(inputs, max(items[i].req.computed for i in verify)) if verify else None
         out = self.runner.forward(inputs)
         # Rows sampled per item: a verify block's every row; otherwise the last row, once the item's
@@ -152,8 +158,12 @@ class Engine:
         sampled = None
         if owners:
             rows = [off + item.num_tokens - n + j for item, off, n in zip(items, out.offsets, counts) for j in range(n)]
-            logits = self.runner.model.logits(out.hidden[row_index(rows, len(out.hidden), out.hidden.device)])
-            sampled = sample(logits, [o.req.params for o in owners], [o.req.generator for o in owners])
+            picked = row_index(rows, len(out.hidden), out.hidden.device)
+            if out.greedy is not None and greedy:  # the decode graph took the argmax of every row
+                sampled = out.greedy[picked]
+            else:
+                logits = self.runner.model.logits(out.hidden[picked])
+                sampled = sample(logits, [o.req.params for o in owners], [o.req.generator for o in owners])
         lengths = None
         if self.dflash is not None:
             verify_rows = [firsts[i] + j for i in verify for j in range(counts[i])]

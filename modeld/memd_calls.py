@@ -214,12 +214,18 @@ class MemdCalls:
             if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise
             return False
+        self._matched(r, answer)
+        return True
+
+    @staticmethod
+    def _matched(r: Request, answer) -> None:
+        """A MatchPrefix answer applied: the request holds its row and [0, cached_len) in memd, and the positions of
+        the extension when memd granted one with the match."""
         r.computed = r.held = answer.cached_len
         r.row, r.in_memd = answer.row, True
         if answer.HasField("extension"):
             got = answer.extension
             r.slots, r.slots_from, r.held = list(got.target_slots), got.start, got.start + len(got.target_slots)
-        return True
 
     def _match_ahead(self, count: int, budget: int) -> None:
         """Registers in memd the waiting requests this step may admit (up to `count`, while their prompts fit the
@@ -242,5 +248,4 @@ class MemdCalls:
                 if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                     raise
                 continue
-            r.computed = r.held = answer.cached_len
-            r.row, r.in_memd = answer.row, True
+            self._matched(r, answer)

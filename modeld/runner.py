@@ -52,6 +52,7 @@ class StepOutput:
     q_lens: list[int]  # rows of each item
     positions: torch.Tensor  # [T]
     slots: torch.Tensor  # [T] target slots
+    greedy: torch.Tensor | None = None  # [T] the argmax of every row, when a decode graph computed it
 
     def rows_of(self, chosen: list[int]) -> slice | torch.Tensor:
         """The token rows of the chosen items (indexes into the step's items), in order."""
@@ -123,10 +124,12 @@ class ModelRunner:
     def forward(self, inputs: StepInputs) -> StepOutput:
         """Computes (and stores) the K/V of every item's new tokens; returns the taps' outputs too."""
         b = inputs.batch
+        greedy = None
         if inputs.graph is not None:
-            hidden, captured = self.graphs.replay(inputs.graph)
+            hidden, captured, greedy = self.graphs.replay(inputs.graph)
         else:
             hidden, captured = self.model(b, self.kv_pool, capture_layers=self.taps)
         n = inputs.num_tokens
         q_lens = [nxt - off for off, nxt in zip(inputs.offsets, inputs.offsets[1:] + [n])]
-        return StepOutput(hidden[:n], [c[:n] for c in captured], inputs.offsets, q_lens, b.positions[:n], b.out_slots[:n])
+        return StepOutput(hidden[:n], [c[:n] for c in captured], inputs.offsets, q_lens, b.positions[:n], b.out_slots[:n],
+                          None if greedy is None else greedy[:n])

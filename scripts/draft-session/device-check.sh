@@ -3,8 +3,9 @@
 # issue's goals (tables in $OUT/engine_speed.md). Run it after every change to the engine's hot path.
 export PYTHONPATH=/tmp/site:$PWD
 python3 -m pytest -q tests/kernels tests/modeld/test_cuda_graph.py tests/modeld/test_device_sampling.py \
-    tests/dflash/test_dummy_draft.py 2>&1 | tail -3
+    tests/dflash/test_dummy_draft.py tests/dflash/test_draft_serving.py tests/dflash/test_greedy_cycle_gpu.py 2>&1 | tail -3
 python3 -m pytest -q tests/modeld/test_forward_vs_hf.py tests/e2e/test_generate.py tests/dflash/test_dflash_gpu.py \
     -k "cuda or gpu or graph" 2>&1 | tail -3
+python3 -m pytest -q tests/dflash/test_default_draft.py 2>&1 | tail -2  # the shipped draft, lossless on the GPU
 python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 > "$OUT/engine_speed.md" 2> "$OUT/engine_speed.log"
 cat "$OUT/engine_speed.md"

@@ -1,0 +1,120 @@
+"""The greedy cycle graph (draft, target, argmax, acceptance and draft K/V of a whole verify step in one replay)
+against the split path it replaces for greedy requests (draft graph, verify graph, the argmax of the target's
+logits, acceptance, commit graph), on the same pools and inputs (GPU only): the same tokens, committed lengths,
+target K/V and draft K/V; padding requests commit nothing and write nowhere. The decode graph's argmax of every row
+equals the argmax of the logits of its hidden states."""
+
+import pathlib
+
+import pytest
+import torch
+
+from modeld.cuda_graph import GraphRunner
+from modeld.dflash import DflashWorker
+from modeld.draft import load_draft
+from modeld.loader import load_target
+from modeld.packed_inputs import FIELDS
+from modeld.request import Request
+from modeld.runner import ModelRunner
+from modeld.sampling import SamplingParams
+from modeld.scheduler import StepItem
+from tests.modeld.paged import PagedPools
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TARGET = ROOT / "bench" / "configs" / "smollm2-135m"
+DRAFT = ROOT / "modeld" / "default_draft"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("draft")
+    (folder / "config.json").write_text((DRAFT / "config.json").read_text())  # dummy weights from the config
+    model, _, cfg = load_target(str(TARGET), "bfloat16", "cuda", load_format="dummy")
+    draft = load_draft(str(folder), cfg, torch.bfloat16, "cuda", dummy=True)
+    pools = PagedPools(cfg, pages=64, page_size=16, max_requests=8, dtype=torch.bfloat16)
+    rows = pools.kv.shape[2]
+    bound = {
+        "target_kv": pools.kv.cuda().nan_to_num_(0.0), "req_to_token": pools.req_to_token.cuda(),
+        "draft_kv": torch.zeros((draft.config.num_hidden_layers, 2, rows, draft.config.num_key_value_heads,
+                                 draft.config.head_dim), dtype=torch.bfloat16, device="cuda"),
+        "target_to_draft": torch.arange(rows, dtype=torch.int32, device="cuda"),  # slot s <-> draft slot s (0: none)
+    }
+    pools.kv, pools.req_to_token = bound["target_kv"], bound["req_to_token"]
+    worker = DflashWorker(draft, model, bound)
+    graphs = GraphRunner(8, (1, worker.block), FIELDS, "cuda")
+    runner = ModelRunner(model, bound, "cuda", taps=worker.taps, graphs=graphs)
+    worker.use_graphs(graphs)
+    return model, cfg, pools, bound, worker, runner
+
+
+def prefill(setup, rows, lengths):
+    """Requests (in these req_to_token rows) whose prompts went through the target eagerly, leaving draft K/V."""
+    model, cfg, pools, bound, worker, runner = setup
+    gen = torch.Generator().manual_seed(3)
+    reqs = []
+    for row, n in zip(rows, lengths):
+        prompt = torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist()
+        req = Request(rid=f"r{row}", prompt_ids=prompt, params=SamplingParams(temperature=0))
+        req.row = row
+        items = [StepItem(req, n, req.row, pools.grow(req.row, n))]
+        inputs = runner.prepare(items)
+        out = runner.forward(inputs)
+        worker.after_forward(inputs, out, None, None)
+        req.output_ids.append(int(model.logits(out.hidden[-1:]).argmax()))
+        req.computed = n
+        reqs.append(req)
+    return reqs
+
+
+def split_path(setup, items):
+    """The graphs of the split path; the LM head over the bucket's every row, as the cycle computes it (a GEMM of
+    other rows may round a near-tie the other way)."""
+    model, _, _, _, worker, runner = setup
+    inputs = runner.prepare(items)
+    drafts = worker.propose_into(inputs, max(item.req.computed for item in items))
+    out = runner.forward(inputs)
+    padded_hidden = runner.graphs.graphs[inputs.graph][1]
+    target = model.logits(padded_hidden).argmax(dim=-1)[: len(out.hidden)]
+    lengths = worker.after_forward(inputs, out, drafts, target)
+    return target, lengths
+
+
+def test_greedy_cycle_equals_the_split_path(setup):
+    model, cfg, pools, bound, worker, runner = setup
+    reqs = prefill(setup, rows=(1, 2, 3), lengths=(40, 75, 9))
+    for step in range(3):
+        items = [StepItem(r, worker.block, r.row, pools.grow(r.row, worker.block), verify=True) for r in reqs]
+        before = {k: bound[k].clone() for k in ("target_kv", "draft_kv")}
+        want_tokens, want_lengths = split_path(setup, items)
+        after = {k: bound[k].clone() for k in ("target_kv", "draft_kv")}
+        for k in before:
+            bound[k].copy_(before[k])  # in place: the graphs hold these addresses
+        inputs = runner.prepare(items)
+        assert inputs.graph == (4, worker.block)  # 3 requests padded into the bucket of 4
+        out = worker.replay_greedy_cycle(inputs)
+        n, b = len(items), worker.block
+        assert out.shape == (4 * b + 4,)
+        assert torch.equal(out[: n * b], want_tokens)
+        assert torch.equal(out[4 * b : 4 * b + n], want_lengths)
+        assert out[4 * b + n :].tolist() == [0], "a padding request committed tokens"
+        for k in after:
+            assert torch.equal(bound[k], after[k]), f"{k} differs from the split path's after step {step}"
+        blocks = want_tokens.view(n, b).tolist()
+        for r, block, length in zip(reqs, blocks, want_lengths.tolist()):  # commit; drop the rejected positions' pages
+            r.output_ids += block[:length]
+            r.computed += length
+            pools.lengths[r.row] = r.computed
+            pools.pages[r.row] = pools.pages[r.row][: (r.computed + pools.P - 1) // pools.P]
+    assert bound["draft_kv"][:, :, 0].eq(0).all(), "something wrote the sink slot's draft K/V"
+
+
+def test_decode_graph_argmax_equals_the_logits_argmax(setup):
+    model, cfg, pools, bound, worker, runner = setup
+    reqs = prefill(setup, rows=(4, 5), lengths=(12, 30))
+    items = [StepItem(r, 1, r.row, pools.grow(r.row, 1)) for r in reqs]
+    inputs = runner.prepare(items)
+    out = runner.forward(inputs)
+    assert out.greedy is not None and out.greedy.shape == (2,)
+    assert torch.equal(out.greedy, model.logits(out.hidden).argmax(dim=-1))
