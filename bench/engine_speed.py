@@ -22,6 +22,7 @@ import torch
 import modeld.engine
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
+from modeld.detokenize import TextStream
 from modeld.fetch_default import ensure_default_model
 from modeld.request import Request
 from modeld.sampling import SamplingParams
@@ -81,14 +82,18 @@ def submit_greedy(engine, prompts: list[list[int]], new_tokens: int, ignore_eos:
 
 
 def generate_all(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: bool, tag: str) -> tuple[int, float, int]:
-    """Submits every prompt at once; (generated tokens, seconds, verify steps) when all completed."""
+    """Submits every prompt at once; (generated tokens, seconds, verify steps) when all completed. This thread makes
+    each request's text from its streamed ids, as a gRPC handler does (modeld.service), beside the engine's thread."""
     begin = time.perf_counter()
     reqs = submit_greedy(engine, prompts, new_tokens, ignore_eos, tag)
     for r in reqs:
+        text = TextStream(engine.output.tokenizer, [])
         while True:
-            kind, *_ = r.events.get(timeout=600)
+            kind, *payload = r.events.get(timeout=600)
             if kind == "complete":
                 break
+            text.ids.extend(payload[0])
+            text.take(payload[2])
     seconds = time.perf_counter() - begin
     failed = [r.finish for r in reqs if r.finish.reason == "abort"]
     assert not failed, failed

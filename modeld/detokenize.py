@@ -1,41 +1,54 @@
 """Incremental text for streaming, with stop strings cut and never half-streamed.
 
-Each step decodes only a short window of the output (the tokens since the last stable point, against the same window
-without the newest tokens), so the host's work per step does not grow with the output's length. Text is appended
-only once it is stable: a window that ends in an incomplete UTF-8 sequence waits for its next token."""
+Each call decodes only a short window of the output (the tokens since the last stable point, against the same window
+without the newest tokens), so the work per chunk does not grow with the output's length. Text is appended only once
+it is stable: a window that ends in an incomplete UTF-8 sequence waits for its next token.
 
-from modeld.request import Finish, Request
+A request with stop strings is detokenized on the engine thread (the text decides when it stops); any other request's
+text is made by its own gRPC handler thread from the token ids it streams (modeld.service), off the engine's step."""
 
-
-def _decode(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else ""
-
-
-def advance_text(tokenizer, req: Request) -> None:
-    """Appends the text of the request's new output tokens to req.text (all of it once the request finished)."""
-    ids = req.output_ids
-    if req.read_offset == len(ids):
-        return
-    before = _decode(tokenizer, ids[req.prefix_offset : req.read_offset])
-    window = _decode(tokenizer, ids[req.prefix_offset :])
-    if len(window) > len(before) and (req.finish is not None or not window.endswith("\ufffd")):
-        req.text += window[len(before) :]
-        req.prefix_offset, req.read_offset = req.read_offset, len(ids)
+from modeld.request import Finish
 
 
-def new_text(tokenizer, req: Request) -> tuple[str, Finish | None]:
-    """Text to stream now, and a STOP finish when a stop string appeared.
+class TextStream:
+    """The text of a growing list of token ids (`ids`, which the owner appends to), handed out in stable pieces."""
 
-    While running, the last (longest stop - 1) characters are held back, so a stop string is
-    never streamed in part."""
-    advance_text(tokenizer, req)
-    text = req.text
-    for stop in req.params.stop:
-        at = text.find(stop, max(0, len(req.sent_text) - len(stop)))
-        if at >= 0:
-            return text[len(req.sent_text) : at], Finish("stop", matched_stop=stop)
-    if req.finish is not None:
-        return text[len(req.sent_text) :], None
-    hold = max((len(s) - 1 for s in req.params.stop), default=0)
-    end = len(text) - hold
-    return text[len(req.sent_text) : max(end, len(req.sent_text))], None
+    def __init__(self, tokenizer, ids: list[int], stops: tuple[str, ...] = ()):
+        self.tokenizer, self.ids, self.stops = tokenizer, ids, stops
+        self.text = ""  # stable text of ids[:read_offset]
+        self.prefix_offset = 0  # the decode window starts here
+        self.read_offset = 0
+        self.sent = ""  # text already handed out
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    def _advance(self, finished: bool) -> None:
+        """Appends the text of the new ids to self.text (all of it once `finished`)."""
+        if self.read_offset == len(self.ids):
+            return
+        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        window = self._decode(self.ids[self.prefix_offset :])
+        if len(window) > len(before) and (finished or not window.endswith("\ufffd")):
+            self.text += window[len(before) :]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+
+    def take(self, finished: bool) -> tuple[str, Finish | None]:
+        """Text to hand out now (counted as sent), and a STOP finish when a stop string appeared (the text then ends
+        before it). While not finished, the last (longest stop - 1) characters are held back, so a stop string is
+        never handed out in part."""
+        self._advance(finished)
+        text = self.text
+        for stop in self.stops:
+            at = text.find(stop, max(0, len(self.sent) - len(stop)))
+            if at >= 0:
+                piece = text[len(self.sent) : at]
+                self.sent += piece
+                return piece, Finish("stop", matched_stop=stop)
+        if finished:
+            end = len(text)
+        else:
+            end = max(len(text) - max((len(s) - 1 for s in self.stops), default=0), len(self.sent))
+        piece = text[len(self.sent) : end]
+        self.sent += piece
+        return piece, None

@@ -138,8 +138,10 @@ class DflashWorker:
     @torch.inference_mode()
     def propose(self, rows: torch.Tensor, starts: torch.Tensor, last_tokens: torch.Tensor, max_start: int) -> torch.Tensor:
         """Greedy drafts d_1..d_{B-1} [N, B-1] on the device for N requests (rows of req_to_token, L, t).
-        max_start, at least the largest L (known on the host), sizes the context gather without a device sync;
-        a sliding layer never reads more than window - 1 positions, so window - 1 serves any L (the graphs)."""
+        max_start, at least the largest L (known on the host), sizes a full-attention layer's context gather without
+        a device sync. A sliding layer always gathers window - 1 positions (no L needs more), so its shapes depend on
+        N alone: the graphs' shapes, and in eager steps few distinct ones (the profile of 2026-12-04 saw cuDNN's
+        attention build a plan for each new shape, about 19 ms of host time each, when the width followed L)."""
         n, b = len(rows), self.block
         offsets = torch.arange(b, device=rows.device)
         positions = starts[:, None] + offsets  # [N, B]
@@ -150,7 +152,7 @@ class DflashWorker:
         contexts = [None] * len(windows)
         for window in dict.fromkeys(windows):
             layers = [i for i, w in enumerate(windows) if w == window]
-            width = max_start if window is None else min(max_start, window - 1)
+            width = max_start if window is None else window - 1
             slots, valid, visible = self._context_slots(rows, starts, positions, window, width)
             # [layers, 2, N, C, kv_heads, head_dim] in one gather when every layer shares the window
             kv = self.draft_kv[:, :, slots] if len(layers) == len(windows) else torch.stack([self.draft_kv[i][:, slots] for i in layers])

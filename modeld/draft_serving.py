@@ -23,10 +23,14 @@ from modeld.kernels.fused import rms_norm, rotary, rotary_one, silu_mul
 
 
 def _cat(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The weights (and biases, when every part has one) of linears applied to one input, stacked."""
+    """The weights (and biases, when the parts have them) of linears applied to one input, stacked."""
     weight = torch.cat([m.weight for m in linears])
     biases = [m.bias for m in linears]
-    return weight, None if any(b is None for b in biases) else torch.cat(biases)
+    if all(b is None for b in biases):
+        return weight, None
+    if any(b is None for b in biases):
+        raise ValueError("cannot stack linears of which only some have a bias")
+    return weight, torch.cat(biases)
 
 
 class _Layer:

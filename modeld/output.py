@@ -1,10 +1,12 @@
 """Output processing: a step's sampled tokens join a request's output; stop rules (EOS, stop tokens, stop strings,
-max_new_tokens, the context) end it; new tokens and text are streamed to its gRPC handler, which sends the
-chunks queued behind one as one message (`stream_events`)."""
+max_new_tokens, the context) end it; new tokens are streamed to its gRPC handler as ("chunk", ids, text, finished)
+events, which it sends, merged with the chunks queued behind them, as one message (`stream_events`). The engine
+thread detokenizes only requests with stop strings (their text decides when they stop; `text` is then their new
+text); for any other request `text` is None and its handler makes the text from the ids (modeld.detokenize)."""
 
 import queue
 
-from modeld.detokenize import new_text
+from modeld.detokenize import TextStream
 from modeld.request import Finish, Request
 
 
@@ -28,30 +30,31 @@ class OutputProcessor:
                 req.finish = Finish("length")
             if req.finish is not None:
                 break
-        if not req.stream and not p.stop:
-            return req.finish is not None  # nobody reads the text, no stop string needs it: no detokenisation
-        text, stop = new_text(self.tokenizer, req)
-        if stop is not None:
-            req.finish = stop
+        text = None
+        if p.stop:  # the text decides: detokenized here
+            if req.text_stream is None:
+                req.text_stream = TextStream(self.tokenizer, req.output_ids, p.stop)
+            text, stop = req.text_stream.take(req.finish is not None)
+            if stop is not None:
+                req.finish = stop
         new_ids = req.output_ids[req.sent_ids :]
-        if text or new_ids:
-            if req.stream:
-                req.events.put(("chunk", new_ids, text))
-            req.sent_ids = len(req.output_ids)
-            req.sent_text += text
+        if req.stream and (text or new_ids):
+            req.events.put(("chunk", new_ids, text, req.finish is not None))
+        req.sent_ids = len(req.output_ids)
         return req.finish is not None
 
 
 def stream_events(events: queue.Queue):
-    """A request's events for its stream, ending with its "complete": every "chunk" merged with the chunks queued
-    behind it. A stream that keeps up with the engine sends each step's tokens as they come; one that lags (many
-    requests in flight, one Python handler each) sends fewer, larger messages instead of falling further behind."""
+    """A request's events for its stream, ending with its "complete": every "chunk" (ids, text or None, finished)
+    merged with the chunks queued behind it. A stream that keeps up with the engine sends each step's tokens as they
+    come; one that lags (many requests in flight, one Python handler each) sends fewer, larger messages instead of
+    falling behind."""
     while True:
         kind, *payload = events.get()
         if kind != "chunk":
             yield kind, payload
             return
-        ids, text = list(payload[0]), payload[1]
+        ids, text, finished = list(payload[0]), payload[1], payload[2]
         after = None
         while after is None:
             try:
@@ -60,9 +63,10 @@ def stream_events(events: queue.Queue):
                 break
             if after[0] == "chunk":
                 ids += after[1]
-                text += after[2]
+                text = None if text is None else text + after[2]
+                finished = after[3]
                 after = None
-        yield "chunk", (ids, text)
+        yield "chunk", (ids, text, finished)
         if after is not None:
             yield after[0], list(after[1:])
             return

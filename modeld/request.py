@@ -35,13 +35,15 @@ class Request:
     cached_tokens: int = 0
     spec_verify_ct: int = 0
     finish: Finish | None = None
-    text: str = ""  # stable text of output_ids[:read_offset] (modeld.detokenize)
-    prefix_offset: int = 0  # the detokenizer's window starts here
-    read_offset: int = 0
-    sent_text: str = ""  # text already streamed
+    text_stream: object = None  # modeld.detokenize.TextStream of output_ids, made on the engine thread for stop strings
     sent_ids: int = 0  # output tokens already streamed
     events: queue.Queue = field(default_factory=queue.Queue)
     stream: bool = True  # False: only "complete" is read (in-process bulk generation): no chunk events, no text
+
+    @property
+    def engine_text(self) -> str:
+        """The text the engine thread made (requests with stop strings; "" for the others, whose handler makes it)."""
+        return self.text_stream.sent if self.text_stream is not None else ""
 
     @property
     def all_ids(self) -> list[int]:

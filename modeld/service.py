@@ -7,6 +7,7 @@ import grpc
 from modeld.engine import Engine, make_generator
 from modeld.limits import check_request_id, check_stops, check_text_size, text_bytes_per_token
 from modeld.memd_link import MemdLink
+from modeld.detokenize import TextStream
 from modeld.output import stream_events
 from modeld.request import Request
 from modeld.sampling import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
@@ -37,22 +38,31 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request id {req.rid!r} is already running")
         # A client that goes away (cancel, deadline, crash) aborts its request and frees its slots.
         context.add_callback(lambda: req.finish is None and self.engine.abort(req.rid))
+        # The text of a request without stop strings is made here, in this handler's thread, off the engine's step.
+        own_text = None if req.params.stop else TextStream(self.tokenizer, [])
         for kind, payload in stream_events(req.events):
             if kind == "chunk":
-                ids, text = payload
+                ids, text, finished = payload
+                if own_text is not None:
+                    own_text.ids.extend(ids)
+                    text, _ = own_text.take(finished)
                 yield modeld_pb2.GenerateResponse(request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=ids, text=text))
                 continue
             finish = req.finish
             if finish.error_code:
                 context.abort(getattr(grpc.StatusCode, finish.error_code), finish.error)
-            yield modeld_pb2.GenerateResponse(request_id=req.rid, complete=self._complete(req))
+            tail = own_text.take(finished=True)[0] if own_text is not None else ""
+            if tail:  # a request that ended without a finishing chunk (an abort): its held-back text
+                yield modeld_pb2.GenerateResponse(request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=[], text=tail))
+            text = own_text.sent if own_text is not None else req.engine_text
+            yield modeld_pb2.GenerateResponse(request_id=req.rid, complete=self._complete(req, text))
             return
 
-    def _complete(self, req: Request) -> modeld_pb2.GenerateComplete:
+    def _complete(self, req: Request, text: str) -> modeld_pb2.GenerateComplete:
         completion = len(req.output_ids)
         return modeld_pb2.GenerateComplete(
             output_ids=req.output_ids,
-            text=req.sent_text,
+            text=text,
             finish_reason=FINISH_REASONS[req.finish.reason],
             matched_stop=req.finish.matched_stop,
             prompt_tokens=len(req.prompt_ids),

@@ -3,9 +3,7 @@ multi-byte characters split across tokens, and no step decodes more than a short
 
 import random
 
-from modeld.detokenize import new_text
-from modeld.request import Finish, Request
-from modeld.sampling import SamplingParams
+from modeld.detokenize import TextStream
 
 SAMPLES = ["Hello, world! The café serves crème brûlée. 東京は大きい都市です。 🙂🚀 naïve résumé",
            "def f(x):\n    return x ** 2  # ∑ of squares\n", "Ünïcödé ✓ and emoji 👩‍🔬 in one line"]
@@ -21,16 +19,18 @@ class CountingTokenizer:
 
 
 def stream(tokenizer, ids, stop=()):
-    req = Request(rid="r", prompt_ids=[1], params=SamplingParams(stop=tuple(stop)))
+    """The pieces a TextStream hands out as ids arrive one at a time, the last one finishing."""
+    out = []
+    text = TextStream(tokenizer, out, tuple(stop))
+    sent = ""
     for i, token in enumerate(ids):
-        req.output_ids.append(token)
-        if i == len(ids) - 1:
-            req.finish = Finish("length")
-        text, finish = new_text(tokenizer, req)
-        req.sent_text += text
+        out.append(token)
+        piece, finish = text.take(finished=i == len(ids) - 1)
+        sent += piece
         if finish is not None:
-            return req.sent_text, finish
-    return req.sent_text, None
+            return sent, finish
+    assert sent == text.sent
+    return sent, None
 
 
 def test_streamed_text_equals_the_whole_decode(tokenizer):

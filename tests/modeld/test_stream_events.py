@@ -17,9 +17,14 @@ def events_of(*items) -> queue.Queue:
 
 
 def test_queued_chunks_go_out_as_one_then_the_complete():
-    q = events_of(("chunk", [1], "a"), ("chunk", [2, 3], "bc"), ("chunk", [], "d"), ("complete", "req"))
-    assert list(stream_events(q)) == [("chunk", ([1, 2, 3], "abcd")), ("complete", ["req"])]
+    q = events_of(("chunk", [1], "a", False), ("chunk", [2, 3], "bc", False), ("chunk", [], "d", True), ("complete", "req"))
+    assert list(stream_events(q)) == [("chunk", ([1, 2, 3], "abcd", True)), ("complete", ["req"])]
     assert q.empty()
+
+
+def test_chunks_without_text_merge_their_ids_and_keep_the_last_finished_flag():
+    q = events_of(("chunk", [1], None, False), ("chunk", [2, 3], None, True), ("complete", "req"))
+    assert list(stream_events(q)) == [("chunk", ([1, 2, 3], None, True)), ("complete", ["req"])]
 
 
 def test_a_complete_with_nothing_before_it():
@@ -29,10 +34,10 @@ def test_a_complete_with_nothing_before_it():
 def test_a_stream_that_keeps_up_gets_each_chunk_as_it_comes():
     q = queue.Queue()
     stream = stream_events(q)
-    q.put(("chunk", [1], "a"))
-    assert next(stream) == ("chunk", ([1], "a"))  # nothing queued behind it: sent alone, at once
-    q.put(("chunk", [2], "b"))
-    assert next(stream) == ("chunk", ([2], "b"))
+    q.put(("chunk", [1], "a", False))
+    assert next(stream) == ("chunk", ([1], "a", False))  # nothing queued behind it: sent alone, at once
+    q.put(("chunk", [2], "b", True))
+    assert next(stream) == ("chunk", ([2], "b", True))
     q.put(("complete", "req"))
     assert list(stream) == [("complete", ["req"])]
 
@@ -43,7 +48,7 @@ def test_every_token_arrives_in_order_while_the_engine_keeps_producing():
 
     def engine():
         for i in range(total):
-            q.put(("chunk", [i], f"{i},"))
+            q.put(("chunk", [i], f"{i},", i == total - 1))
         q.put(("complete", "req"))
 
     producer = threading.Thread(target=engine)
@@ -51,8 +56,9 @@ def test_every_token_arrives_in_order_while_the_engine_keeps_producing():
     out = list(stream_events(q))
     producer.join()
     chunks = [payload for kind, payload in out if kind == "chunk"]
-    assert [t for ids, _ in chunks for t in ids] == list(range(total))
-    assert "".join(text for _, text in chunks) == "".join(f"{i}," for i in range(total))
+    assert [t for ids, _, _ in chunks for t in ids] == list(range(total))
+    assert "".join(text for _, text, _ in chunks) == "".join(f"{i}," for i in range(total))
+    assert [finished for _, _, finished in chunks][-1] and not any(finished for _, _, finished in chunks[:-1])
     assert out[-1] == ("complete", ["req"]) and len(chunks) <= total
 
 
@@ -96,3 +102,24 @@ def test_a_request_nobody_streams_finishes_alike_without_text_or_events(tokenize
     loud, _ = run_output(tokenizer, ids, True, stop=["STOP"])
     assert quiet.finish.matched_stop == "STOP" and quiet.finish == loud.finish
     assert quiet.output_ids == loud.output_ids and quiet_events == []
+
+
+def test_the_engine_thread_detokenizes_only_requests_with_stop_strings(tokenizer):
+    from modeld.detokenize import TextStream
+
+    ids = tokenizer("Hello, the café in 東京 serves 🙂 crème brûlée.")["input_ids"]
+    counting = CountingTokenizer(tokenizer)
+    _, chunks = run_output(counting, ids, True, eos=frozenset(), max_new=len(ids))
+    assert counting.calls == 0 and len(chunks) == len(ids)
+    assert all(text is None for _, _, text, _ in chunks)
+    assert chunks[-1][3] and not any(finished for *_, finished in chunks[:-1])
+    # the handler's side (modeld.service): a TextStream over the streamed ids hands out the whole text
+    handler_text = TextStream(tokenizer, [])
+    pieces = []
+    for _, new_ids, _, finished in chunks:
+        handler_text.ids.extend(new_ids)
+        pieces.append(handler_text.take(finished)[0])
+    assert "".join(pieces) == handler_text.sent == tokenizer.decode(ids, skip_special_tokens=True)
+    counting = CountingTokenizer(tokenizer)  # a stop string: the engine thread must read the text
+    _, chunks = run_output(counting, ids, True, stop=["zzz"], eos=frozenset(), max_new=len(ids))
+    assert counting.calls > 0 and "".join(text for _, _, text, _ in chunks) == tokenizer.decode(ids, skip_special_tokens=True)
