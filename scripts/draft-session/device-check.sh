@@ -1,6 +1,7 @@
 # On the GPU machine after call 3 (device-setup.sh): the GPU suites with CUDA graphs on (kernels, graph replay,
 # device sampling, greedy equals HF, DFLASH on equals off) and the engine's speed against the engine-speed
-# issue's goals (tables in $OUT/engine_speed.md). Run it after every change to the engine's hot path.
+# issue's goals (tables in $OUT/engine_speed.md), then bench.step_profile at batch 1 and 16 ($OUT/profile-b*.txt;
+# about 80 s). Run it after every change to the engine's hot path.
 export PYTHONPATH=/tmp/site:$PWD
 python3 -m pytest -q tests/kernels tests/modeld/test_cuda_graph.py tests/modeld/test_device_sampling.py \
     tests/dflash/test_dummy_draft.py tests/dflash/test_draft_serving.py tests/dflash/test_greedy_cycle_gpu.py 2>&1 | tail -3
@@ -9,3 +10,7 @@ python3 -m pytest -q tests/modeld/test_forward_vs_hf.py tests/e2e/test_generate.
 python3 -m pytest -q tests/dflash/test_default_draft.py 2>&1 | tail -2  # the shipped draft, lossless on the GPU
 python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 > "$OUT/engine_speed.md" 2> "$OUT/engine_speed.log"
 cat "$OUT/engine_speed.md"
+# where a step's time goes, plain against DFLASH (device-busy against wall time per step; ops by device and host time)
+python3 -m bench.step_profile --batch 1 --new-tokens 64 --rows 40 > "$OUT/profile-b1.txt" 2> "$OUT/profile-b1.log"
+python3 -m bench.step_profile --batch 16 --new-tokens 64 --rows 40 > "$OUT/profile-b16.txt" 2> "$OUT/profile-b16.log"
+grep -h '###' "$OUT"/profile-b*.txt
