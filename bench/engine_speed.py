@@ -92,8 +92,7 @@ def generate_all(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: 
             kind, *payload = r.events.get(timeout=600)
             if kind == "complete":
                 break
-            text.ids.extend(payload[0])
-            text.take(payload[2])
+            text.add(payload[0], payload[2])
     seconds = time.perf_counter() - begin
     failed = [r.finish for r in reqs if r.finish.reason == "abort"]
     assert not failed, failed

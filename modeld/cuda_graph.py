@@ -44,7 +44,7 @@ class GraphRunner:
         self.draft_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.cycle_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, tokens|lengths)
-        self.target = None  # (model, kv_pool, req_to_token, taps) of the last capture
+        self.pools = None  # (kv_pool, req_to_token) of the last capture: the greedy cycles' target pools
         self.commit_lengths = torch.zeros(max_requests, dtype=torch.int64, device=device)
         self.pool = None
 
@@ -106,7 +106,7 @@ class GraphRunner:
         """(Re)captures every (bucket, q) graph over these pools, largest first, in one shared memory pool."""
         began = time.monotonic()
         self.graphs.clear()
-        self.target = (model, kv_pool, req_to_token, taps)
+        self.pools = (kv_pool, req_to_token)
         self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -138,7 +138,7 @@ class GraphRunner:
         self.draft_graphs.clear()
         self.commit_graphs.clear()
         self.cycle_graphs.clear()
-        _, kv_pool, req_to_token, _ = self.target
+        kv_pool, req_to_token = self.pools
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

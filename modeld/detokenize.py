@@ -33,6 +33,11 @@ class TextStream:
             self.text += window[len(before) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
 
+    def add(self, ids: list[int], finished: bool) -> str:
+        """Appends streamed ids (a handler's own list, no stop strings) and returns the text to hand out now."""
+        self.ids.extend(ids)
+        return self.take(finished)[0]
+
     def take(self, finished: bool) -> tuple[str, Finish | None]:
         """Text to hand out now (counted as sent), and a STOP finish when a stop string appeared (the text then ends
         before it). While not finished, the last (longest stop - 1) characters are held back, so a stop string is

@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from modeld.draft import DFlashDraft
 from modeld.kernels.fused import rms_norm, rotary, rotary_one, silu_mul
+from modeld.model import hf_rope_table
 
 
 def _cat(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -63,11 +64,8 @@ class ServingDraft:
         self.context_kv_weight = torch.cat([a.k_proj.weight for a in attns] + [a.v_proj.weight for a in attns])
         self.k_norms = torch.stack([a.k_norm.weight for a in attns])[:, None, :]  # [layers, 1, head_dim]
         self.unit = torch.ones_like(attns[0].k_norm.weight)
-        limit = max(max_positions, cfg.max_position_embeddings)
-        probe = torch.empty(0, dtype=torch.float32, device=self.fc.device)
-        cos, sin = draft.rotary_emb(probe, torch.arange(limit, device=self.fc.device)[None, :])
-        dtype = self.fc.dtype
-        self.cos, self.sin = cos[0].to(dtype), sin[0].to(dtype)  # HF computes in fp32 and casts per call
+        cos, sin = hf_rope_table(draft.rotary_emb, max(max_positions, cfg.max_position_embeddings), self.fc.device)
+        self.cos, self.sin = cos.to(self.fc.dtype), sin.to(self.fc.dtype)  # HF computes in fp32 and casts per call
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         flat = positions.reshape(-1)

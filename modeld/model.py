@@ -145,6 +145,14 @@ class Backbone(nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(cfg)
 
 
+def hf_rope_table(rotary_emb: nn.Module, limit: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [limit, head_dim] in fp32 for positions 0..limit-1, from HF's rotary embedding (the values it computes
+    per call: an outer product of positions and frequencies)."""
+    probe = torch.empty(0, dtype=torch.float32, device=device)
+    cos, sin = rotary_emb(probe, torch.arange(limit, device=device)[None, :])
+    return cos[0].float(), sin[0].float()
+
+
 class CausalLM(nn.Module):
     """forward() writes the new tokens' K/V at batch.out_slots and returns the final
     hidden states (after the last norm); capture_layers also returns the outputs of the
@@ -165,11 +173,7 @@ class CausalLM(nn.Module):
         """cos, sin [T, head_dim] in `dtype`, gathered from a table HF's rotary embedding fills once in fp32
         (the same values it computes per call: an outer product of positions and frequencies)."""
         if self.rope_table is None:
-            limit = self.config.max_position_embeddings
-            all_positions = torch.arange(limit, device=positions.device)[None, :]
-            probe = torch.empty(0, dtype=torch.float32, device=positions.device)
-            cos, sin = self.model.rotary_emb(probe, all_positions)
-            self.rope_table = cos[0].float(), sin[0].float()
+            self.rope_table = hf_rope_table(self.model.rotary_emb, self.config.max_position_embeddings, positions.device)
         cos, sin = self.rope_table
         return cos[positions].to(dtype), sin[positions].to(dtype)
 

@@ -4,10 +4,10 @@ import uuid
 
 import grpc
 
+from modeld.detokenize import TextStream
 from modeld.engine import Engine, make_generator
 from modeld.limits import check_request_id, check_stops, check_text_size, text_bytes_per_token
 from modeld.memd_link import MemdLink
-from modeld.detokenize import TextStream
 from modeld.output import stream_events
 from modeld.request import Request
 from modeld.sampling import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
@@ -44,8 +44,7 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             if kind == "chunk":
                 ids, text, finished = payload
                 if own_text is not None:
-                    own_text.ids.extend(ids)
-                    text, _ = own_text.take(finished)
+                    text = own_text.add(ids, finished)
                 yield modeld_pb2.GenerateResponse(request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=ids, text=text))
                 continue
             finish = req.finish

@@ -117,8 +117,7 @@ def test_the_engine_thread_detokenizes_only_requests_with_stop_strings(tokenizer
     handler_text = TextStream(tokenizer, [])
     pieces = []
     for _, new_ids, _, finished in chunks:
-        handler_text.ids.extend(new_ids)
-        pieces.append(handler_text.take(finished)[0])
+        pieces.append(handler_text.add(new_ids, finished))
     assert "".join(pieces) == handler_text.sent == tokenizer.decode(ids, skip_special_tokens=True)
     counting = CountingTokenizer(tokenizer)  # a stop string: the engine thread must read the text
     _, chunks = run_output(counting, ids, True, stop=["zzz"], eos=frozenset(), max_new=len(ids))
