@@ -3,8 +3,8 @@
 Numerics follow Hugging Face's (fp32 RMSNorm statistics, cos/sin in fp32 cast to the activation dtype), which is what
 the logits tests compare against. For speed the layers run fused: one q|k|v and one gate|up projection (the
 checkpoint's separate matrices are concatenated at load, `fuse_checkpoint`), residual add + RMSNorm in one kernel,
-rotary from a table computed once, and every step's shapes free of host syncs, so a decode forward can be captured
-in a CUDA graph (modeld/cuda_graph.py).
+rotary from a table computed once and applied in the launch that writes K/V into the pool, and every step's shapes
+free of host syncs, so a decode forward can be captured in a CUDA graph (modeld/cuda_graph.py).
 """
 
 from dataclasses import dataclass
@@ -14,8 +14,8 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from modeld.kernels.attention import paged_attention
-from modeld.kernels.fused import rms_norm, rotary, silu_mul
-from modeld.kernels.kv_write import store_kv
+from modeld.kernels.fused import rms_norm, silu_mul
+from modeld.kernels.rotary_store import rotary_store
 
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -82,8 +82,7 @@ class Attention(nn.Module):
         if self.qk_norm:
             q = self.q_norm.fused(q.reshape(-1, self.head_dim))[0].view(T, self.heads, self.head_dim)
             k = self.k_norm.fused(k.reshape(-1, self.head_dim))[0].view(T, self.kv_heads, self.head_dim)
-        q, k = rotary(q, k, cos, sin)
-        store_kv(k_cache, v_cache, batch.out_slots, k, v)
+        q = rotary_store(q, k, v, cos, sin, k_cache, v_cache, batch.out_slots)  # rotated k lands in the pool only
         out = paged_attention(q, k_cache, v_cache, batch.req_to_token, batch.rows, batch.q_starts, batch.q_lens,
                               batch.kv_lens, self.scale, qo_indptr=batch.qo_indptr)
         return self.o_proj(out.view(T, self.heads * self.head_dim))

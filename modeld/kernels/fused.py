@@ -149,19 +149,27 @@ def _rotary_kernel(
         src = k + token * k_tok + (head - q_heads) * k_head
         dst = k_out + (token * k_heads + head - q_heads) * (2 * half)
     d = tl.arange(0, BLOCK_HALF)
+    out1, out2 = rotated_halves(src, cos + token * cos_tok, sin + token * sin_tok, d, half)
+    tl.store(dst + d, out1, mask=d < half)
+    tl.store(dst + half + d, out2, mask=d < half)
+
+
+@triton.jit
+def rotated_halves(src, cos_row, sin_row, d, half):
+    """The two halves (at offsets d < half) of one head's row at src, rotated, in src's dtype: every product and
+    sum rounded to that dtype as the torch reference rounds them."""
     in_half = d < half
     x1 = tl.load(src + d, mask=in_half, other=0.0)
     x2 = tl.load(src + half + d, mask=in_half, other=0.0)
     dtype = x1.dtype
     x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
-    c1 = tl.load(cos + token * cos_tok + d, mask=in_half, other=0.0).to(tl.float32)
-    c2 = tl.load(cos + token * cos_tok + half + d, mask=in_half, other=0.0).to(tl.float32)
-    s1 = tl.load(sin + token * sin_tok + d, mask=in_half, other=0.0).to(tl.float32)
-    s2 = tl.load(sin + token * sin_tok + half + d, mask=in_half, other=0.0).to(tl.float32)
+    c1 = tl.load(cos_row + d, mask=in_half, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_row + half + d, mask=in_half, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_row + d, mask=in_half, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_row + half + d, mask=in_half, other=0.0).to(tl.float32)
     out1 = (x1 * c1).to(dtype).to(tl.float32) - (x2 * s1).to(dtype).to(tl.float32)
     out2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
-    tl.store(dst + d, out1.to(dtype), mask=in_half)
-    tl.store(dst + half + d, out2.to(dtype), mask=in_half)
+    return out1.to(dtype), out2.to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
