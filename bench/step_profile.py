@@ -25,6 +25,7 @@ from modeld.fetch_default import ensure_default_model
 from modeld.server import build_engine
 
 DEFAULT_DRAFT = "modeld/default_draft"
+HOST_OR_COPY = ("aten::", "cuda", "cuLaunch", "Memcpy", "Memset")  # profiler keys of host calls and copies
 
 
 def memd_flags(args) -> list[str]:
@@ -67,6 +68,9 @@ def profile_config(memd: str, args, prompts, dflash: bool) -> str:
     n = max(steps, 1)
     device_key = "self_device_time_total" if cuda else "self_cpu_time_total"
     busy = f"{sum(e.self_device_time_total for e in averages) / 1e3 / n:.2f} ms device busy" if cuda else "CPU only"
+    if cuda:  # kernels alone (graph nodes included), not the host ops that launched them or copies
+        kernels = sum(e.count for e in averages if e.self_device_time_total > 0 and not e.key.startswith(HOST_OR_COPY))
+        busy += f", {kernels / n:.0f} kernels"
     head = (f"### {'DFLASH' if dflash else 'plain'}, batch {args.batch}: {steps} steps, {tokens} tokens"
             + (f", accept length {tokens / verifies:.2f}" if verifies else "")
             + f"; per step {1000 * seconds / n:.2f} ms wall (profiled), {busy}")

@@ -15,6 +15,7 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from modeld.kernels.draft_attention import draft_attention_torch
 from modeld.kernels.fused import rotate_half
 from modeld.loader import safetensors_state
 from modeld.model import MLP, RMSNorm
@@ -72,20 +73,11 @@ class DraftAttention(nn.Module):
 
     def forward(self, h, cos, sin, ctx_k, ctx_v, ctx_visible, causal: bool):
         """h [N, B, hidden]; ctx_k/v [N, C, kv_heads, head_dim]; ctx_visible [N, B, C] bool."""
-        N, B, _ = h.shape
         q = self.q_norm(self.q_proj(h).unflatten(-1, (self.heads, self.head_dim)))
         q = q * cos.unsqueeze(-2) + rotate_half(q) * sin.unsqueeze(-2)
         k_blk, v_blk = self.kv(h, cos, sin)
-        k = torch.cat([ctx_k, k_blk], dim=1).repeat_interleave(self.heads // self.kv_heads, dim=2)
-        v = torch.cat([ctx_v, v_blk], dim=1).repeat_interleave(self.heads // self.kv_heads, dim=2)
-        block_visible = torch.ones(B, B, dtype=torch.bool, device=h.device)
-        if causal:
-            block_visible = block_visible.tril()
-        visible = torch.cat([ctx_visible, block_visible.expand(N, B, B)], dim=-1)  # [N, B, C + B]
-        out = nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=visible[:, None], scale=self.head_dim**-0.5
-        )
-        return self.o_proj(out.transpose(1, 2).flatten(-2))
+        out = draft_attention_torch(q, k_blk, v_blk, ctx_k, ctx_v, ctx_visible, causal, self.head_dim**-0.5)
+        return self.o_proj(out.flatten(-2))
 
 
 class DraftLayer(nn.Module):

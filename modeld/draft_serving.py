@@ -6,7 +6,8 @@ training differentiates through) computed with fused weights and kernels, as the
 - cos / sin gathered from a table filled once, not recomputed per call;
 - the context K/V of all layers from one projection (k_proj|v_proj of every layer stacked), one norm launch
   and one rotary launch for all layers;
-- the block's attention mask built once per distinct context visibility, not once per layer.
+- the block's attention over its context and itself in one Triton launch per layer (modeld.kernels.draft_attention:
+  no concatenation, head repeat, mask or cuDNN plan; the torch reference on the CPU).
 
 The numerics are the reference's: RMSNorm statistics in fp32, every product and sum rounded to the activation
 dtype where the reference's torch expressions round (a norm with unit weight followed by the bf16 product
@@ -19,6 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from modeld.draft import DFlashDraft
+from modeld.kernels.draft_attention import draft_attention
 from modeld.kernels.fused import rms_norm, rotary, rotary_one, silu_mul
 from modeld.model import hf_rope_table
 
@@ -89,34 +91,20 @@ class ServingDraft:
         Returns the final hidden states [N, B, hidden]."""
         n, b, hidden = embeds.shape
         cos, sin = self.rope(positions)
-        masks: dict[int, torch.Tensor] = {}
         x, residual = embeds.reshape(n * b, hidden), None
         for layer, (ctx_k, ctx_v, visible) in zip(self.layers, contexts):
-            if id(visible) not in masks:
-                masks[id(visible)] = self._mask(visible)
             h, residual = rms_norm(x, layer.input_norm, self.eps, residual)
-            h = self._attention(layer, h, n, b, cos, sin, ctx_k, ctx_v, masks[id(visible)])
+            h = self._attention(layer, h, n, b, cos, sin, ctx_k, ctx_v, visible)
             h, residual = rms_norm(h, layer.post_norm, self.eps, residual)
             x = F.linear(silu_mul(F.linear(h, *layer.gate_up)), *layer.down)
         return rms_norm(x, self.norm, self.eps, residual)[0].view(n, b, hidden)
 
-    def _mask(self, ctx_visible: torch.Tensor) -> torch.Tensor:
-        """[N, 1, B, C + B]: the context positions each query sees, then the block (all of it, or causal)."""
-        n, b, _ = ctx_visible.shape
-        block = torch.ones(b, b, dtype=torch.bool, device=ctx_visible.device)
-        if self.spec.causal:
-            block = block.tril()
-        return torch.cat([ctx_visible, block.expand(n, b, b)], dim=-1)[:, None]
-
-    def _attention(self, layer: _Layer, h, n: int, b: int, cos, sin, ctx_k, ctx_v, mask) -> torch.Tensor:
+    def _attention(self, layer: _Layer, h, n: int, b: int, cos, sin, ctx_k, ctx_v, ctx_visible) -> torch.Tensor:
         hd = self.head_dim
         q, k, v = F.linear(h, *layer.qkv).split(layer.split, dim=-1)
         q = rms_norm(q.reshape(-1, hd), layer.q_norm, self.eps)[0].view(n * b, self.heads, hd)
         k = rms_norm(k.reshape(-1, hd), layer.k_norm, self.eps)[0].view(n * b, self.kv_heads, hd)
         q, k = rotary(q, k, cos, sin)
-        groups = self.heads // self.kv_heads
-        keys = torch.cat([ctx_k, k.view(n, b, self.kv_heads, hd)], dim=1).repeat_interleave(groups, dim=2)
-        values = torch.cat([ctx_v, v.view(n, b, self.kv_heads, hd)], dim=1).repeat_interleave(groups, dim=2)
-        out = F.scaled_dot_product_attention(q.view(n, b, self.heads, hd).transpose(1, 2), keys.transpose(1, 2),
-                                             values.transpose(1, 2), attn_mask=mask, scale=hd**-0.5)
-        return F.linear(out.transpose(1, 2).reshape(n * b, self.heads * hd), layer.o)
+        out = draft_attention(q.view(n, b, self.heads, hd), k.view(n, b, self.kv_heads, hd),
+                              v.view(n, b, self.kv_heads, hd), ctx_k, ctx_v, ctx_visible, self.spec.causal, hd**-0.5)
+        return F.linear(out.reshape(n * b, self.heads * hd), layer.o)

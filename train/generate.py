@@ -25,7 +25,6 @@ what is done and exits 0; SIGTERM / SIGINT do the same at once.
 
 import argparse
 import asyncio
-import json
 import pathlib
 import signal
 import sys

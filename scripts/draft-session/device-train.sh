@@ -2,6 +2,7 @@
 # arguments go to train.fit_budget (for example --layers 4 --init modeld/default_draft --lr 3e-4 to continue the
 # shipped draft); the bf16 draft comes back in parts ($OUT/draft.safetensors.part-*: cat them).
 export PYTHONPATH=/tmp/site:$PWD
+[ -d /tmp/prompts ] || { mkdir -p /tmp/prompts && cp -r .cache/train/prompts/. /tmp/prompts/; }  # no generation before
 seconds=$1
 shift
 python3 -m train.fit_budget --prompts /tmp/prompts --responses /tmp/gen --out /tmp/draft --ckpt /tmp/ckpt.pt \
