@@ -21,6 +21,7 @@ import torch
 
 from modeld.draft import DFlashDraft
 from modeld.draft_serving import ServingDraft
+from modeld.kernels.draft_attention import PagedContext
 from modeld.kernels.kv_write import store_kv_prefix_valid, store_kv_translated
 from modeld.model import CausalLM, ForwardBatch
 from modeld.runner import StepInputs, StepOutput
@@ -52,15 +53,16 @@ class DflashWorker:
             self.graphs.capture_draft(self)
 
     def use_graphs(self, graphs) -> None:
-        """Propose through CUDA graphs on verify steps that replay a target graph (a draft whose every layer
-        slides: its context gather has a fixed width, window - 1)."""
+        """Propose through CUDA graphs on verify steps that replay a target graph (a draft whose every layer slides,
+        the kind memd's bounded draft pool serves)."""
         if None not in self.draft.spec.windows:
             self.graphs = graphs
             graphs.capture_draft(self)
 
     @property
     def graph_width(self) -> int:
-        """The context positions a captured propose() gathers: the widest window's."""
+        """The max_start a captured propose() passes: the widest window's context (the CPU's gather width; on the GPU
+        the attention kernel reads each request's own range)."""
         return max(self.draft.spec.windows) - 1
 
     # ---- the speculative parts of one engine step --------------------------------------------------------------
@@ -137,44 +139,18 @@ class DflashWorker:
 
     @torch.inference_mode()
     def propose(self, rows: torch.Tensor, starts: torch.Tensor, last_tokens: torch.Tensor, max_start: int) -> torch.Tensor:
-        """Greedy drafts d_1..d_{B-1} [N, B-1] on the device for N requests (rows of req_to_token, L, t).
-        max_start, at least the largest L (known on the host), sizes a full-attention layer's context gather without
-        a device sync. A sliding layer always gathers window - 1 positions (no L needs more), so its shapes depend on
-        N alone: the graphs' shapes, and in eager steps few distinct ones (the profile of 2026-12-04 saw cuDNN's
-        attention build a plan for each new shape, about 19 ms of host time each, when the width followed L)."""
+        """Greedy drafts d_1..d_{B-1} [N, B-1] on the device for N requests (rows of req_to_token, L, t). Each draft
+        layer reads its context from the draft pool (PagedContext: on the GPU in the attention kernel itself, on the
+        CPU through a gather). max_start, at least the largest L (known on the host), sizes the CPU's gather for a
+        full-attention layer without a device sync; a sliding layer's is window - 1 positions (no L needs more)."""
         n, b = len(rows), self.block
         offsets = torch.arange(b, device=rows.device)
         positions = starts[:, None] + offsets  # [N, B]
         block_ids = torch.full((n, b), self.draft.spec.mask_token_id, dtype=torch.int64, device=rows.device)
         block_ids[:, 0] = last_tokens
         embeds = self.target.model.embed_tokens(block_ids)
-        windows = self.draft.spec.windows
-        contexts = [None] * len(windows)
-        for window in dict.fromkeys(windows):
-            layers = [i for i, w in enumerate(windows) if w == window]
-            width = max_start if window is None else window - 1
-            slots, valid, visible = self._context_slots(rows, starts, positions, window, width)
-            # [layers, 2, N, C, kv_heads, head_dim] in one gather when every layer shares the window
-            kv = self.draft_kv[:, :, slots] if len(layers) == len(windows) else torch.stack([self.draft_kv[i][:, slots] for i in layers])
-            kv = torch.where(valid[:, :, None, None], kv, 0)  # never let a sink row (slot 0) into the block, even masked
-            for j, layer in enumerate(layers):
-                contexts[layer] = (kv[j, 0], kv[j, 1], visible)
+        contexts = [PagedContext(self.draft_kv[i, 0], self.draft_kv[i, 1], self.req_to_token, self.mapping, rows, starts,
+                                 window, max_start if window is None else window - 1)
+                    for i, window in enumerate(self.draft.spec.windows)]
         hidden = self.draft.block_hidden(embeds, positions, contexts)
         return self.target.logits(hidden[:, 1:]).argmax(dim=-1)
-
-    def _context_slots(self, rows, starts, positions, window, width: int):
-        """Draft slots of the `width` context positions the block may see (width >= every request's
-        L - first), and which each query sees: all positions before L (full attention), or those within
-        `window` of the query (HF sliding semantics: query t sees p when t - p < window). Unmapped
-        positions are never read."""
-        first = starts - window + 1 if window is not None else torch.zeros_like(starts)
-        first = first.clamp(min=0)
-        pos = first[:, None] + torch.arange(width, device=rows.device)  # [N, C]
-        valid = pos < starts[:, None]
-        safe = torch.where(valid, pos, torch.zeros_like(pos))
-        slots = self.mapping[self.req_to_token[rows[:, None], safe].long()].long()
-        valid &= slots > 0
-        visible = valid[:, None, :].expand(-1, positions.shape[1], -1)
-        if window is not None:
-            visible = visible & (positions[:, :, None] - pos[:, None, :] < window)
-        return torch.where(valid, slots, torch.zeros_like(slots)), valid, visible

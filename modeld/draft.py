@@ -15,7 +15,7 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from modeld.kernels.draft_attention import draft_attention_torch
+from modeld.kernels.draft_attention import draft_attention
 from modeld.kernels.fused import rotate_half
 from modeld.loader import safetensors_state
 from modeld.model import MLP, RMSNorm
@@ -76,7 +76,7 @@ class DraftAttention(nn.Module):
         q = self.q_norm(self.q_proj(h).unflatten(-1, (self.heads, self.head_dim)))
         q = q * cos.unsqueeze(-2) + rotate_half(q) * sin.unsqueeze(-2)
         k_blk, v_blk = self.kv(h, cos, sin)
-        out = draft_attention_torch(q, k_blk, v_blk, ctx_k, ctx_v, ctx_visible, causal, self.head_dim**-0.5)
+        out = draft_attention(q, k_blk, v_blk, ctx_k, ctx_v, ctx_visible, causal, self.head_dim**-0.5)
         return self.o_proj(out.flatten(-2))
 
 

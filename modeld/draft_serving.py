@@ -6,8 +6,9 @@ training differentiates through) computed with fused weights and kernels, as the
 - cos / sin gathered from a table filled once, not recomputed per call;
 - the context K/V of all layers from one projection (k_proj|v_proj of every layer stacked), one norm launch
   and one rotary launch for all layers;
-- the block's attention over its context and itself in one Triton launch per layer (modeld.kernels.draft_attention:
-  no concatenation, head repeat, mask or cuDNN plan; the torch reference on the CPU).
+- the block's attention over its context, read straight from the draft pool, and over itself in one Triton launch
+  per layer (modeld.kernels.draft_attention: no gathered context, concatenation, head repeat, mask or cuDNN plan;
+  on the CPU a gather and the torch path).
 
 The numerics are the reference's: RMSNorm statistics in fp32, every product and sum rounded to the activation
 dtype where the reference's torch expressions round (a norm with unit weight followed by the bf16 product
@@ -20,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from modeld.draft import DFlashDraft
-from modeld.kernels.draft_attention import draft_attention
+from modeld.kernels.draft_attention import PagedContext, draft_attention
 from modeld.kernels.fused import rms_norm, rotary, rotary_one, silu_mul
 from modeld.model import hf_rope_table
 
@@ -87,24 +88,28 @@ class ServingDraft:
 
     @torch.inference_mode()
     def block_hidden(self, embeds: torch.Tensor, positions: torch.Tensor, contexts) -> torch.Tensor:
-        """embeds [N, B, hidden], positions [N, B]; contexts: per layer (ctx_k, ctx_v, ctx_visible [N, B, C]).
-        Returns the final hidden states [N, B, hidden]."""
+        """embeds [N, B, hidden], positions [N, B]; contexts: per layer a PagedContext (serving: the context read from
+        the draft pool) or, as the module takes it, (ctx_k, ctx_v, ctx_visible [N, B, C]). Returns the final hidden
+        states [N, B, hidden]."""
         n, b, hidden = embeds.shape
         cos, sin = self.rope(positions)
         x, residual = embeds.reshape(n * b, hidden), None
-        for layer, (ctx_k, ctx_v, visible) in zip(self.layers, contexts):
+        for layer, context in zip(self.layers, contexts):
             h, residual = rms_norm(x, layer.input_norm, self.eps, residual)
-            h = self._attention(layer, h, n, b, cos, sin, ctx_k, ctx_v, visible)
+            h = self._attention(layer, h, n, b, cos, sin, context)
             h, residual = rms_norm(h, layer.post_norm, self.eps, residual)
             x = F.linear(silu_mul(F.linear(h, *layer.gate_up)), *layer.down)
         return rms_norm(x, self.norm, self.eps, residual)[0].view(n, b, hidden)
 
-    def _attention(self, layer: _Layer, h, n: int, b: int, cos, sin, ctx_k, ctx_v, ctx_visible) -> torch.Tensor:
+    def _attention(self, layer: _Layer, h, n: int, b: int, cos, sin, context) -> torch.Tensor:
         hd = self.head_dim
         q, k, v = F.linear(h, *layer.qkv).split(layer.split, dim=-1)
         q = rms_norm(q.reshape(-1, hd), layer.q_norm, self.eps)[0].view(n * b, self.heads, hd)
         k = rms_norm(k.reshape(-1, hd), layer.k_norm, self.eps)[0].view(n * b, self.kv_heads, hd)
         q, k = rotary(q, k, cos, sin)
-        out = draft_attention(q.view(n, b, self.heads, hd), k.view(n, b, self.kv_heads, hd),
-                              v.view(n, b, self.kv_heads, hd), ctx_k, ctx_v, ctx_visible, self.spec.causal, hd**-0.5)
+        q, k, v = q.view(n, b, self.heads, hd), k.view(n, b, self.kv_heads, hd), v.view(n, b, self.kv_heads, hd)
+        if isinstance(context, PagedContext):
+            out = context.attend(q, k, v, self.spec.causal, hd**-0.5)
+        else:
+            out = draft_attention(q, k, v, *context, self.spec.causal, hd**-0.5)
         return F.linear(out.reshape(n * b, self.heads * hd), layer.o)

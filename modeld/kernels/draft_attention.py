@@ -4,8 +4,12 @@ those at or before the query when the draft is causal). The block's K/V never en
 
 One launch per layer replaces what the torch path runs: the concatenation of context and block K/V, the repeat of
 K/V heads over each query group, the boolean mask, and scaled-dot-product attention (a CUDA graph's host launch
-time grows with its kernels; cuDNN's attention also built a plan per new shape).
+time grows with its kernels; cuDNN's attention also built a plan per new shape). The paged form reads the context
+straight from the draft pool (position -> target slot -> draft slot, as modeld.kernels.attention does with a
+mapping), so serving gathers nothing: no context slots, visibility mask or K/V copy per step.
 """
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -25,9 +29,29 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
 
 
-def draft_attention_torch(q, k, v, ctx_k, ctx_v, ctx_visible, causal: bool, scale: float):
-    """Reference for `draft_attention`, and the draft module's own attention (differentiable): the mask
-    [N, 1, B, C + B], the context and block K/V concatenated with their heads repeated per group, masked_attention."""
+def context_slots(req_to_token, mapping, rows, starts, window: int | None, width: int, block: int):
+    """The draft slots of the `width` context positions a block at positions starts .. starts + block - 1 may see
+    (width >= every request's L - first), whether each is there, and which each query sees: all positions before L
+    (full attention), or those within `window` of the query (HF sliding semantics: query t sees p when t - p <
+    window). Unmapped positions (draft slot 0) are never seen. Returns slots [N, C] (0 where not there), valid
+    [N, C], visible [N, block, C]."""
+    first = starts - window + 1 if window is not None else torch.zeros_like(starts)
+    pos = first.clamp(min=0)[:, None] + torch.arange(width, device=rows.device)  # [N, C]
+    valid = pos < starts[:, None]
+    safe = torch.where(valid, pos, torch.zeros_like(pos))
+    slots = mapping[req_to_token[rows[:, None], safe].long()].long()
+    valid &= slots > 0
+    visible = valid[:, None, :].expand(-1, block, -1)
+    if window is not None:
+        queries = starts[:, None] + torch.arange(block, device=rows.device)
+        visible = visible & (queries[:, :, None] - pos[:, None, :] < window)
+    return torch.where(valid, slots, torch.zeros_like(slots)), valid, visible
+
+
+def draft_attention(q, k, v, ctx_k, ctx_v, ctx_visible, causal: bool, scale: float):
+    """Attention of a draft block over a gathered context (the draft module's, differentiable; the torch path):
+    q [N, B, heads, D] over ctx_k, ctx_v [N, C, kv_heads, D] where ctx_visible [N, B, C], and over the block's own
+    k, v [N, B, kv_heads, D] (every key, or keys at or before the query when causal). Returns [N, B, heads, D]."""
     n, b, heads, _ = q.shape
     groups = heads // k.shape[2]
     block = torch.ones(b, b, dtype=torch.bool, device=q.device)
@@ -54,23 +78,29 @@ def _attend(q_tile, k_tile, v_tile, visible, m_i, l_i, acc, scale, DOT_PRECISION
 
 
 @triton.jit
-def _draft_attention_kernel(
-    q, k, v, ctx_k, ctx_v, visible, out, block, context, head_dim, scale,
-    q_n, q_tok, q_head, k_n, k_tok, k_head, v_n, v_tok, v_head,
-    ck_n, ck_pos, ck_head, cv_n, cv_pos, cv_head, vis_n, vis_q, o_n, o_tok, o_head,
-    GROUP: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+def _draft_attention_paged_kernel(
+    q, k, v, pool_k, pool_v, req_to_token, mapping, rows, starts, out, block, window, head_dim, scale,
+    q_n, q_tok, q_head, k_n, k_tok, k_head, v_n, v_tok, v_head, pk_tok, pk_head, pv_tok, pv_head, r2t_row,
+    o_n, o_tok, o_head,
+    GROUP: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     """Program (request n, kv head): the tile's rows are (query i, head g of the kv head's group) pairs, row =
-    i * GROUP + g, so each K/V tile is loaded once per group. Online softmax over the context in BLOCK_N tiles,
-    then over the block's own keys. Context K/V rows a query does not see are never read into its sum (their
-    values load as 0 where no query of the tile sees them)."""
+    i * GROUP + g, so each K/V tile is loaded once per group. Online softmax over the context positions
+    [first, L) in BLOCK_N tiles (first = L - window + 1, at least 0, or 0 without a window), each read at draft slot
+    mapping[req_to_token[row, p]] (0: not there, never read), then over the block's own keys."""
     n = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
+    req_row = tl.load(rows + n).to(tl.int64)
+    start = tl.load(starts + n)
+    first = 0
+    if HAS_WINDOW:
+        first = tl.maximum(start - window + 1, 0)
     tile_row = tl.arange(0, BLOCK_M)
     query = tile_row // GROUP
     head = kv_head * GROUP + tile_row % GROUP
     row_ok = query < block
+    query_pos = start + query
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
     q_tile = tl.load(q + n * q_n + query[:, None] * q_tok + head[:, None] * q_head + dims[None, :],
@@ -79,16 +109,19 @@ def _draft_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(0, context, BLOCK_N):
-        pos = start + tl.arange(0, BLOCK_N)
-        pos_ok = pos < context
-        seen = tl.load(visible + n * vis_n + query[:, None] * vis_q + pos[None, :],
-                       mask=row_ok[:, None] & pos_ok[None, :], other=0) != 0
-        any_seen = tl.max(seen.to(tl.int32), 0) > 0  # [BLOCK_N]: a row some query of the tile sees
-        k_tile = tl.load(ctx_k + n * ck_n + pos[None, :] * ck_pos + kv_head * ck_head + dims[:, None],
-                         mask=any_seen[None, :] & dim_ok[:, None], other=0.0)
-        v_tile = tl.load(ctx_v + n * cv_n + pos[:, None] * cv_pos + kv_head * cv_head + dims[None, :],
-                         mask=any_seen[:, None] & dim_ok[None, :], other=0.0)
+    for tile_start in range(first, start, BLOCK_N):
+        pos = tile_start + tl.arange(0, BLOCK_N)
+        pos_ok = pos < start
+        slot = tl.load(req_to_token + req_row * r2t_row + pos, mask=pos_ok, other=0).to(tl.int64)
+        slot = tl.load(mapping + slot, mask=pos_ok, other=0).to(tl.int64)
+        there = pos_ok & (slot > 0)
+        seen = row_ok[:, None] & there[None, :]
+        if HAS_WINDOW:
+            seen = seen & (query_pos[:, None] - pos[None, :] < window)
+        k_tile = tl.load(pool_k + slot[None, :] * pk_tok + kv_head * pk_head + dims[:, None],
+                         mask=there[None, :] & dim_ok[:, None], other=0.0)
+        v_tile = tl.load(pool_v + slot[:, None] * pv_tok + kv_head * pv_head + dims[None, :],
+                         mask=there[:, None] & dim_ok[None, :], other=0.0)
         m_i, l_i, acc = _attend(q_tile, k_tile, v_tile, seen, m_i, l_i, acc, scale, DOT_PRECISION)
 
     keys = tl.arange(0, BLOCK_B)
@@ -107,32 +140,54 @@ def _draft_attention_kernel(
     tl.store(o_ptrs, (acc / l_i[:, None]).to(out.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
-def draft_attention_triton(q, k, v, ctx_k, ctx_v, ctx_visible, causal: bool, scale: float, block_n: int = 64):
-    """Triton version of `draft_attention`."""
-    for t in (q, k, v, ctx_k, ctx_v, ctx_visible):
+@dataclass(frozen=True)
+class PagedContext:
+    """A draft layer's context as it lies in the draft pool: request n's block (L = starts[n]) sees positions
+    before L, within `window` of each query when the layer slides. `width` (window - 1, or at least the largest L
+    without a window) sizes the torch path's gather; the Triton kernel reads each request's own range."""
+
+    pool_k: torch.Tensor  # [draft rows, kv_heads, D]: the layer's K (any strides, unit last)
+    pool_v: torch.Tensor
+    req_to_token: torch.Tensor  # [requests + 1, context_len] int32: position -> target slot
+    mapping: torch.Tensor  # [target rows] int32: target slot -> draft slot (0: none)
+    rows: torch.Tensor  # [N] rows of req_to_token
+    starts: torch.Tensor  # [N] L
+    window: int | None
+    width: int
+
+    def gathered(self, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ctx_k, ctx_v, visible) for `draft_attention`: the context copied out of the pool, rows not there zeroed."""
+        slots, valid, visible = context_slots(self.req_to_token, self.mapping, self.rows, self.starts, self.window,
+                                              self.width, block)
+        ctx_k, ctx_v = (torch.where(valid[:, :, None, None], pool[slots], 0) for pool in (self.pool_k, self.pool_v))
+        return ctx_k, ctx_v, visible
+
+    def attend(self, q, k, v, causal: bool, scale: float) -> torch.Tensor:
+        """`draft_attention` of the block (q [N, B, heads, D], its own k, v [N, B, kv_heads, D]) over this context:
+        the Triton kernel on CUDA tensors, the gather and the torch path otherwise."""
+        if q.is_cuda:
+            return draft_attention_paged_triton(q, k, v, self, causal, scale)
+        return draft_attention(q, k, v, *self.gathered(q.shape[1]), causal, scale)
+
+
+def draft_attention_paged_triton(q, k, v, ctx: PagedContext, causal: bool, scale: float, block_n: int = 64):
+    """Triton version of `PagedContext.attend`."""
+    for t in (q, k, v, ctx.pool_k, ctx.pool_v):
         if t.stride(-1) != 1:
             raise ValueError(f"the last dimension must be contiguous, got strides {t.stride()}")
     n, b, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    visible = ctx_visible.view(torch.uint8) if ctx_visible.dtype == torch.bool else ctx_visible
-    block_b = max(16, triton.next_power_of_2(b))
-    _draft_attention_kernel[(n, kv_heads)](
-        q, k, v, ctx_k, ctx_v, visible, out, b, ctx_k.shape[1], head_dim, scale,
+    _draft_attention_paged_kernel[(n, kv_heads)](
+        q, k, v, ctx.pool_k, ctx.pool_v, ctx.req_to_token, ctx.mapping, ctx.rows, ctx.starts, out,
+        b, ctx.window or 0, head_dim, scale,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        ctx_k.stride(0), ctx_k.stride(1), ctx_k.stride(2), ctx_v.stride(0), ctx_v.stride(1), ctx_v.stride(2),
-        visible.stride(0), visible.stride(1), out.stride(0), out.stride(1), out.stride(2),
-        GROUP=group, CAUSAL=causal, DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,  # no tf32 for fp32
+        ctx.pool_k.stride(0), ctx.pool_k.stride(1), ctx.pool_v.stride(0), ctx.pool_v.stride(1), ctx.req_to_token.stride(0),
+        out.stride(0), out.stride(1), out.stride(2),
+        GROUP=group, CAUSAL=causal, HAS_WINDOW=ctx.window is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,  # no tf32 for fp32
         BLOCK_M=max(16, triton.next_power_of_2(b * group)), BLOCK_N=block_n,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_B=block_b,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_B=max(16, triton.next_power_of_2(b)),
     )
     return out
-
-
-def draft_attention(q, k, v, ctx_k, ctx_v, ctx_visible, causal: bool, scale: float):
-    """Attention of a draft block: q [N, B, heads, D] over the context ctx_k, ctx_v [N, C, kv_heads, D] where
-    ctx_visible [N, B, C] (bool) and over the block's own k, v [N, B, kv_heads, D] (every key, or keys at or before
-    the query when causal). Returns [N, B, heads, D] in q's dtype. Triton on CUDA tensors, torch otherwise."""
-    fn = draft_attention_triton if q.is_cuda else draft_attention_torch
-    return fn(q, k, v, ctx_k, ctx_v, ctx_visible, causal, scale)
