@@ -36,19 +36,19 @@ def _rotary_store_kernel(
         else:
             src = k + token * k_tok + (head - q_heads) * k_head
         out1, out2 = rotated_halves(src, cos + token * cos_tok, sin + token * sin_tok, d, half)
-        if head < q_heads:
-            dst = q_out + (token * q_heads + head) * (2 * half)
-            tl.store(dst + d, out1, mask=in_half)
-            tl.store(dst + half + d, out2, mask=in_half)
+        if head < q_heads:  # (each branch names its own pointer: q_out and the caches may differ in dtype)
+            q_dst = q_out + (token * q_heads + head) * (2 * half)
+            tl.store(q_dst + d, out1, mask=in_half)
+            tl.store(q_dst + half + d, out2, mask=in_half)
         else:
-            dst = k_cache + slot * kc_tok + (head - q_heads) * kc_head
-            tl.store(dst + d * kc_dim, out1, mask=in_half)
-            tl.store(dst + (half + d) * kc_dim, out2, mask=in_half)
+            k_dst = k_cache + slot * kc_tok + (head - q_heads) * kc_head
+            tl.store(k_dst + d * kc_dim, out1, mask=in_half)
+            tl.store(k_dst + (half + d) * kc_dim, out2, mask=in_half)
     else:
-        src = v + token * v_tok + (head - q_heads - kv_heads) * v_head
-        dst = v_cache + slot * vc_tok + (head - q_heads - kv_heads) * vc_head
-        tl.store(dst + d * vc_dim, tl.load(src + d, mask=in_half), mask=in_half)
-        tl.store(dst + (half + d) * vc_dim, tl.load(src + half + d, mask=in_half), mask=in_half)
+        v_src = v + token * v_tok + (head - q_heads - kv_heads) * v_head
+        v_dst = v_cache + slot * vc_tok + (head - q_heads - kv_heads) * vc_head
+        tl.store(v_dst + d * vc_dim, tl.load(v_src + d, mask=in_half), mask=in_half)
+        tl.store(v_dst + (half + d) * vc_dim, tl.load(v_src + half + d, mask=in_half), mask=in_half)
 
 
 def rotary_store_torch(q, k, v, cos, sin, k_cache, v_cache, slots):
