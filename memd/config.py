@@ -66,10 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when a GPU is visible")
     p.add_argument("--device-id", type=int, default=0)
     p.add_argument("--target-model", help="Hugging Face folder (default: the project's SmolLM2-135M-Instruct)")
-    p.add_argument("--draft-model", help="DFLASH draft folder, or 'default' for the project's draft (default: none, "
-                                          "no draft pool)")
-    p.add_argument("--draft-kv-ratio", type=float, default=1.0, help="draft KV pool as a fraction of the target's tokens")
-    p.add_argument("--draft-window", type=int, help="draft KV window in tokens (required below ratio 1)")
+    p.add_argument("--draft-model", help="DFLASH draft folder, 'default' for the project's draft, or 'none' (default: "
+                                          "the project's draft on CUDA with the default target, else none: no draft pool)")
+    p.add_argument("--draft-kv-ratio", type=float,
+                   help="draft KV pool as a fraction of the target's tokens (default: 0.25 for the draft chosen by "
+                        "default, else 1)")
+    p.add_argument("--draft-window", type=int,
+                   help="draft KV window in tokens (required below ratio 1; default: the draft's own for the draft "
+                        "chosen by default)")
     p.add_argument("--num-draft-tokens", type=int, help="draft block size (default: the draft's block_size)")
     p.add_argument("--draft-eviction-interval", type=int, default=8, help="steps between out-of-window draft frees")
     p.add_argument("--decode-lookahead", type=int, default=32,
@@ -131,18 +135,23 @@ def config_from_args(argv: list[str] | None = None) -> MemdConfig:
     listen = args.listen or defaults.default_memd_address()
     if args.allow_group is not None and unix_path(listen) is None:
         raise ValueError(f"--allow-group applies to a Unix socket, not to {listen!r}: TCP has no peer check")
-    # No draft pool unless asked for: a pool no client writes costs memory, and at ratio 1 it keeps a plain
-    # client's prefixes out of the cache (their draft slots would hold no draft KV).
-    draft = args.draft_model or "none"
+    # No draft pool unless asked for (a pool no client writes costs memory, and at ratio 1 it keeps a plain
+    # client's prefixes out of the cache: their draft slots would hold no draft KV), or unless DFLASH is the
+    # default (CUDA, the default target): the shipped draft's bounded pool, which modeld's default uses.
+    device = resolve_device(args.device)
+    by_default = args.draft_model is None and defaults.dflash_by_default(device, args.target_model)
+    draft = "default" if by_default else args.draft_model or "none"
     if draft.lower() == "default":
         draft = str(defaults.default_draft_dir())
+    ratio = args.draft_kv_ratio if args.draft_kv_ratio is not None else defaults.DEFAULT_DRAFT_KV_RATIO if by_default else 1.0
+    window = args.draft_window if args.draft_window is not None or not by_default else defaults.default_draft_window()
     return MemdConfig(
-        device=resolve_device(args.device),
+        device=device,
         device_id=args.device_id,
         target_model=args.target_model or str(defaults.default_target_dir()),
         draft_model=None if draft.lower() == "none" else draft,
-        draft_kv_ratio=args.draft_kv_ratio,
-        draft_window=args.draft_window,
+        draft_kv_ratio=ratio,
+        draft_window=window,
         num_draft_tokens=args.num_draft_tokens,
         draft_eviction_interval=args.draft_eviction_interval,
         decode_lookahead=args.decode_lookahead,

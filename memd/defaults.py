@@ -4,6 +4,7 @@ The target (SmolLM2-135M-Instruct) is converted once into a cache folder by
 `python -m modeld.fetch_default`; the draft's folder ships inside the modeld package.
 """
 
+import json
 import os
 import pathlib
 
@@ -23,6 +24,22 @@ def default_target_dir() -> pathlib.Path:
 
 def default_draft_dir() -> pathlib.Path:
     return pathlib.Path(__file__).resolve().parent.parent / "modeld" / "default_draft"
+
+
+# DFLASH is the default on CUDA for the default target: with the shipped draft it beat plain decoding at batch 1,
+# 16 and 64 on the H200 (BENCHMARKS.md, seventh engine run). memd then keeps a draft pool of this fraction of the
+# target's tokens, with the draft's own window.
+DEFAULT_DRAFT_KV_RATIO = 0.25
+
+
+def default_draft_window() -> int:
+    """The shipped draft's sliding window (every layer of it slides)."""
+    return int(json.loads((default_draft_dir() / "config.json").read_text())["sliding_window"])
+
+
+def dflash_by_default(device: str, target_model: str | None) -> bool:
+    """Whether a daemon given no draft settings runs DFLASH with the shipped draft: on CUDA, for the default target."""
+    return device == "cuda" and target_model is None
 
 
 def runtime_dir() -> pathlib.Path:

@@ -57,9 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memd", help="memd's address (default: its owner-only Unix socket)")
     p.add_argument("--listen", help="unix:///path or 127.0.0.1:PORT (default: an owner-only Unix socket)")
     p.add_argument("--target-model", help="HF folder or .gguf file (default: the project's SmolLM2-135M-Instruct)")
-    p.add_argument("--draft-model", help="DFLASH draft folder")
+    p.add_argument("--draft-model", help="DFLASH draft folder, or 'default' for the project's draft (default: the "
+                                          "project's draft on CUDA with the default target, else none)")
     p.add_argument("--speculative-algorithm", choices=["none", "dflash"],
-                   help="default: dflash when --draft-model is given, else none")
+                   help="default: dflash when there is a draft (given or by default), else none")
     p.add_argument("--num-draft-tokens", type=int, help="DFLASH block size (default: the draft's block_size)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
@@ -87,13 +88,19 @@ def config_from_args(argv=None) -> ModeldConfig:
         if address is not None:
             check_address(flag, address, listening)
     device = resolve_device(args.device)
+    draft = args.draft_model
+    if draft is None and args.speculative_algorithm != "none" and args.load_format == "auto" \
+            and defaults.dflash_by_default(device, args.target_model):
+        draft = "default"  # DFLASH by default (memd.defaults: it beat plain decoding on the H200); memd's default matches
+    if draft is not None and draft.lower() == "default":
+        draft = str(defaults.default_draft_dir())
     return ModeldConfig(
         device=device,
         memd=args.memd or defaults.default_memd_address(),
         listen=args.listen or defaults.default_modeld_address(),
         target_model=args.target_model or str(defaults.default_target_dir()),
-        draft_model=args.draft_model,
-        speculative_algorithm=args.speculative_algorithm or ("dflash" if args.draft_model else "none"),
+        draft_model=draft,
+        speculative_algorithm=args.speculative_algorithm or ("dflash" if draft else "none"),
         num_draft_tokens=args.num_draft_tokens,
         load_format=args.load_format,
         dtype=args.dtype,

@@ -53,7 +53,7 @@ def check_layout(layout, hf_config, dtype: str) -> None:
 def check_draft_pool(layout, draft) -> None:
     """memd's draft pool must hold this draft's KV, for its window and block."""
     if not layout.has_draft:
-        raise StartupError("memd has no draft pool: start memd with --draft-model")
+        raise StartupError("memd has no draft pool: start memd with --draft-model (or modeld with --speculative-algorithm none)")
     d, g = layout.draft, draft.config
     if (d.layers, d.kv_heads, d.head_dim) != (g.num_hidden_layers, g.num_key_value_heads, g.head_dim):
         raise StartupError(f"memd's draft pool is (layers, kv_heads, head_dim) = {(d.layers, d.kv_heads, d.head_dim)}, "

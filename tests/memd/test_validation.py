@@ -410,6 +410,23 @@ def test_no_draft_pool_by_default_and_the_projects_draft_by_name(argv):
     assert config_from_args(argv + ["--draft-model", "default"]).draft_model == str(defaults.default_draft_dir())
 
 
+def test_dflash_is_the_default_on_cuda_for_the_default_target(monkeypatch):
+    """On CUDA with the default target and no draft flags: the shipped draft's bounded pool (ratio 0.25, the draft's
+    own window, 256); any draft flag, another target or the CPU keep the old defaults."""
+    from memd import defaults
+
+    monkeypatch.delenv("MEMD_STRICT", raising=False)
+    cuda = ["--device", "cuda", "--listen", "127.0.0.1:5555"]
+    cfg = config_from_args(cuda)
+    assert (cfg.draft_model, cfg.draft_kv_ratio, cfg.draft_window) == (str(defaults.default_draft_dir()), 0.25, 256)
+    assert config_from_args(cuda + ["--draft-model", "none"]).draft_model is None
+    assert config_from_args(cuda + ["--draft-kv-ratio", "0.5"]).draft_kv_ratio == 0.5
+    explicit = config_from_args(cuda + ["--draft-model", "default"])
+    assert (explicit.draft_kv_ratio, explicit.draft_window) == (1.0, None)  # asked for by name: the old default ratio
+    assert config_from_args(cuda + ["--target-model", "/models/other"]).draft_model is None
+    assert config_from_args(["--device", "cpu", "--listen", "127.0.0.1:5555"]).draft_model is None
+
+
 def test_args_reach_the_config(argv):
     cfg = config_from_args(
         argv + ["--draft-kv-ratio", "0.25", "--draft-window", "64", "--num-draft-tokens", "16", "--page-size", "16"]

@@ -1,0 +1,40 @@
+"""modeld's command line: DFLASH with the shipped draft is the default on CUDA for the default target (it beat plain
+decoding on the H200: BENCHMARKS.md), and every flag that says otherwise keeps plain decoding."""
+
+import pytest
+
+from memd import defaults
+from modeld.config import config_from_args
+
+ADDRESSES = ["--memd", "127.0.0.1:5555", "--listen", "127.0.0.1:5556"]
+DRAFT = str(defaults.default_draft_dir())
+
+
+def resolved(*flags: str) -> tuple[str | None, str]:
+    cfg = config_from_args([*ADDRESSES, *flags])
+    return cfg.draft_model, cfg.speculative_algorithm
+
+
+def test_cuda_with_the_default_target_runs_the_shipped_draft():
+    assert resolved("--device", "cuda") == (DRAFT, "dflash")
+    assert resolved("--device", "cuda", "--speculative-algorithm", "dflash") == (DRAFT, "dflash")
+
+
+@pytest.mark.parametrize("flags", [
+    ["--device", "cpu"],
+    ["--device", "cuda", "--speculative-algorithm", "none"],
+    ["--device", "cuda", "--target-model", "/models/other"],
+    ["--device", "cuda", "--load-format", "dummy"],
+], ids=["cpu", "turned-off", "another-target", "dummy-weights"])
+def test_plain_decoding_otherwise(flags):
+    assert resolved(*flags) == (None, "none")
+
+
+def test_a_draft_by_name_or_path():
+    assert resolved("--device", "cpu", "--draft-model", "default") == (DRAFT, "dflash")
+    assert resolved("--device", "cuda", "--draft-model", "/drafts/mine") == ("/drafts/mine", "dflash")
+
+
+def test_dflash_without_a_draft_off_cuda_is_refused():
+    with pytest.raises(ValueError, match="needs --draft-model"):
+        config_from_args([*ADDRESSES, "--device", "cpu", "--speculative-algorithm", "dflash"])
