@@ -153,4 +153,5 @@ class DflashWorker:
                                  window, max_start if window is None else window - 1)
                     for i, window in enumerate(self.draft.spec.windows)]
         hidden = self.draft.block_hidden(embeds, positions, contexts)
-        return self.target.logits(hidden[:, 1:]).argmax(dim=-1)
+        # the argmax of the LM head's own logits is that of their fp32 values (exact): no fp32 copy of [N, B-1, vocab]
+        return self.target.lm_head(hidden[:, 1:]).argmax(dim=-1)
