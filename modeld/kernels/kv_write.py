@@ -3,8 +3,9 @@
 Caches are `k_cache, v_cache: [rows, kv_heads, head_dim]`, views of memd's `[layers, 2, rows, kv_heads, head_dim]`
 buffer: every kernel addresses them through their strides. Slot 0 is the padding sink and is never written on
 purpose; a slot < 0 (target padding) or a translated draft slot <= 0 ("no draft slot") means "skip this row".
-Each function comes as a plain-torch reference (`*_torch`, also the CPU serving path), a Triton launcher
-(`*_triton`) and a dispatcher that picks Triton for CUDA tensors. k/v are cast to the cache dtype on store.
+The translated and prefix-valid writes come as a plain-torch reference (`*_torch`, also the CPU serving path), a
+Triton launcher (`*_triton`) and a dispatcher that picks Triton for CUDA tensors; the plain write is torch only (on
+CUDA the target writes its K/V in its rotary launch, modeld.kernels.rotary_store). k/v are cast to the cache dtype.
 """
 
 import torch
@@ -63,29 +64,18 @@ def _launch_store(k_cache, v_cache, slots, k, v, mapping=None, commit_lens=None,
     )
 
 
-# --- 1. store_kv: k_cache[slots[i]] = k[i] -------------------------------------------------------------------------
+# --- 1. store_kv_torch: k_cache[slots[i]] = k[i] (the references' write; the target's own is kernels.rotary_store) ---
 
 
 def store_kv_torch(k_cache, v_cache, slots, k, v):
-    """Reference for `store_kv`."""
+    """Write k[i], v[i] into row slots[i] of k_cache, v_cache (cast to the cache dtype); rows with slots[i] < 0 are
+    skipped. k_cache, v_cache: [rows, kv_heads, head_dim]; slots: int [N], distinct where >= 0; k, v: [N, kv_heads,
+    head_dim]. In place; the CPU's write and the torch references' (on CUDA the target writes K/V in its rotary
+    launch, modeld.kernels.rotary_store)."""
     keep = slots >= 0
     rows = slots[keep].long()
     k_cache[rows] = k[keep].to(k_cache.dtype)
     v_cache[rows] = v[keep].to(v_cache.dtype)
-
-
-def store_kv_triton(k_cache, v_cache, slots, k, v):
-    """Triton version of `store_kv`."""
-    _launch_store(k_cache, v_cache, slots, k, v)
-
-
-def store_kv(k_cache, v_cache, slots, k, v):
-    """Write k[i], v[i] into row slots[i] of k_cache, v_cache; rows with slots[i] < 0 are skipped.
-
-    k_cache, v_cache: [rows, kv_heads, head_dim] (any strides); slots: int32/int64 [N], distinct where >= 0;
-    k, v: [N, kv_heads, head_dim] (any strides). In place; returns None.
-    """
-    (store_kv_triton if k_cache.is_cuda else store_kv_torch)(k_cache, v_cache, slots, k, v)
 
 
 # --- 2. store_kv_translated: into the draft cache, at mapping[target slot] ----------------------------------------

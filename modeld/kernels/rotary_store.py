@@ -1,8 +1,8 @@
 """Rotary embedding of a layer's new q and k, and the K/V write of the rotated k and v into the paged pool, in one
-launch: what modeld.kernels.fused.rotary followed by modeld.kernels.kv_write.store_kv compute, bit for bit, with one
-kernel fewer per layer (a decode graph's host launch time grows with its kernels) and no rotated-k tensor.
+launch: what modeld.kernels.fused.rotary followed by the K/V write (kv_write.store_kv_torch) compute, bit for bit,
+with one kernel fewer per layer (a decode graph's host launch time grows with its kernels) and no rotated-k tensor.
 
-Slots follow store_kv: a slot < 0 (a padding row) writes nothing; q is rotated for every row.
+Slots follow kv_write: a slot < 0 (a padding row) writes nothing; q is rotated for every row.
 """
 
 import torch
@@ -52,7 +52,7 @@ def _rotary_store_kernel(
 
 
 def rotary_store_torch(q, k, v, cos, sin, k_cache, v_cache, slots):
-    """Reference for `rotary_store`: rotary, then store_kv of the rotated k and v."""
+    """Reference for `rotary_store`: rotary, then the K/V write of the rotated k and v."""
     q_out, k_out = rotary_torch(q, k, cos, sin)
     store_kv_torch(k_cache, v_cache, slots, k_out, v)
     return q_out

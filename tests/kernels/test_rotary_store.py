@@ -1,11 +1,11 @@
-"""rotary_store (one launch) against rotary then store_kv (two): the same rotated q and the same pool, bit for bit,
+"""rotary_store (one launch) against the rotary kernel then the K/V write: the same rotated q and the same pool, bit for bit,
 padding rows writing nothing; and against the torch reference, within rotary's rounding tolerance."""
 
 import pytest
 import torch
 
 from modeld.kernels.fused import rotary_triton
-from modeld.kernels.kv_write import store_kv_triton
+from modeld.kernels.kv_write import store_kv_torch
 from modeld.kernels.rotary_store import rotary_store, rotary_store_torch, rotary_store_triton
 
 SENTINEL = -7.0
@@ -42,11 +42,11 @@ def skip_interpreted_bf16(dtype, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_one_launch_equals_rotary_then_store_kv(shape, dtype, device):
+def test_one_launch_equals_rotary_then_the_kv_write(shape, dtype, device):
     q, k, v, cos, sin, pool, slots = inputs(*shape, dtype, device)
     two = pool.clone()
     q_two, k_two = rotary_triton(q, k, cos, sin)
-    store_kv_triton(two[1, 0], two[1, 1], slots, k_two, v)
+    store_kv_torch(two[1, 0], two[1, 1], slots, k_two, v)  # an exact copy of the rotated k and of v
 
     q_one = rotary_store_triton(q, k, v, cos, sin, pool[1, 0], pool[1, 1], slots)
 
