@@ -1,6 +1,7 @@
 """Decode speed of modeld's engine, side by side in one run: Hugging Face `generate`, modeld as it ran before graphs
 (eager, one memd call per step), modeld with CUDA graphs and decode slots granted ahead, and DFLASH; at batch 1 and
-at each --concurrency; with a per-step breakdown (forward, draft, sampling, memd, host) and MBU.
+at each --concurrency; with a per-step breakdown (forward, draft, sampling, memd, host) and MBU; and, for the graph
+configurations, requests that sample (temperature 0.8) at batch 1 and 16.
 
     python -m bench.engine_speed [--target DIR] [--load-format dummy] [--draft DIR|none] [--new-tokens 128]
         [--concurrency 16,64] [--page 16] [--ratio 0.25] [--skip-hf]
@@ -28,6 +29,7 @@ from modeld.request import Request
 from modeld.sampling import SamplingParams
 from modeld.server import build_engine
 
+SAMPLED_TEMPERATURE, SAMPLED_TOP_P = 0.8, 0.95  # the requests that sample (DFLASH's split path, not the greedy cycle)
 H200_BANDWIDTH = 4.8e12  # bytes/s, the datasheet's HBM3e figure (a device copy here measured about 4.3e12)
 CHAT = [
     "What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
@@ -72,20 +74,26 @@ def prompts_for(tokenizer, vocab: int, count: int) -> list[list[int]]:
                                           tokenize=True, return_dict=False) for i in range(count)]
 
 
-def submit_greedy(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: bool, tag: str) -> list[Request]:
-    """One greedy request per prompt, submitted to the engine."""
-    params = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=ignore_eos)
-    reqs = [Request(rid=f"{tag}-{i}", prompt_ids=list(p), params=params) for i, p in enumerate(prompts)]
+def submit_greedy(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: bool, tag: str,
+                  temperature: float = 0.0) -> list[Request]:
+    """One request per prompt, submitted to the engine: greedy, or sampled at `temperature` (top-p SAMPLED_TOP_P,
+    seeded per request, so every configuration samples the same way)."""
+    reqs = []
+    for i, p in enumerate(prompts):
+        params = SamplingParams(max_new_tokens=new_tokens, temperature=temperature, ignore_eos=ignore_eos,
+                                top_p=SAMPLED_TOP_P if temperature else 1.0, seed=i if temperature else None)
+        reqs.append(Request(rid=f"{tag}-{i}", prompt_ids=list(p), params=params))
     for r in reqs:
         assert engine.submit(r)
     return reqs
 
 
-def generate_all(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: bool, tag: str) -> tuple[int, float, int]:
+def generate_all(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: bool, tag: str,
+                 temperature: float = 0.0) -> tuple[int, float, int]:
     """Submits every prompt at once; (generated tokens, seconds, verify steps) when all completed. This thread makes
     each request's text from its streamed ids, as a gRPC handler does (modeld.service), beside the engine's thread."""
     begin = time.perf_counter()
-    reqs = submit_greedy(engine, prompts, new_tokens, ignore_eos, tag)
+    reqs = submit_greedy(engine, prompts, new_tokens, ignore_eos, tag, temperature)
     for r in reqs:
         text = TextStream(engine.output.tokenizer, [])
         while True:
@@ -193,6 +201,14 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
         for c in args.concurrency:
             n, s, _ = generate_all(engine, [prompts[i % len(prompts)] for i in range(c)], args.new_tokens, ignore_eos, f"c{c}")
             row[f"c{c}"] = n / s
+        if v.graphs:  # sampled requests at batch 1 and 16: DFLASH's split path against plain decoding
+            for c in (1, 16):
+                runs = [[p] for p in prompts[: args.batch1]] if c == 1 else [[prompts[i % len(prompts)] for i in range(c)]]
+                done = [generate_all(engine, batch, args.new_tokens, ignore_eos, f"t{c}-{k}", SAMPLED_TEMPERATURE)
+                        for k, batch in enumerate(runs)]
+                tokens, verifies = sum(d[0] for d in done), sum(d[2] for d in done)
+                row[f"sampled{c}"] = tokens / sum(d[1] for d in done)
+                row[f"sampled_accept{c}"] = tokens / verifies if verifies else None
         for c in (1, 16):  # batch 1: the throughput run's prompts one at a time (one short answer would weigh
             prof = Breakdown(engine)  # its admission against a handful of steps)
             runs = [[p] for p in prompts[: args.batch1]] if c == 1 else [[prompts[i % len(prompts)] for i in range(c)]]
@@ -259,6 +275,14 @@ def report(rows: list[dict], hf: float | None, args) -> str:
             lines.append(f"| {r['name']} | {c} | {b['step']:.2f} | {b['forward']:.2f} | {b['draft']:.2f} | "
                          f"{b['sampling']:.2f} | {b['memd']:.3f} | {b['host']:.2f} | {b['memd'] / b['step']:.1%} | "
                          f"{b['memd_calls_per_100_steps']:.1f} | {b['memd_idle']:.3f} | {mbu} |")
+    lines += ["", f"Sampled requests (temperature {SAMPLED_TEMPERATURE}, top-p {SAMPLED_TOP_P}, seeded), same run:", "",
+              "| config | accept length, batch 1 | batch 1 tok/s | x plain | accept length, 16 | 16 concurrent tok/s | x plain |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "sampled1" in r:
+            accepts = ["-" if r[f"sampled_accept{c}"] is None else f"{r[f'sampled_accept{c}']:.2f}" for c in (1, 16)]
+            lines.append(f"| {r['name']} | {accepts[0]} | {r['sampled1']:.1f} | {r['sampled1'] / plain['sampled1']:.2f} | "
+                         f"{accepts[1]} | {r['sampled16']:.1f} | {r['sampled16'] / plain['sampled16']:.2f} |")
     spec = next((r for r in rows if r["accept"]), None)
     if spec is not None:
         for c in (1, 16):
