@@ -74,7 +74,7 @@ def prompts_for(tokenizer, vocab: int, count: int) -> list[list[int]]:
                                           tokenize=True, return_dict=False) for i in range(count)]
 
 
-def submit_greedy(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: bool, tag: str,
+def submit_requests(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: bool, tag: str,
                   temperature: float = 0.0) -> list[Request]:
     """One request per prompt, submitted to the engine: greedy, or sampled at `temperature` (top-p SAMPLED_TOP_P,
     seeded per request, so every configuration samples the same way)."""
@@ -93,7 +93,7 @@ def generate_all(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: 
     """Submits every prompt at once; (generated tokens, seconds, verify steps) when all completed. This thread makes
     each request's text from its streamed ids, as a gRPC handler does (modeld.service), beside the engine's thread."""
     begin = time.perf_counter()
-    reqs = submit_greedy(engine, prompts, new_tokens, ignore_eos, tag, temperature)
+    reqs = submit_requests(engine, prompts, new_tokens, ignore_eos, tag, temperature)
     for r in reqs:
         text = TextStream(engine.output.tokenizer, [])
         while True:
@@ -182,6 +182,14 @@ def weight_bytes(model) -> int:
     return total - (0 if model.lm_head.weight is embed else embed.numel() * embed.element_size())
 
 
+def batches(concurrency: int, prompts: list[list[int]], batch1: int) -> list[list[list[int]]]:
+    """The request batches of a run at this concurrency: at 1, the first `batch1` prompts one at a time (one short
+    answer would weigh its admission against a handful of steps); else one batch of that many prompts."""
+    if concurrency == 1:
+        return [[p] for p in prompts[:batch1]]
+    return [[prompts[i % len(prompts)] for i in range(concurrency)]]
+
+
 def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
     cfg = ModeldConfig(device="cuda", memd=memd, target_model=args.target, load_format=args.load_format,
                        draft_model=args.draft if v.dflash else None, speculative_algorithm="dflash" if v.dflash else "none",
@@ -203,16 +211,14 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
             row[f"c{c}"] = n / s
         if v.graphs:  # sampled requests at batch 1 and 16: DFLASH's split path against plain decoding
             for c in (1, 16):
-                runs = [[p] for p in prompts[: args.batch1]] if c == 1 else [[prompts[i % len(prompts)] for i in range(c)]]
                 done = [generate_all(engine, batch, args.new_tokens, ignore_eos, f"t{c}-{k}", SAMPLED_TEMPERATURE)
-                        for k, batch in enumerate(runs)]
+                        for k, batch in enumerate(batches(c, prompts, args.batch1))]
                 tokens, verifies = sum(d[0] for d in done), sum(d[2] for d in done)
                 row[f"sampled{c}"] = tokens / sum(d[1] for d in done)
                 row[f"sampled_accept{c}"] = tokens / verifies if verifies else None
-        for c in (1, 16):  # batch 1: the throughput run's prompts one at a time (one short answer would weigh
-            prof = Breakdown(engine)  # its admission against a handful of steps)
-            runs = [[p] for p in prompts[: args.batch1]] if c == 1 else [[prompts[i % len(prompts)] for i in range(c)]]
-            for k, batch in enumerate(runs):
+        for c in (1, 16):
+            prof = Breakdown(engine)
+            for k, batch in enumerate(batches(c, prompts, args.batch1)):
                 generate_all(engine, batch, args.new_tokens, ignore_eos, f"prof{c}-{k}")
             row[f"breakdown{c}"] = prof.close()
         row["weight_bytes"] = weight_bytes(engine.runner.model)

@@ -18,7 +18,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.engine_speed import prompts_for, submit_greedy
+from bench.engine_speed import prompts_for, submit_requests
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
 from modeld.fetch_default import ensure_default_model
@@ -37,7 +37,7 @@ def memd_flags(args) -> list[str]:
 def run_in_this_thread(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> tuple[int, int, int, float]:
     """The engine's loop in the calling thread (the profiler sees host ops of the thread it runs in) until every
     request completed: (steps, tokens, verify steps, seconds)."""
-    reqs = submit_greedy(engine, prompts, new_tokens, True, tag)
+    reqs = submit_requests(engine, prompts, new_tokens, True, tag)
     steps, begin = 0, time.perf_counter()
     while any(r.finish is None for r in reqs):
         engine._drain_inbox()

@@ -140,9 +140,7 @@ def config_from_args(argv: list[str] | None = None) -> MemdConfig:
     # default (CUDA, the default target): the shipped draft's bounded pool, which modeld's default uses.
     device = resolve_device(args.device)
     by_default = args.draft_model is None and defaults.dflash_by_default(device, args.target_model)
-    draft = "default" if by_default else args.draft_model or "none"
-    if draft.lower() == "default":
-        draft = str(defaults.default_draft_dir())
+    draft = defaults.draft_folder("default" if by_default else args.draft_model or "none")
     ratio = args.draft_kv_ratio if args.draft_kv_ratio is not None else defaults.DEFAULT_DRAFT_KV_RATIO if by_default else 1.0
     window = args.draft_window if args.draft_window is not None or not by_default else defaults.default_draft_window()
     return MemdConfig(

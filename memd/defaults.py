@@ -26,6 +26,11 @@ def default_draft_dir() -> pathlib.Path:
     return pathlib.Path(__file__).resolve().parent.parent / "modeld" / "default_draft"
 
 
+def draft_folder(name: str) -> str:
+    """A --draft-model value as a folder: 'default' (any case) names the project's draft."""
+    return str(default_draft_dir()) if name.lower() == "default" else name
+
+
 # DFLASH is the default on CUDA for the default target: with the shipped draft it beat plain decoding at batch 1,
 # 16 and 64 on the H200 (BENCHMARKS.md, seventh engine run). memd then keeps a draft pool of this fraction of the
 # target's tokens, with the draft's own window.

@@ -92,8 +92,7 @@ def config_from_args(argv=None) -> ModeldConfig:
     if draft is None and args.speculative_algorithm != "none" and args.load_format == "auto" \
             and defaults.dflash_by_default(device, args.target_model):
         draft = "default"  # DFLASH by default (memd.defaults: it beat plain decoding on the H200); memd's default matches
-    if draft is not None and draft.lower() == "default":
-        draft = str(defaults.default_draft_dir())
+    draft = None if draft is None else defaults.draft_folder(draft)
     return ModeldConfig(
         device=device,
         memd=args.memd or defaults.default_memd_address(),
