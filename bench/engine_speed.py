@@ -24,6 +24,7 @@ import modeld.engine
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
 from modeld.detokenize import TextStream
+from modeld.engine import make_generator
 from modeld.fetch_default import ensure_default_model
 from modeld.request import Request
 from modeld.sampling import SamplingParams
@@ -82,7 +83,8 @@ def submit_requests(engine, prompts: list[list[int]], new_tokens: int, ignore_eo
     for i, p in enumerate(prompts):
         params = SamplingParams(max_new_tokens=new_tokens, temperature=temperature, ignore_eos=ignore_eos,
                                 top_p=SAMPLED_TOP_P if temperature else 1.0, seed=i if temperature else None)
-        reqs.append(Request(rid=f"{tag}-{i}", prompt_ids=list(p), params=params))
+        generator = None if params.greedy else make_generator(params.seed, "cuda")  # as modeld's service makes it
+        reqs.append(Request(rid=f"{tag}-{i}", prompt_ids=list(p), params=params, generator=generator))
     for r in reqs:
         assert engine.submit(r)
     return reqs

@@ -9,6 +9,7 @@ python3 -m pytest -q tests/kernels tests/modeld/test_cuda_graph.py tests/modeld/
 python3 -m pytest -q tests/modeld/test_forward_vs_hf.py tests/e2e/test_generate.py tests/dflash/test_dflash_gpu.py \
     -k "cuda or gpu or graph" > "$OUT/suite-model.txt" 2>&1; tail -3 "$OUT/suite-model.txt"
 python3 -m pytest -q tests/dflash/test_default_draft.py 2>&1 | tail -2  # the shipped draft, lossless on the GPU
+python3 -m bench.sampler_speed > "$OUT/sampler_speed.md" 2>&1; cat "$OUT/sampler_speed.md"
 python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 > "$OUT/engine_speed.md" 2> "$OUT/engine_speed.log"
 cat "$OUT/engine_speed.md"
 # where a step's time goes, plain against DFLASH (device-busy against wall time per step; ops by device and host time)
