@@ -1,7 +1,8 @@
 """Decode speed of modeld's engine, side by side in one run: Hugging Face `generate`, modeld as it ran before graphs
 (eager, one memd call per step), modeld with CUDA graphs and decode slots granted ahead, and DFLASH; at batch 1 and
 at each --concurrency; with a per-step breakdown (forward, draft, sampling, memd, host) and MBU; and, for the graph
-configurations, requests that sample (temperature 0.8) at batch 1 and 16.
+configurations, requests that sample (temperature 0.8) at batch 1 and 16. The graph configurations run one decode
+step (or DFLASH verify step) per replay, and again with up to 4 per replay (modeld's default, --steps-per-replay).
 
     python -m bench.engine_speed [--target DIR] [--load-format dummy] [--draft DIR|none] [--new-tokens 128]
         [--concurrency 16,64] [--page 16] [--ratio 0.25] [--skip-hf]
@@ -48,12 +49,16 @@ class Variant:
     graphs: bool
     lookahead: int
     dflash: bool
+    steps: int = 1  # decode (verify) steps a replay may run
 
 
 VARIANTS = [
     Variant("modeld eager, memd call every step (before)", graphs=False, lookahead=0, dflash=False),
     Variant("modeld graphs + lookahead", graphs=True, lookahead=32, dflash=False),
+    Variant("modeld graphs + lookahead, 4 steps a replay", graphs=True, lookahead=32, dflash=False, steps=4),
     Variant("modeld DFLASH graphs + lookahead", graphs=True, lookahead=32, dflash=True),
+    # four verify steps reach 64 positions: a lookahead of 32 would rarely hold them (memd runs with 96 for this one)
+    Variant("modeld DFLASH graphs + lookahead 96, 4 steps a replay", graphs=True, lookahead=96, dflash=True, steps=4),
 ]
 
 
@@ -61,7 +66,7 @@ def memd_args(target: str, draft: str | None, args) -> list[str]:
     """memd on the GPU for every configuration: bf16 KV, a bounded draft pool when there is a draft."""
     flags = ["--device", "cuda", "--target-model", target, "--page-size", str(args.page), "--max-running-requests",
              str(max(args.concurrency)), "--mem-fraction", "0.3", "--kv-cache-dtype", "bfloat16",
-             "--draft-model", draft or "none"]
+             "--decode-lookahead", "96", "--draft-model", draft or "none"]  # the lookahead: the most a variant asks for
     if draft:
         flags += ["--draft-kv-ratio", str(args.ratio), "--draft-window", str(args.window)]
     return flags
@@ -110,12 +115,14 @@ def generate_all(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: 
 
 
 class Breakdown:
-    """Per-step phase times of an engine, each phase ended by a device synchronise."""
+    """Phase times of an engine per decode step (a replay of k steps counts k; a DFLASH verify step is one), each
+    phase ended by a device synchronise."""
 
     PHASES = ("forward", "draft", "sampling", "memd")
 
     def __init__(self, engine):
         self.engine, self.totals, self.steps, self.step_time = engine, dict.fromkeys(self.PHASES, 0.0), 0, 0.0
+        self.current_steps = 1  # decode steps of the pass under way (runner.steps_ahead's choice)
         self.current = dict.fromkeys(self.PHASES, 0.0)  # the step under way; kept only if it was a step
         self.current_calls = 0
         self.memd_idle = 0.0  # memd time of idle passes (releases flushed after the last step): no step's time
@@ -124,9 +131,18 @@ class Breakdown:
         runner, sched = engine.runner, engine.scheduler
         self._wrap(runner, "prepare", "forward")
         self._wrap(runner, "forward", "forward")
+        self._wrap(runner, "replay_decode_steps", "forward")
+        steps_ahead = runner.steps_ahead
+
+        def counted_steps(*a):
+            self.current_steps = steps_ahead(*a)
+            return self.current_steps
+
+        runner.steps_ahead = counted_steps
+        self.undo.append(lambda: delattr(runner, "steps_ahead"))
         if engine.dflash is not None:
             self._wrap(engine.dflash, "propose", "draft")
-            self._wrap(engine.dflash, "replay_greedy_cycle", "forward")  # a greedy verify step: draft included
+            self._wrap(engine.dflash, "replay_greedy_cycles", "forward")  # greedy verify steps: draft included
         self._wrap(sched.session, "alloc", "memd")
         self._wrap(sched.session, "free", "memd")
         self._wrap(sched.session, "match_prefix", "memd")
@@ -135,11 +151,11 @@ class Breakdown:
         step = engine._step
 
         def timed_step():
-            self.current, self.current_calls = dict.fromkeys(self.PHASES, 0.0), 0
+            self.current, self.current_calls, self.current_steps = dict.fromkeys(self.PHASES, 0.0), 0, 1
             begin = time.perf_counter()
             busy = step()
             if busy:
-                self.steps += 1
+                self.steps += self.current_steps
                 self.step_time += time.perf_counter() - begin
                 self.memd_calls += self.current_calls
                 for phase, seconds in self.current.items():
@@ -195,13 +211,14 @@ def batches(concurrency: int, prompts: list[list[int]], batch1: int) -> list[lis
 def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
     cfg = ModeldConfig(device="cuda", memd=memd, target_model=args.target, load_format=args.load_format,
                        draft_model=args.draft if v.dflash else None, speculative_algorithm="dflash" if v.dflash else "none",
-                       decode_lookahead=v.lookahead, disable_cuda_graph=not v.graphs, chunked_prefill_size=2048)
+                       decode_lookahead=v.lookahead, disable_cuda_graph=not v.graphs, chunked_prefill_size=2048,
+                       steps_per_replay=v.steps)
     built = build_engine(cfg, lambda serving: None)
     engine = built.engine
     engine.start()
     try:
         generate_all(engine, prompts[:2], 8, True, "warm")
-        row = {"name": v.name}
+        row = {"name": v.name, "graphs": v.graphs, "steps": v.steps}
         tokens = seconds = verifies = 0
         for i, p in enumerate(prompts[: args.batch1]):
             n, s, k = generate_all(engine, [p], args.new_tokens, ignore_eos, f"b1-{i}")
@@ -257,7 +274,7 @@ def hf_generate(args, prompts, ignore_eos: bool) -> float:
 
 
 def report(rows: list[dict], hf: float | None, args) -> str:
-    plain = next(r for r in rows if r["name"] == "modeld graphs + lookahead")
+    plain = next(r for r in rows if r["name"] == "modeld graphs + lookahead")  # the ratios' reference
     cs = args.concurrency
     lines = [f"GPU: {torch.cuda.get_device_name()}; target {pathlib.Path(args.target).name} ({args.load_format}), "
              f"{args.new_tokens} new tokens, greedy, page {args.page}",
@@ -271,8 +288,9 @@ def report(rows: list[dict], hf: float | None, args) -> str:
         xhf = f"{r['bs1'] / hf:.2f}" if hf else "-"
         lines.append(f"| {r['name']} | {accept} | {r['bs1']:.1f} | {xhf} | {r['bs1'] / plain['bs1']:.2f} | " + " | ".join(
             f"{r[f'c{c}']:.1f} | {r[f'c{c}'] / plain[f'c{c}']:.2f}" for c in cs) + " |")
-    lines += ["", "Per-step breakdown (ms; separate runs that synchronise after each phase; memd between steps: the"
-              " releases flushed on idle passes, per step, in no step's time):", "",
+    lines += ["", "Per-step breakdown (ms per decode step: a replay of k steps counts k, a DFLASH verify step one;"
+              " separate runs that synchronise after each phase; memd between steps: the releases flushed on idle"
+              " passes, per step, in no step's time):", "",
               "| config | batch | step | forward | draft | sampling | memd | host | memd share | waited memd calls / 100 steps"
               " | memd between steps | MBU (bs 1) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -291,11 +309,11 @@ def report(rows: list[dict], hf: float | None, args) -> str:
             accepts = ["-" if r[f"sampled_accept{c}"] is None else f"{r[f'sampled_accept{c}']:.2f}" for c in (1, 16)]
             lines.append(f"| {r['name']} | {accepts[0]} | {r['sampled1']:.1f} | {r['sampled1'] / plain['sampled1']:.2f} | "
                          f"{accepts[1]} | {r['sampled16']:.1f} | {r['sampled16'] / plain['sampled16']:.2f} |")
-    spec = next((r for r in rows if r["accept"]), None)
-    if spec is not None:
+    for spec in (r for r in rows if r["accept"]):  # against plain decoding at as many steps a replay
+        same = next(r for r in rows if r["graphs"] and not r["accept"] and r["steps"] == spec["steps"])
         for c in (1, 16):
-            lines.append(f"\nDFLASH step / plain step at batch {c}: "
-                         f"{spec[f'breakdown{c}']['step'] / plain[f'breakdown{c}']['step']:.2f}")
+            lines.append(f"\n{spec['name']}: DFLASH step / plain step at batch {c}: "
+                         f"{spec[f'breakdown{c}']['step'] / same[f'breakdown{c}']['step']:.2f}")
     return "\n".join(lines)
 
 

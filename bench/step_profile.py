@@ -4,7 +4,7 @@ per step the wall time against the device's busy time (a step whose device time 
 host-bound).
 
     python -m bench.step_profile [--target DIR] [--draft DIR] [--batch 1] [--new-tokens 64] [--rows 20]
-        [--device cuda|cpu]
+        [--device cuda|cpu] [--steps-per-replay 1]
 
 One memd (a child process) serves both configurations in turn; requests are `--batch` chat prompts generating
 `--new-tokens` each (EOS ignored), after a warm-up that leaves graphs captured and kernels compiled. The engine's
@@ -49,7 +49,7 @@ def run_in_this_thread(engine, prompts: list[list[int]], new_tokens: int, tag: s
 
 
 def profile_config(memd: str, args, prompts, dflash: bool) -> str:
-    cfg = ModeldConfig(device=args.device, memd=memd, target_model=args.target,
+    cfg = ModeldConfig(device=args.device, memd=memd, target_model=args.target, steps_per_replay=args.steps_per_replay,
                        draft_model=args.draft if dflash else None, speculative_algorithm="dflash" if dflash else "none")
     built = build_engine(cfg, lambda serving: None)
     engine = built.engine
@@ -87,6 +87,7 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--rows", type=int, default=20)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--steps-per-replay", type=int, default=1, help="modeld's (default here 1: a step is one forward)")
     args = p.parse_args(argv)
     args.target = args.target or str(ensure_default_model())
     from transformers import AutoTokenizer

@@ -22,6 +22,7 @@ class ModeldConfig:
     chunked_prefill_size: int = 512
     decode_lookahead: int = 32  # decode positions memd grants ahead of need, so most steps make no memd call
     disable_cuda_graph: bool = False  # CUDA graphs of decode and verify steps (on CUDA only)
+    steps_per_replay: int = 4  # greedy decode steps (DFLASH: verify steps) one graph replay may run back to back
     max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
     connect_timeout: float = 60.0
     metrics_host: str = "127.0.0.1"
@@ -43,6 +44,8 @@ class ModeldConfig:
             raise ValueError("--chunked-prefill-size must be >= 1")
         if self.decode_lookahead < 0:
             raise ValueError("--decode-lookahead must be >= 0")
+        if self.steps_per_replay < 1:
+            raise ValueError("--steps-per-replay must be >= 1")
         if self.max_open_streams is not None and self.max_open_streams < 1:
             raise ValueError("--max-open-streams must be >= 1")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
@@ -74,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 4 x memd's --max-running-requests)")
     p.add_argument("--disable-cuda-graph", action="store_true",
                    help="run every step eagerly (default on CUDA: decode and DFLASH verify steps replay CUDA graphs)")
+    p.add_argument("--steps-per-replay", type=int, default=4,
+                   help="greedy decode steps (with DFLASH: verify steps) one CUDA graph replay may run back to back, "
+                        "each fed the last; a batch runs them when its every request holds the slots they reach "
+                        "(the decode lookahead). Tokens then stream in groups of that many steps; 1: one step a replay")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for memd at start")
     add_metrics_arguments(p)
     p.add_argument("--log-level", default="INFO")
@@ -106,6 +113,7 @@ def config_from_args(argv=None) -> ModeldConfig:
         chunked_prefill_size=args.chunked_prefill_size,
         decode_lookahead=args.decode_lookahead,
         disable_cuda_graph=args.disable_cuda_graph,
+        steps_per_replay=args.steps_per_replay,
         max_open_streams=args.max_open_streams,
         connect_timeout=args.connect_timeout,
         metrics_host=args.metrics_host,

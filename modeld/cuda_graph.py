@@ -11,7 +11,10 @@ each shape before its capture.
 Greedy steps need no logits on the host side: a decode graph also takes the argmax of every row (the LM head's bf16
 logits: their argmax is that of their exact fp32 values), and with DFLASH a "greedy cycle" graph per bucket runs a
 whole verify step (draft, target, argmax, acceptance, draft K/V of the committed prefixes), so such a step is one
-replay and one copy of its tokens to the host.
+replay and one copy of its tokens to the host. Greedy batches also have graphs of k such steps back to back (k in
+`repeats`: powers of two up to --steps-per-replay), each step's inputs made on the device from the one before
+(modeld.step_advance): the host's work and the replay's launch are paid once per k steps. Plain decoding gets them
+only without DFLASH (with a draft, a plain decode also writes the draft's context, outside the graph).
 """
 
 import logging
@@ -22,6 +25,7 @@ import torch
 
 from modeld.model import CausalLM, ForwardBatch
 from modeld.packed_inputs import IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
+from modeld.step_advance import advance_inputs
 
 log = logging.getLogger("modeld")
 
@@ -32,10 +36,19 @@ def batch_buckets(max_requests: int) -> list[int]:
     return sorted({s for s in sizes if s < max_requests} | {max_requests})
 
 
+def replay_repeats(steps_per_replay: int) -> list[int]:
+    """Step counts (beyond 1) with graphs of several steps: the powers of two below steps_per_replay, and it."""
+    if steps_per_replay <= 1:
+        return []
+    return sorted({2**i for i in range(1, steps_per_replay.bit_length()) if 2**i < steps_per_replay} | {steps_per_replay})
+
+
 class GraphRunner:
-    def __init__(self, max_requests: int, tokens_per_request: tuple[int, ...], fields: int, device: str):
+    def __init__(self, max_requests: int, tokens_per_request: tuple[int, ...], fields: int, device: str,
+                 steps_per_replay: int = 1):
         self.buckets = batch_buckets(max_requests)
         self.tokens_per_request = tokens_per_request
+        self.repeats = replay_repeats(steps_per_replay)
         width = max_requests * max(tokens_per_request)
         self.static = torch.zeros((fields, width), dtype=torch.int64, device=device)
         self.staging = torch.zeros((fields, width), dtype=torch.int64).pin_memory()
@@ -43,7 +56,9 @@ class GraphRunner:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, list[torch.Tensor], torch.Tensor | None]] = {}
         self.draft_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.cycle_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, tokens|lengths)
+        # (bucket, k) -> (graph, [k, tokens of every block row (bucket * block) | committed lengths (bucket)])
+        self.cycle_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.decode_steps: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # k > 1: [k, bucket] argmax
         self.pools = None  # (kv_pool, req_to_token) of the last capture: the greedy cycles' target pools
         self.commit_lengths = torch.zeros(max_requests, dtype=torch.int64, device=device)
         self.pool = None
@@ -54,6 +69,13 @@ class GraphRunner:
             return None
         bucket = next((b for b in self.buckets if b >= len(q_lens)), None)
         return None if bucket is None else (bucket, q_lens[0])
+
+    def steps_for(self, shape: tuple[int, int], spare: int) -> int:
+        """Steps one replay runs for a greedy batch of this (bucket, q) whose every request holds at least `spare`
+        positions beyond what it computed: the most with a graph whose k steps reach no further (k * q <= spare)."""
+        bucket, q = shape
+        graphs = self.decode_steps if q == 1 else self.cycle_graphs
+        return max([k for k in self.repeats if k * q <= spare and (bucket, k) in graphs], default=1)
 
     def load(self, host: np.ndarray) -> torch.Tensor:
         """Copies a step's packed inputs [fields, width] into the static array; returns the array. The staging
@@ -75,10 +97,16 @@ class GraphRunner:
         self.commit_lengths[: len(lengths)] = lengths
         self.commit_graphs[bucket].replay()
 
-    def replay_cycle(self, bucket: int) -> torch.Tensor:
-        """A whole greedy verify step whose inputs are in the static array: [target tokens of every block row
-        (bucket * block), committed lengths (bucket; 0 for padding)]."""
-        graph, out = self.cycle_graphs[bucket]
+    def replay_cycles(self, bucket: int, k: int) -> torch.Tensor:
+        """k whole greedy verify steps whose first inputs are in the static array: [k, target tokens of every block
+        row (bucket * block) | committed lengths (bucket; 0 for padding)]."""
+        graph, out = self.cycle_graphs[(bucket, k)]
+        graph.replay()
+        return out
+
+    def replay_decode_steps(self, bucket: int, k: int) -> torch.Tensor:
+        """k greedy decode steps whose first inputs are in the static array: the argmax of every row [k, bucket]."""
+        graph, out = self.decode_steps[(bucket, k)]
         graph.replay()
         return out
 
@@ -106,6 +134,7 @@ class GraphRunner:
         """(Re)captures every (bucket, q) graph over these pools, largest first, in one shared memory pool."""
         began = time.monotonic()
         self.graphs.clear()
+        self.decode_steps.clear()
         self.pools = (kv_pool, req_to_token)
         self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
@@ -121,10 +150,52 @@ class GraphRunner:
                         hidden, captured = model(batch, kv_pool, capture_layers=taps)
                         greedy = model.lm_head(hidden).argmax(dim=-1) if q == 1 else None
                     self.graphs[(bucket, q)] = (graph, hidden, captured, greedy)
+            for k in self.repeats if 1 in self.tokens_per_request and not taps else ():
+                for bucket in reversed(self.buckets):
+                    batch = self._batch(bucket, 1, req_to_token)
+                    self.decode_steps[(bucket, k)] = self._capture(stream, bucket, 1, lambda: self._decode_steps(
+                        model, batch, kv_pool, req_to_token, k))
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        log.info("captured %d CUDA graphs (batch buckets %s, tokens per request %s) in %.1f s",
-                 len(self.graphs), self.buckets, list(self.tokens_per_request), time.monotonic() - began)
+        log.info("captured %d CUDA graphs (batch buckets %s, tokens per request %s, steps per replay %s) in %.1f s",
+                 len(self.graphs) + len(self.decode_steps), self.buckets, list(self.tokens_per_request),
+                 [1, *self.repeats], time.monotonic() - began)
+
+    def _capture(self, stream, bucket: int, q: int, steps) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """A graph of `steps()` over padding requests (they write no K/V and commit nothing), after one eager run
+        (kernels chosen and loaded); the inputs are padding again at capture (the eager run advanced them)."""
+        self._pad_inputs(bucket, q)
+        steps()
+        self._pad_inputs(bucket, q)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            out = steps()
+        return graph, out
+
+    def _decode_steps(self, model: CausalLM, batch: ForwardBatch, kv_pool, req_to_token, k: int) -> torch.Tensor:
+        """k greedy decode steps of the batch in the static array, each fed the argmax of the one before: [k, bucket]."""
+        bucket = len(batch.rows)
+        ones = torch.ones(bucket, dtype=torch.int64, device=self.static.device)
+        out = torch.empty((k, bucket), dtype=torch.int64, device=self.static.device)
+        for step in range(k):
+            if step:
+                advance_inputs(self.static, bucket, 1, ones, out[step - 1], req_to_token)
+            hidden, _ = model(batch, kv_pool)
+            out[step] = model.lm_head(hidden).argmax(dim=-1)
+        return out
+
+    def _cycles(self, worker, batch: ForwardBatch, kv_pool, req_to_token, k: int) -> torch.Tensor:
+        """k greedy verify steps (DflashWorker.greedy_cycle) of the batch in the static array, each starting where
+        the one before committed: [k, tokens | lengths] as replay_cycles returns them."""
+        bucket, block = len(batch.rows), worker.block
+        out = torch.empty((k, bucket * block + bucket), dtype=torch.int64, device=self.static.device)
+        for step in range(k):
+            if step:
+                lengths = out[step - 1, bucket * block :]
+                last = out[step - 1, : bucket * block].view(bucket, block).gather(1, (lengths - 1).clamp(min=0)[:, None])
+                advance_inputs(self.static, bucket, block, lengths, last[:, 0], req_to_token)
+            out[step] = worker.greedy_cycle(batch, kv_pool)
+        return out
 
     @torch.inference_mode()
     def capture_draft(self, worker) -> None:
@@ -159,12 +230,9 @@ class GraphRunner:
                 with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                     worker.write_committed(*commit)
                 self.commit_graphs[bucket] = graph
-                self._pad_inputs(bucket, block)
                 batch = self._batch(bucket, block, req_to_token)
-                worker.greedy_cycle(batch, kv_pool)  # padding: writes no K/V, commits nothing
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    out = worker.greedy_cycle(batch, kv_pool)
-                self.cycle_graphs[bucket] = (graph, out)
+                for k in [1, *self.repeats]:
+                    self.cycle_graphs[(bucket, k)] = self._capture(stream, bucket, block, lambda: self._cycles(
+                        worker, batch, kv_pool, req_to_token, k))
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()

@@ -70,10 +70,10 @@ class DflashWorker:
         """The step replays the target's verify graph with every item verifying: the draft's graphs serve it."""
         return self.graphs is not None and inputs.graph is not None and len(inputs.verify) == len(inputs.offsets)
 
-    def replay_greedy_cycle(self, inputs: StepInputs) -> torch.Tensor | None:
-        """A whole verify step of greedy requests from its graph, when the step has one: [target tokens of every block
-        row (bucket * B), committed lengths (bucket)] on the device; None otherwise."""
-        return self.graphs.replay_cycle(inputs.graph[0]) if self._graphed(inputs) else None
+    def replay_greedy_cycles(self, inputs: StepInputs, k: int) -> torch.Tensor | None:
+        """k whole verify steps of greedy requests from one graph, when the step has one: [k, target tokens of every
+        block row (bucket * B) | committed lengths (bucket)] on the device; None otherwise."""
+        return self.graphs.replay_cycles(inputs.graph[0], k) if self._graphed(inputs) else None
 
     def propose_into(self, inputs: StepInputs, max_start: int) -> torch.Tensor:
         """Proposes the verify items' drafts [V, B-1] and places them in the step's input ids."""

@@ -132,22 +132,31 @@ class Engine:
                 self._complete(item.req)
             return True
         metrics.step_done(started, committed)
-        for item, tokens in committed:
-            if tokens and self.output.append(item.req, tokens):
+        for item, tokens, verified in committed:
+            before = len(item.req.output_ids)
+            finished = bool(tokens) and self.output.append(item.req, tokens)
+            self._count_verifies(item.req, verified, len(item.req.output_ids) - before)
+            if finished:
                 self._complete(item.req)
         return True
 
-    def _run(self, items: list[StepItem]) -> list[tuple[StepItem, list[int]]]:
+    def _run(self, items: list[StepItem]) -> list[tuple[StepItem, list[int], list[int]]]:
         """Draft (DFLASH), one target forward, sampling, acceptance: the tokens each item commits. Everything
-        stays on the device until one copy of the step's sampled tokens (and accepted lengths) to the host."""
+        stays on the device until one copy of the step's sampled tokens (and accepted lengths) to the host. A greedy
+        batch whose requests hold the slots may run several such steps in one graph replay (steps_ahead)."""
         inputs = self.runner.prepare(items)
         verify = inputs.verify
         greedy = all(item.req.params.greedy for item in items)
-        cycle = self.dflash.replay_greedy_cycle(inputs) if verify and greedy else None
-        if cycle is not None:  # the whole verify step was one graph: its tokens, then its committed lengths
-            n, block = len(items), self.dflash.block
-            host = cycle.tolist()
-            return self._commit_tokens(items, [block] * n, range(0, n * block, block), host, host[inputs.graph[0] * block :])
+        k = self.runner.steps_ahead(items, inputs) if greedy else 1
+        cycles = self.dflash.replay_greedy_cycles(inputs, k) if verify and greedy else None
+        if cycles is not None:  # whole verify steps in one graph: per step, its tokens, then its committed lengths
+            block, width = self.dflash.block, inputs.graph[0] * self.dflash.block
+            host = cycles.tolist()
+            return self._commit_tokens(items, [[row[i * block : i * block + row[width + i]] for row in host]
+                                               for i in range(len(items))])
+        if k > 1:  # greedy decode steps in one graph: the argmax of each
+            host = self.runner.replay_decode_steps(inputs, k).tolist()
+            return self._commit_tokens(items, [[[row[i]] for row in host] for i in range(len(items))])
         drafts = self.dflash.propose_into(inputs, max(items[i].req.computed for i in verify)) if verify else None
         out = self.runner.forward(inputs)
         # Rows sampled per item: a verify block's every row; otherwise the last row, once the item's
@@ -170,34 +179,42 @@ class Engine:
             target = sampled[row_index(verify_rows, len(owners), sampled.device)] if verify else None
             lengths = self.dflash.after_forward(inputs, out, drafts, target)
         host = (sampled if lengths is None else torch.cat([sampled, lengths])).tolist() if owners else []
-        return self._commit_tokens(items, counts, firsts, host, host[len(owners):])
+        committed_lens = iter(host[len(owners):])
+        return self._commit_tokens(items, [[host[first : first + n][: next(committed_lens) if item.verify else n]]
+                                           for item, n, first in zip(items, counts, firsts)])
 
-    def _commit_tokens(self, items, counts, firsts, host, committed_lens) -> list[tuple[StepItem, list[int]]]:
-        """Advances every request by what its item computed; the tokens it commits (a verify: the accepted)."""
-        results, k = [], 0
-        for item, n, first in zip(items, counts, firsts):
-            tokens = host[first : first + n]
+    def _commit_tokens(self, items, steps: list[list[list[int]]]) -> list[tuple[StepItem, list[int], list[int]]]:
+        """Advances every request by what its item computed in each step of the replay (steps[i]: item i's tokens per
+        step: a verify's committed tokens, a decode's token, a prompt chunk's sampled token or none). Returns, per
+        item, its tokens and (a verify) the tokens each of its blocks committed."""
+        results = []
+        for item, per_step in zip(items, steps):
+            req, before = item.req, item.req.computed
+            tokens = [t for step in per_step for t in step]
             if item.verify:
-                tokens = tokens[: committed_lens[k]]
-                k += 1
-                self._count_verify(item.req, len(tokens))
-                item.req.computed += len(tokens)  # the block's first token and the accepted drafts
-                self.scheduler.commit(item.req, item.req.computed)
+                req.computed += len(tokens)  # each block's first token and its accepted drafts
+                self.scheduler.commit(req, req.computed)
             else:
-                item.req.computed += item.num_tokens
-                if item.req.computed - item.num_tokens < len(item.req.prompt_ids) <= item.req.computed:
-                    self.scheduler.checkpoint(item.req)  # the prompt is computed: memd caches it now
+                req.computed += item.num_tokens * len(per_step)
+                if before < len(req.prompt_ids) <= req.computed:
+                    self.scheduler.checkpoint(req)  # the prompt is computed: memd caches it now
             if self.trim_draft:
-                self.scheduler.trim(item.req)
-            results.append((item, tokens))
+                self.scheduler.trim(req)
+            results.append((item, tokens, [len(step) for step in per_step] if item.verify else []))
         return results
 
-    def _count_verify(self, req: Request, committed: int) -> None:
-        req.spec_verify_ct += 1
-        self.spec["spec_drafts"] += 1
-        self.spec["spec_draft_tokens"] += self.dflash.block - 1
-        self.spec["spec_accepted_tokens"] += committed - 1
-        self.verifies_by_accepted[committed - 1] += 1
+    def _count_verifies(self, req: Request, committed: list[int], output: int) -> None:
+        """Counts the verified blocks whose tokens reached the output (`output` tokens did): a block a replay ran
+        after its request finished is not one of its verifies."""
+        for n in committed:
+            if output <= 0:
+                return
+            output -= n
+            req.spec_verify_ct += 1
+            self.spec["spec_drafts"] += 1
+            self.spec["spec_draft_tokens"] += self.dflash.block - 1
+            self.spec["spec_accepted_tokens"] += n - 1
+            self.verifies_by_accepted[n - 1] += 1
 
     def _complete(self, req: Request) -> None:
         metrics.request_done(req)

@@ -42,7 +42,7 @@ def step_done(started: float, committed) -> None:
     commit their first tokens."""
     now = time.perf_counter()
     STEP.observe(now - started)
-    for item, tokens in committed:
+    for item, tokens, _ in committed:
         if tokens and not item.req.first_token_at:
             item.req.first_token_at = now
 

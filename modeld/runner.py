@@ -121,6 +121,18 @@ class ModelRunner:
         )
         return StepInputs(batch, offsets, n_tok, dev[DRAFT_AT, : len(draft_at)], verify, graph)
 
+    def steps_ahead(self, items: list[StepItem], inputs: StepInputs) -> int:
+        """Steps one replay may run for this batch of greedy requests: 1, or more when the step replays a graph, every
+        item samples its next token (a decode or verify, or the last token of a prompt) and every request holds the
+        positions the steps can reach (modeld.step_advance's invariant)."""
+        if inputs.graph is None or any(item.num_tokens != item.req.pending and not item.verify for item in items):
+            return 1
+        return self.graphs.steps_for(inputs.graph, min(item.req.held - item.req.computed for item in items))
+
+    def replay_decode_steps(self, inputs: StepInputs, k: int) -> torch.Tensor:
+        """k greedy decode steps of the prepared batch in one replay: the argmax of each [k, bucket]."""
+        return self.graphs.replay_decode_steps(inputs.graph[0], k)
+
     def forward(self, inputs: StepInputs) -> StepOutput:
         """Computes (and stores) the K/V of every item's new tokens; returns the taps' outputs too."""
         b = inputs.batch

@@ -104,7 +104,8 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
                           worker.block if worker else 0, lookahead=limits.lookahead, async_top_ups=True)
     graphs = None
     if cfg.device == "cuda" and not cfg.disable_cuda_graph:
-        graphs = GraphRunner(layout.max_running_requests, (1, worker.block) if worker else (1,), FIELDS, cfg.device)
+        graphs = GraphRunner(layout.max_running_requests, (1, worker.block) if worker else (1,), FIELDS, cfg.device,
+                             steps_per_replay=cfg.steps_per_replay)
     runner = ModelRunner(model, link.pools, cfg.device, taps=worker.taps if worker else (), graphs=graphs)
     if worker is not None and graphs is not None:
         worker.use_graphs(graphs)

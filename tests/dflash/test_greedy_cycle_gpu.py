@@ -43,7 +43,7 @@ def setup(tmp_path_factory):
     }
     pools.kv, pools.req_to_token = bound["target_kv"], bound["req_to_token"]
     worker = DflashWorker(draft, model, bound)
-    graphs = GraphRunner(8, (1, worker.block), FIELDS, "cuda")
+    graphs = GraphRunner(8, (1, worker.block), FIELDS, "cuda", steps_per_replay=4)
     runner = ModelRunner(model, bound, "cuda", taps=worker.taps, graphs=graphs)
     worker.use_graphs(graphs)
     return model, cfg, pools, bound, worker, runner
@@ -93,7 +93,7 @@ def test_greedy_cycle_equals_the_split_path(setup):
             bound[k].copy_(before[k])  # in place: the graphs hold these addresses
         inputs = runner.prepare(items)
         assert inputs.graph == (4, worker.block)  # 3 requests padded into the bucket of 4
-        out = worker.replay_greedy_cycle(inputs)
+        out = worker.replay_greedy_cycles(inputs, 1)[0]
         n, b = len(items), worker.block
         assert out.shape == (4 * b + 4,)
         assert torch.equal(out[: n * b], want_tokens)
@@ -118,3 +118,40 @@ def test_decode_graph_argmax_equals_the_logits_argmax(setup):
     out = runner.forward(inputs)
     assert out.greedy is not None and out.greedy.shape == (2,)
     assert torch.equal(out.greedy, model.logits(out.hidden).argmax(dim=-1))
+
+
+def test_cycles_in_one_replay_equal_single_cycles(setup):
+    """Four greedy verify steps in one replay (each step's inputs made on the device from the one before) against
+    four replays of the single-cycle graph from the same pools: the same tokens and committed lengths per step, the
+    same target and draft K/V after; padding commits nothing."""
+    model, cfg, pools, bound, worker, runner = setup
+    reqs = prefill(setup, rows=(6, 7, 8), lengths=(20, 50, 11))
+    b = worker.block
+    for r in reqs:
+        pools.grow(r.row, 4 * b)  # memd's grant: four blocks ahead, in req_to_token
+        r.held = r.computed + 4 * b
+
+    def items():
+        return [StepItem(r, b, r.row, pools.req_to_token[r.row, r.computed : r.computed + b].tolist(), verify=True)
+                for r in reqs]
+
+    before = {k: bound[k].clone() for k in ("target_kv", "draft_kv")}
+    state = [(r.computed, list(r.output_ids)) for r in reqs]
+    inputs = runner.prepare(items())
+    assert runner.steps_ahead(items(), inputs) == 4
+    multi = worker.replay_greedy_cycles(inputs, 4).clone()
+    after = {k: bound[k].clone() for k in before}
+    for k in before:
+        bound[k].copy_(before[k])
+    n = len(reqs)
+    for step in range(4):
+        out = worker.replay_greedy_cycles(runner.prepare(items()), 1)[0]
+        assert torch.equal(multi[step], out), f"step {step} of the replay differs from a single cycle"
+        assert out[4 * b + n :].tolist() == [0], "a padding request committed tokens"
+        blocks, lengths = out[: n * b].view(n, b).tolist(), out[4 * b : 4 * b + n].tolist()
+        for r, block, length in zip(reqs, blocks, lengths):
+            r.output_ids += block[:length]
+            r.computed += length
+    for k in after:
+        assert torch.equal(bound[k].nan_to_num(7.0), after[k].nan_to_num(7.0)), f"{k} differs after the replay"
+    assert all(r.computed > c for r, (c, _) in zip(reqs, state))

@@ -38,3 +38,10 @@ def test_a_draft_by_name_or_path():
 def test_dflash_without_a_draft_off_cuda_is_refused():
     with pytest.raises(ValueError, match="needs --draft-model"):
         config_from_args([*ADDRESSES, "--device", "cpu", "--speculative-algorithm", "dflash"])
+
+
+def test_steps_per_replay():
+    assert config_from_args([*ADDRESSES, "--device", "cpu"]).steps_per_replay == 4
+    assert config_from_args([*ADDRESSES, "--device", "cpu", "--steps-per-replay", "1"]).steps_per_replay == 1
+    with pytest.raises(ValueError, match="--steps-per-replay must be >= 1"):
+        config_from_args([*ADDRESSES, "--device", "cpu", "--steps-per-replay", "0"])

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from modeld.cuda_graph import GraphRunner, batch_buckets
+from modeld.cuda_graph import GraphRunner, batch_buckets, replay_repeats
 from modeld.loader import load_target
 from modeld.packed_inputs import FIELDS
 from modeld.request import Request
@@ -139,3 +139,45 @@ def test_rebind_to_new_pools_captures_again(model):
     outs = run_both(eager, graphs, items)
     assert torch.isfinite(outs[1][1].hidden.float()).all()
     assert_same_step(model, outs)
+
+
+@gpu
+def test_decode_steps_in_one_replay_equal_single_replays(model):
+    """Four greedy decode steps in one replay (inputs of steps 2-4 made on the device) against four replays of
+    the single-step graph from the same K/V: the same tokens, the same K/V; one padding request writes nothing."""
+    ours, _ = model
+    pools = cuda_pools(model[1])
+    reqs = prefilled(model, pools)
+    bound = {"target_kv": pools.kv, "req_to_token": pools.req_to_token}
+    runner = ModelRunner(ours, bound, "cuda", graphs=GraphRunner(8, (1,), FIELDS, "cuda", steps_per_replay=4))
+    assert sorted(runner.graphs.decode_steps) == [(b, k) for b in batch_buckets(8) for k in (2, 4)]
+    for r in reqs:
+        pools.grow(r.row, 4)  # memd's grant: four positions ahead, in req_to_token
+        r.held = r.computed + 4
+    start = [(r.computed, len(r.output_ids)) for r in reqs]
+    before = pools.kv.clone()
+    items = [StepItem(r, 1, r.row, pools.req_to_token[r.row, r.computed : r.computed + 1].tolist()) for r in reqs]
+    inputs = runner.prepare(items)
+    assert runner.steps_ahead(items, inputs) == 4
+    reqs[0].held -= 1
+    assert runner.steps_ahead(items, inputs) == 2, "a request short of slots still ran four steps"
+    multi = runner.replay_decode_steps(inputs, 4)[:, : len(reqs)].T.tolist()
+    after = pools.kv.clone()
+    pools.kv.copy_(before)  # in place: the graphs hold its address
+    single = [[] for _ in reqs]
+    for _ in range(4):
+        items = [StepItem(r, 1, r.row, pools.req_to_token[r.row, r.computed : r.computed + 1].tolist()) for r in reqs]
+        inputs = runner.prepare(items)
+        tokens = runner.forward(inputs).greedy.tolist()
+        for r, t, out in zip(reqs, tokens, single):
+            r.computed += 1
+            r.output_ids.append(t)
+            out.append(t)
+    assert multi == single
+    assert torch.equal(pools.kv.nan_to_num(7.0), after.nan_to_num(7.0))
+    assert [(r.computed, len(r.output_ids)) for r in reqs] == [(c + 4, n + 4) for c, n in start]
+
+
+def test_replays_run_powers_of_two_up_to_the_limit():
+    assert replay_repeats(1) == [] and replay_repeats(2) == [2]
+    assert replay_repeats(4) == [2, 4] and replay_repeats(6) == [2, 4, 6]
