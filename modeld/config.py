@@ -23,6 +23,7 @@ class ModeldConfig:
     decode_lookahead: int = 32  # decode positions memd grants ahead of need, so most steps make no memd call
     disable_cuda_graph: bool = False  # CUDA graphs of decode and verify steps (on CUDA only)
     steps_per_replay: int = 4  # greedy decode steps (DFLASH: verify steps) one graph replay may run back to back
+    speculative_disable_by_batch_size: int = 16  # DFLASH verifies only while fewer requests run (0: always)
     max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
     connect_timeout: float = 60.0
     metrics_host: str = "127.0.0.1"
@@ -46,6 +47,8 @@ class ModeldConfig:
             raise ValueError("--decode-lookahead must be >= 0")
         if self.steps_per_replay < 1:
             raise ValueError("--steps-per-replay must be >= 1")
+        if self.speculative_disable_by_batch_size < 0:
+            raise ValueError("--speculative-disable-by-batch-size must be >= 0")
         if self.max_open_streams is not None and self.max_open_streams < 1:
             raise ValueError("--max-open-streams must be >= 1")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
@@ -65,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-algorithm", choices=["none", "dflash"],
                    help="default: dflash when there is a draft (given or by default), else none")
     p.add_argument("--num-draft-tokens", type=int, help="DFLASH block size (default: the draft's block_size)")
+    p.add_argument("--speculative-disable-by-batch-size", type=int, default=16,
+                   help="DFLASH verifies blocks only while fewer requests than this run; a larger batch decodes "
+                        "plainly (measured on the H200 with the shipped draft: DFLASH wins at batch 1 and loses from "
+                        "16 concurrent on: BENCHMARKS.md); 0: always speculate")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
                    help="auto: memd's KV dtype (memd's --kv-cache-dtype must match any other choice)")
@@ -108,6 +115,7 @@ def config_from_args(argv=None) -> ModeldConfig:
         draft_model=draft,
         speculative_algorithm=args.speculative_algorithm or ("dflash" if draft else "none"),
         num_draft_tokens=args.num_draft_tokens,
+        speculative_disable_by_batch_size=args.speculative_disable_by_batch_size,
         load_format=args.load_format,
         dtype=args.dtype,
         chunked_prefill_size=args.chunked_prefill_size,

@@ -28,6 +28,10 @@ from modeld.packed_inputs import IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SL
 from modeld.step_advance import advance_inputs
 
 log = logging.getLogger("modeld")
+# Several steps a replay pay at 16 concurrent requests and more (BENCHMARKS.md, eighth run: 1.06x / 1.40x plain at
+# 16 / 64, 1.04x / 1.23x DFLASH); at batch 1 they did not (0.98x plain, 0.79x DFLASH: short answers end inside a
+# replay), so a smaller batch runs one step a replay.
+SEVERAL_STEPS_FROM_BATCH = 16
 
 
 def batch_buckets(max_requests: int) -> list[int]:
@@ -45,10 +49,11 @@ def replay_repeats(steps_per_replay: int) -> list[int]:
 
 class GraphRunner:
     def __init__(self, max_requests: int, tokens_per_request: tuple[int, ...], fields: int, device: str,
-                 steps_per_replay: int = 1):
+                 steps_per_replay: int = 1, several_from: int = SEVERAL_STEPS_FROM_BATCH):
         self.buckets = batch_buckets(max_requests)
         self.tokens_per_request = tokens_per_request
         self.repeats = replay_repeats(steps_per_replay)
+        self.several_from = several_from  # smaller batches run one step a replay
         width = max_requests * max(tokens_per_request)
         self.static = torch.zeros((fields, width), dtype=torch.int64, device=device)
         self.staging = torch.zeros((fields, width), dtype=torch.int64).pin_memory()
@@ -70,10 +75,13 @@ class GraphRunner:
         bucket = next((b for b in self.buckets if b >= len(q_lens)), None)
         return None if bucket is None else (bucket, q_lens[0])
 
-    def steps_for(self, shape: tuple[int, int], spare: int) -> int:
-        """Steps one replay runs for a greedy batch of this (bucket, q) whose every request holds at least `spare`
-        positions beyond what it computed: the most with a graph whose k steps reach no further (k * q <= spare)."""
+    def steps_for(self, shape: tuple[int, int], requests: int, spare: int) -> int:
+        """Steps one replay runs for a greedy batch of `requests` in this (bucket, q) whose every request holds at
+        least `spare` positions beyond what it computed: the most with a graph whose k steps reach no further
+        (k * q <= spare); 1 for a batch smaller than `several_from`."""
         bucket, q = shape
+        if requests < self.several_from:
+            return 1
         graphs = self.decode_steps if q == 1 else self.cycle_graphs
         return max([k for k in self.repeats if k * q <= spare and (bucket, k) in graphs], default=1)
 

@@ -132,10 +132,11 @@ class Engine:
                 self._complete(item.req)
             return True
         metrics.step_done(started, committed)
-        for item, tokens, verified in committed:
+        for item, tokens, per_step in committed:
             before = len(item.req.output_ids)
             finished = bool(tokens) and self.output.append(item.req, tokens)
-            self._count_verifies(item.req, verified, len(item.req.output_ids) - before)
+            if item.verify:
+                self._count_verifies(item.req, per_step, len(item.req.output_ids) - before)
             if finished:
                 self._complete(item.req)
         return True
@@ -186,7 +187,7 @@ class Engine:
     def _commit_tokens(self, items, steps: list[list[list[int]]]) -> list[tuple[StepItem, list[int], list[int]]]:
         """Advances every request by what its item computed in each step of the replay (steps[i]: item i's tokens per
         step: a verify's committed tokens, a decode's token, a prompt chunk's sampled token or none). Returns, per
-        item, its tokens and (a verify) the tokens each of its blocks committed."""
+        item, its tokens and how many it committed in each step."""
         results = []
         for item, per_step in zip(items, steps):
             req, before = item.req, item.req.computed
@@ -200,7 +201,7 @@ class Engine:
                     self.scheduler.checkpoint(req)  # the prompt is computed: memd caches it now
             if self.trim_draft:
                 self.scheduler.trim(req)
-            results.append((item, tokens, [len(step) for step in per_step] if item.verify else []))
+            results.append((item, tokens, [len(step) for step in per_step]))
         return results
 
     def _count_verifies(self, req: Request, committed: list[int], output: int) -> None:

@@ -32,16 +32,20 @@ TPOT = Histogram("modeld:request_time_per_output_token_seconds",
 E2E = Histogram("modeld:e2e_request_latency_seconds", "From arrival to the end of a request", buckets=LATENCY_BUCKETS)
 STEP = Histogram("modeld:step_duration_seconds", "One engine step: schedule, forward, sample, output",
                  buckets=STEP_BUCKETS)
+STEPS_PER_REPLAY = Histogram("modeld:steps_per_replay",
+                             "Decode (or DFLASH verify) steps one engine step ran in one graph replay",
+                             buckets=(1, 2, 4, 8, 16, 32))
 ACCEPT_LENGTH = Histogram("modeld:spec_decode_accept_length",
                           "DFLASH tokens per verify step of a finished request (bonus included)",
                           buckets=(1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16))
 
 
 def step_done(started: float, committed) -> None:
-    """Once per step, before its tokens are output: its duration; the first-token time of the requests that
-    commit their first tokens."""
+    """Once per step, before its tokens are output: its duration, the steps it ran in one replay; the first-token
+    time of the requests that commit their first tokens."""
     now = time.perf_counter()
     STEP.observe(now - started)
+    STEPS_PER_REPLAY.observe(max(len(per_step) for _, _, per_step in committed))
     for item, tokens, _ in committed:
         if tokens and not item.req.first_token_at:
             item.req.first_token_at = now

@@ -127,7 +127,7 @@ class ModelRunner:
         positions the steps can reach (modeld.step_advance's invariant)."""
         if inputs.graph is None or any(item.num_tokens != item.req.pending and not item.verify for item in items):
             return 1
-        return self.graphs.steps_for(inputs.graph, min(item.req.held - item.req.computed for item in items))
+        return self.graphs.steps_for(inputs.graph, len(items), min(item.req.held - item.req.computed for item in items))
 
     def replay_decode_steps(self, inputs: StepInputs, k: int) -> torch.Tensor:
         """k greedy decode steps of the prepared batch in one replay: the argmax of each [k, bucket]."""

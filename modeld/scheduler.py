@@ -40,12 +40,13 @@ class StepItem:
 
 class Scheduler(MemdCalls):
     def __init__(self, session: MemdSession, max_running: int, chunk_tokens: int, context_len: int, block: int = 0,
-                 lookahead: int = 0, async_top_ups: bool = False):
+                 lookahead: int = 0, async_top_ups: bool = False, speculate_below: int = 0):
         super().__init__(session, lookahead, async_top_ups)
         self.max_running = max_running
         self.chunk_tokens = chunk_tokens
         self.context_len = context_len
         self.block = block  # DFLASH block size: a decode verifies this many tokens; 0 without speculation
+        self.speculate_below = speculate_below  # verify blocks only while fewer requests run (0: always)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
@@ -77,7 +78,7 @@ class Scheduler(MemdCalls):
         hopeless: list[Request] = []
         self._settle_in_flight(wait=self._may_call())
         refused: set[tuple] = set()  # plans memd refused this step: a level that changes nothing is not asked again
-        admit, level, spec, lean = self.max_running, 0, bool(self.block), not self.lookahead
+        admit, level, spec, lean = self.max_running, 0, self._speculating(), not self.lookahead
         while True:
             plan, admitted = self._plan(level, admit, spec, lean)
             if plan:
@@ -137,7 +138,7 @@ class Scheduler(MemdCalls):
     def _may_call(self) -> bool:
         """Whether this step might wait for memd (then the call in flight must be answered first): an admission, a
         prefill chunk, a decode short of slots, or (without calls sent ahead) a pending release."""
-        spec = bool(self.block)
+        spec = self._speculating()
         releasing = bool(self.releases or self.cache) and not self.async_top_ups
         return bool(self.waiting) or releasing or any(
             r.pending > 1 or r.computed + self._decode_tokens(r, spec) > r.held for r in self.running)
@@ -158,6 +159,11 @@ class Scheduler(MemdCalls):
         self.waiting.extendleft(reversed(back))
         admitted = [r for r in admitted if r.rid not in self.left_out]
         return [p for p in plan if p[0].rid not in self.left_out], admitted
+
+    def _speculating(self) -> bool:
+        """Decodes verify DFLASH blocks this step: with a draft, while fewer than `speculate_below` requests run (a
+        larger batch decodes plainly, each token still written to the draft's context for when speculation resumes)."""
+        return bool(self.block) and not (self.speculate_below and len(self.running) >= self.speculate_below)
 
     def _decode_tokens(self, r: Request, spec: bool) -> int:
         """A decode computes the last token; with DFLASH it verifies a whole block when it fits."""

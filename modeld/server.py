@@ -101,7 +101,8 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     worker = DflashWorker(draft, model, link.pools) if draft is not None else None
     limits = step_limits(cfg, layout, worker is not None)
     scheduler = Scheduler(link.session, limits.max_running, limits.chunk, limits.context_len,
-                          worker.block if worker else 0, lookahead=limits.lookahead, async_top_ups=True)
+                          worker.block if worker else 0, lookahead=limits.lookahead, async_top_ups=True,
+                          speculate_below=cfg.speculative_disable_by_batch_size)
     graphs = None
     if cfg.device == "cuda" and not cfg.disable_cuda_graph:
         graphs = GraphRunner(layout.max_running_requests, (1, worker.block) if worker else (1,), FIELDS, cfg.device,

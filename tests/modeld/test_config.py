@@ -45,3 +45,11 @@ def test_steps_per_replay():
     assert config_from_args([*ADDRESSES, "--device", "cpu", "--steps-per-replay", "1"]).steps_per_replay == 1
     with pytest.raises(ValueError, match="--steps-per-replay must be >= 1"):
         config_from_args([*ADDRESSES, "--device", "cpu", "--steps-per-replay", "0"])
+
+
+def test_speculation_off_from_a_batch_size():
+    assert config_from_args([*ADDRESSES, "--device", "cpu"]).speculative_disable_by_batch_size == 16
+    flags = [*ADDRESSES, "--device", "cpu", "--speculative-disable-by-batch-size"]
+    assert config_from_args([*flags, "0"]).speculative_disable_by_batch_size == 0
+    with pytest.raises(ValueError, match="must be >= 0"):
+        config_from_args([*flags, "-1"])

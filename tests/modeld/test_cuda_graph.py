@@ -149,7 +149,7 @@ def test_decode_steps_in_one_replay_equal_single_replays(model):
     pools = cuda_pools(model[1])
     reqs = prefilled(model, pools)
     bound = {"target_kv": pools.kv, "req_to_token": pools.req_to_token}
-    runner = ModelRunner(ours, bound, "cuda", graphs=GraphRunner(8, (1,), FIELDS, "cuda", steps_per_replay=4))
+    runner = ModelRunner(ours, bound, "cuda", graphs=GraphRunner(8, (1,), FIELDS, "cuda", steps_per_replay=4, several_from=3))
     assert sorted(runner.graphs.decode_steps) == [(b, k) for b in batch_buckets(8) for k in (2, 4)]
     for r in reqs:
         pools.grow(r.row, 4)  # memd's grant: four positions ahead, in req_to_token
@@ -161,6 +161,7 @@ def test_decode_steps_in_one_replay_equal_single_replays(model):
     assert runner.steps_ahead(items, inputs) == 4
     reqs[0].held -= 1
     assert runner.steps_ahead(items, inputs) == 2, "a request short of slots still ran four steps"
+    assert runner.steps_ahead(items[:2], inputs) == 1, "a batch under several_from ran several steps"
     multi = runner.replay_decode_steps(inputs, 4)[:, : len(reqs)].T.tolist()
     after = pools.kv.clone()
     pools.kv.copy_(before)  # in place: the graphs hold its address

@@ -17,7 +17,6 @@ commit-after-verify observable without a model.
 """
 
 import concurrent.futures
-from collections import deque
 from dataclasses import dataclass, field
 
 import grpc
@@ -1031,3 +1030,20 @@ def test_a_refused_idle_release_is_dropped_and_the_rest_freed():
     sim.step()  # idle: the releases go out in a Free, which memd refuses; then one by one
     assert not sim.sched.releases
     sim.assert_all_free()
+
+
+def test_speculation_stops_from_a_batch_size_and_resumes_under_it():
+    """With speculate_below 2, two running requests decode plainly (one token each); once one finishes, the other
+    verifies blocks again."""
+    sim = dflash_sim(context=200)
+    sim.sched.speculate_below = 2
+    sim.request("long", 6, max_new=60)
+    sim.request("short", 6, max_new=8)
+    kinds = set()  # (batch size, verify flags) of the decode steps
+    while "long" not in sim.done:
+        items, _ = sim.step()
+        if all(item.req.output_ids for item in items):  # no prompt chunk in the step
+            kinds.add((len(items), frozenset(item.verify for item in items)))
+    assert (2, frozenset({False})) in kinds, "two running requests never decoded plainly"
+    assert (1, frozenset({True})) in kinds, "a lone request never verified again"
+    assert (2, frozenset({True})) not in kinds, "two running requests verified blocks"

@@ -1,0 +1,55 @@
+"""Several greedy steps in one CUDA graph replay, through the daemons on the GPU (default model, bf16): 16 requests
+at once, plain and with a (random) DFLASH draft, give the output of one step a replay, except where bf16 rounding
+decides a near-tie (their batches differ over time, so their GEMMs may too); modeld's metrics show that replays of
+several steps ran; memd's pools end free (run_memd)."""
+
+import concurrent.futures
+
+import pytest
+
+import client
+from tests.conftest import NEAR_TIE
+from tests.daemons import cuda_available, memd_args, run_memd, run_modeld
+from tests.dflash.test_dflash_gpu import first_difference_is_a_near_tie
+from tests.dflash.tiny_models import write_draft
+from tests.gateway.test_metrics_scrape import scrape, total
+
+pytestmark = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
+REQUESTS, MAX_NEW = 16, 48
+
+
+def generate_all(address: str, prompts: list[list[int]]) -> list[list[int]]:
+    with client.Client(address, timeout=600) as c, concurrent.futures.ThreadPoolExecutor(REQUESTS) as pool:
+        go = lambda ids: c.generate(input_ids=ids, max_new_tokens=MAX_NEW, temperature=0, ignore_eos=True)  # noqa: E731
+        return [list(r.output_ids) for r in pool.map(go, prompts)]
+
+
+@pytest.mark.parametrize("dflash", [False, True], ids=["plain", "dflash"])
+def test_several_steps_a_replay_give_the_output_of_one(tmp_path, default_model, chat_ids, hf_models, dflash):
+    prompts = [chat_ids[i % len(chat_ids)] + [i] for i in range(REQUESTS)]  # distinct prompts
+    extra, settings = [], {}
+    if dflash:
+        draft = write_draft(tmp_path / "draft", default_model, layers=2, block_size=8, target_layer_ids=(1, 15, 27),
+                            sliding_window=128)
+        extra = ["--speculative-algorithm", "dflash", "--draft-model", str(draft), "--speculative-disable-by-batch-size", "0"]
+        settings = dict(draft=draft)
+    else:
+        extra = ["--speculative-algorithm", "none"]
+    args = memd_args(**settings, page=16, budget=2_000_000_000, max_running=REQUESTS, chunk=512) + [
+        "--kv-cache-dtype", "bfloat16"]
+    outputs = {}
+    with run_memd(default_model, *args, device="cuda") as memd:
+        for steps in (1, 4):
+            with run_modeld(memd, "--target-model", str(default_model), "--steps-per-replay", str(steps),
+                            "--metrics-port", "0", *extra, device="cuda", name=f"modeld-{steps}") as modeld:
+                outputs[steps] = generate_all(modeld.address, prompts)
+                samples = scrape(modeld.log_path.read_text())
+                replays = total(samples, "modeld:steps_per_replay_count")
+                ran = total(samples, "modeld:steps_per_replay_sum")
+                assert (ran > replays) == (steps > 1), f"{ran} steps in {replays} replays at --steps-per-replay {steps}"
+    hf = hf_models("cuda")
+    for prompt, a, b in zip(prompts, outputs[4], outputs[1]):
+        assert len(a) == len(b) == MAX_NEW
+        if a != b:
+            tie, gap = first_difference_is_a_near_tie(hf, prompt, a, b)
+            assert tie, f"4 steps a replay part from 1 where the top-2 logit gap is {gap:.3f} > {NEAR_TIE}"
