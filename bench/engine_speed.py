@@ -5,7 +5,7 @@ configurations, requests that sample (temperature 0.8) at batch 1 and 16. The gr
 step (or DFLASH verify step) per replay, and again with up to 4 per replay (modeld's default, --steps-per-replay).
 
     python -m bench.engine_speed [--target DIR] [--load-format dummy] [--draft DIR|none] [--new-tokens 128]
-        [--concurrency 16,64] [--page 16] [--ratio 0.25] [--skip-hf]
+        [--concurrency 16,64] [--rounds 3] [--page 16] [--ratio 0.25] [--skip-hf]
 
 One memd (a child process, on the GPU, with a bounded draft pool when there is a draft) serves every modeld
 configuration in turn; each modeld runs in this process (its engine thread, no gRPC), so the breakdown can time
@@ -203,12 +203,20 @@ def weight_bytes(model) -> int:
     return total - (0 if model.lm_head.weight is embed else embed.numel() * embed.element_size())
 
 
-def batches(concurrency: int, prompts: list[list[int]], batch1: int) -> list[list[list[int]]]:
+def batches(concurrency: int, prompts: list[list[int]], batch1: int, rounds: int) -> list[list[list[int]]]:
     """The request batches of a run at this concurrency: at 1, the first `batch1` prompts one at a time (one short
-    answer would weigh its admission against a handful of steps); else one batch of that many prompts."""
+    answer would weigh its admission against a handful of steps); else `rounds` batches of that many prompts, each
+    starting one prompt further (one batch of 16 short answers lasts about a third of a second: too noisy alone)."""
     if concurrency == 1:
         return [[p] for p in prompts[:batch1]]
-    return [[prompts[i % len(prompts)] for i in range(concurrency)]]
+    return [[prompts[(i + k) % len(prompts)] for i in range(concurrency)] for k in range(rounds)]
+
+
+def run_batches(engine, concurrency: int, prompts, args, ignore_eos: bool, tag: str, temperature: float = 0.0) -> tuple[int, float, int]:
+    """(generated tokens, seconds, verify steps) over every batch of a run at this concurrency."""
+    done = [generate_all(engine, batch, args.new_tokens, ignore_eos, f"{tag}-{k}", temperature)
+            for k, batch in enumerate(batches(concurrency, prompts, args.batch1, args.rounds))]
+    return sum(d[0] for d in done), sum(d[1] for d in done), sum(d[2] for d in done)
 
 
 def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
@@ -222,25 +230,20 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
     try:
         generate_all(engine, prompts[:2], 8, True, "warm")
         row = {"name": v.name, "graphs": v.graphs, "steps": v.steps, "always_speculates": not v.speculate_below}
-        tokens = seconds = verifies = 0
-        for i, p in enumerate(prompts[: args.batch1]):
-            n, s, k = generate_all(engine, [p], args.new_tokens, ignore_eos, f"b1-{i}")
-            tokens, seconds, verifies = tokens + n, seconds + s, verifies + k
+        tokens, seconds, verifies = run_batches(engine, 1, prompts, args, ignore_eos, "b1")
         row["bs1"] = tokens / seconds
         row["accept"] = tokens / verifies if verifies else None
         for c in args.concurrency:
-            n, s, _ = generate_all(engine, [prompts[i % len(prompts)] for i in range(c)], args.new_tokens, ignore_eos, f"c{c}")
-            row[f"c{c}"] = n / s
+            tokens, seconds, _ = run_batches(engine, c, prompts, args, ignore_eos, f"c{c}")
+            row[f"c{c}"] = tokens / seconds
         if v.graphs:  # sampled requests at batch 1 and 16: DFLASH's split path against plain decoding
             for c in (1, 16):
-                done = [generate_all(engine, batch, args.new_tokens, ignore_eos, f"t{c}-{k}", SAMPLED_TEMPERATURE)
-                        for k, batch in enumerate(batches(c, prompts, args.batch1))]
-                tokens, verifies = sum(d[0] for d in done), sum(d[2] for d in done)
-                row[f"sampled{c}"] = tokens / sum(d[1] for d in done)
+                tokens, seconds, verifies = run_batches(engine, c, prompts, args, ignore_eos, f"t{c}", SAMPLED_TEMPERATURE)
+                row[f"sampled{c}"] = tokens / seconds
                 row[f"sampled_accept{c}"] = tokens / verifies if verifies else None
         for c in (1, 16):
             prof = Breakdown(engine)
-            for k, batch in enumerate(batches(c, prompts, args.batch1)):
+            for k, batch in enumerate(batches(c, prompts, args.batch1, args.rounds)):
                 generate_all(engine, batch, args.new_tokens, ignore_eos, f"prof{c}-{k}")
             row[f"breakdown{c}"] = prof.close()
         row["weight_bytes"] = weight_bytes(engine.runner.model)
@@ -329,6 +332,7 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--batch1", type=int, default=4, help="prompts answered one at a time")
     p.add_argument("--concurrency", default="16,64")
+    p.add_argument("--rounds", type=int, default=3, help="batches per concurrency above 1, each timed and summed")
     p.add_argument("--page", type=int, default=16)
     p.add_argument("--ratio", type=float, default=0.25)
     p.add_argument("--window", type=int, default=256)

@@ -18,11 +18,11 @@ pytestmark = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
 MAX_NEW = 64
 
 
-def run_all(address: str, prompts: list[list[int]], concurrent: bool) -> tuple[list[list[int]], float, int]:
+def run_all(address: str, prompts: list[list[int]], at_once: bool) -> tuple[list[list[int]], float, int]:
     with client.Client(address, timeout=600) as c:
         go = lambda ids: c.generate(input_ids=ids, max_new_tokens=MAX_NEW, temperature=0, ignore_eos=True)  # noqa: E731
         begin = time.perf_counter()
-        if concurrent:
+        if at_once:
             with concurrent_pool() as pool:
                 results = list(pool.map(go, prompts))
         else:
@@ -57,17 +57,17 @@ def test_bf16_greedy_lossless_and_throughput(tmp_path, default_model, chat_ids, 
             extra = ["--draft-model", str(draft)] if algorithm == "dflash" else []
             with run_modeld(memd, "--target-model", str(default_model), "--speculative-algorithm", algorithm, *extra,
                             device="cuda") as modeld:
-                run_all(modeld.address, chat_ids[:2], concurrent=False)  # warm-up
-                for concurrent in (False, True):
-                    out, seconds, verifies = run_all(modeld.address, chat_ids, concurrent)
-                    outputs[algorithm, concurrent] = out
+                run_all(modeld.address, chat_ids[:2], at_once=False)  # warm-up
+                for at_once in (False, True):
+                    out, seconds, verifies = run_all(modeld.address, chat_ids, at_once)
+                    outputs[algorithm, at_once] = out
                     tokens = sum(len(o) for o in out)
-                    report.append(f"{algorithm:6s} batch {'8' if concurrent else '1'}: {tokens / seconds:8.1f} tok/s "
+                    report.append(f"{algorithm:6s} batch {'8' if at_once else '1'}: {tokens / seconds:8.1f} tok/s "
                                   f"({tokens} tokens, {seconds:.2f} s, {verifies} verify steps)")
     print(f"\npage {page}, ratio {ratio}:\n" + "\n".join(report))
     hf = hf_models("cuda")
-    for concurrent in (False, True):
-        for prompt, a, b in zip(chat_ids, outputs["dflash", concurrent], outputs["none", concurrent]):
+    for at_once in (False, True):
+        for prompt, a, b in zip(chat_ids, outputs["dflash", at_once], outputs["none", at_once]):
             if a != b:
                 tie, gap = first_difference_is_a_near_tie(hf, prompt, a, b)
                 assert tie, f"draft on/off part where the top-2 logit gap is {gap:.3f} > {NEAR_TIE}"
