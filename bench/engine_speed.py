@@ -243,8 +243,7 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
                 row[f"sampled_accept{c}"] = tokens / verifies if verifies else None
         for c in (1, 16):
             prof = Breakdown(engine)
-            for k, batch in enumerate(batches(c, prompts, args.batch1, args.rounds)):
-                generate_all(engine, batch, args.new_tokens, ignore_eos, f"prof{c}-{k}")
+            run_batches(engine, c, prompts, args, ignore_eos, f"prof{c}")
             row[f"breakdown{c}"] = prof.close()
         row["weight_bytes"] = weight_bytes(engine.runner.model)
         return row

@@ -60,16 +60,19 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
 def draw_chunks(rows: list[int], generators: list[torch.Generator | None]) -> list[list[int]]:
     """The sampled rows in chunks of about DRAW_CHUNK_ROWS, never splitting a run of rows that share a generator
     (one noise draw per run: a request's draw stays the same whatever its batch)."""
-    chunks, run = [[]], []
-    for i in rows + [None]:
-        if run and (i is None or generators[i] is not generators[run[-1]]):
-            if chunks[-1] and len(chunks[-1]) + len(run) > DRAW_CHUNK_ROWS:
-                chunks.append([])
-            chunks[-1].extend(run)
-            run = []
-        if i is not None:
-            run.append(i)
+    chunks = [[]]
+    for begin, end in generator_runs([generators[i] for i in rows]):
+        if chunks[-1] and len(chunks[-1]) + end - begin > DRAW_CHUNK_ROWS:
+            chunks.append([])
+        chunks[-1].extend(rows[begin:end])
     return [c for c in chunks if c]
+
+
+def generator_runs(generators: list[torch.Generator | None]) -> list[tuple[int, int]]:
+    """[begin, end) of each run of consecutive entries that share one generator (None: the default one)."""
+    cuts = [i for i in range(1, len(generators)) if generators[i] is not generators[i - 1]]
+    bounds = [0, *cuts, len(generators)] if generators else []
+    return list(zip(bounds, bounds[1:]))
 
 
 def draw_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:
@@ -92,11 +95,8 @@ def draw_rows(logits: torch.Tensor, params: list[SamplingParams], generators: li
         before = probs.cumsum(dim=-1) - probs  # mass strictly before each token: the first token is always kept
         probs = probs.masked_fill(before >= settings[:, 2:3], 0.0)
     noise = torch.empty_like(probs)
-    begin = 0
-    for end in range(1, len(generators) + 1):
-        if end == len(generators) or generators[end] is not generators[begin]:
-            noise[begin:end].exponential_(generator=generators[begin])
-            begin = end
+    for begin, end in generator_runs(generators):
+        noise[begin:end].exponential_(generator=generators[begin])
     if order is not None:
         noise = noise.gather(1, order)  # each token keeps its own noise, sorted or not: draws independent of the batch
     choice = (probs / noise.clamp_(min=torch.finfo(torch.float32).tiny)).argmax(dim=-1)  # E = 0 would make 0 / 0
