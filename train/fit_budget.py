@@ -37,8 +37,8 @@ PACKING_SLACK = 0.95  # batches are packed whole sequences: a step holds a littl
 MIN_ANCHORS = 64
 
 
-def valid_counts(seqs: list[dict], max_len: int) -> np.ndarray:
-    return np.array([len(td.valid_anchors(len(s["ids"]), s["spans"], max_len)) for s in seqs], dtype=np.int64)
+def valid_counts(seqs: list[dict], tc: td.TrainConfig) -> np.ndarray:
+    return np.array([len(td.anchor_positions(s, tc.max_len, tc.loop_repeats)) for s in seqs], dtype=np.int64)
 
 
 def most_anchors(counts: np.ndarray, epochs: int, blocks: float) -> int:
@@ -73,7 +73,8 @@ def pick_schedule(counts: np.ndarray, epochs: int, blocks: float, min_anchors: i
 
 def base_config(args) -> td.TrainConfig:
     """The run's fixed settings (the anchors and the epochs are picked later)."""
-    return td.TrainConfig(batch_anchors=args.batch_anchors, layers=args.layers, lr=args.lr, distill=args.distill)
+    return td.TrainConfig(batch_anchors=args.batch_anchors, layers=args.layers, lr=args.lr, distill=args.distill,
+                          loop_repeats=args.loop_repeats)
 
 
 def step_seconds(target, seqs, tc: td.TrainConfig, device: str, log) -> float:
@@ -129,6 +130,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--distill", type=float, default=0.0,
                    help="weight of the target's distribution in the loss (train_draft --distill; 0: hard labels)")
     p.add_argument("--init", help="start from this saved draft's weights (train_draft --init)")
+    p.add_argument("--loop-repeats", type=int, default=td.TrainConfig.loop_repeats,
+                   help="anchors stop this many periods into an answer's repetition loop (train.loops; 0: everywhere)")
     p.add_argument("--target")
     p.add_argument("--device", default="cuda")
     p.add_argument("--log-json", help="write the settings, step time and per-step losses here")
@@ -154,7 +157,7 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval().requires_grad_(False)
     base = base_config(args)
-    counts = valid_counts(seqs, base.max_len)
+    counts = valid_counts(seqs, base)
     anchors = args.probe_anchors
     if args.profile_steps:
         profile_steps(target, seqs, dataclasses.replace(base, anchors=anchors, epochs=1), args.device,
@@ -167,7 +170,7 @@ def main(argv=None) -> int:
     log(f"schedule: {epochs} epochs at {anchors} anchors per sequence ({left:.0f} s left); repeat with: "
         f"python -m train.train_draft --prompts {args.prompts} --responses {args.responses} --out DRAFT --ckpt CKPT "
         f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors} --layers {tc.layers} --lr {tc.lr:g}"
-        f" --distill {tc.distill:g}"
+        f" --distill {tc.distill:g} --loop-repeats {tc.loop_repeats}"
         + (f" --init {args.init}" if args.init else ""))
     _, _, state = td.train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), False, pathlib.Path(args.out),
                            time_budget=left, init=pathlib.Path(args.init) if args.init else None)

@@ -1,4 +1,5 @@
-"""How many answers and answer tokens a response folder holds.
+"""How many answers and answer tokens a response folder holds, and how many of those tokens lie past the second
+period of a repetition loop (train.loops: the trainer anchors no block there).
 
     python -m train.stats DIR [DIR ...]
 """
@@ -6,23 +7,26 @@
 import pathlib
 import sys
 
-from train import responses
+from train import loops, responses
+from train.train_draft import TrainConfig
 
 
-def count(folder: pathlib.Path) -> tuple[int, int]:
-    """(records, answer tokens) of every shard in `folder`."""
-    records = tokens = 0
+def count(folder: pathlib.Path, loop_repeats: int = TrainConfig.loop_repeats) -> tuple[int, int, int]:
+    """(records, answer tokens, tokens past `loop_repeats` periods of a loop) of every shard in `folder`."""
+    records = tokens = looped = 0
     for path in responses.shard_paths(folder):
         for _, answers in responses.read_shard(path):
             records += 1
             tokens += sum(len(a) for a in answers)
-    return records, tokens
+            looped += sum(loops.looped_tokens(a, loop_repeats) for a in answers)
+    return records, tokens, looped
 
 
 def main(argv=None) -> int:
     for folder in (argv if argv is not None else sys.argv[1:]):
-        records, tokens = count(pathlib.Path(folder))
-        print(f"{folder}: {records} answers, {tokens} answer tokens ({tokens / max(1, records):.0f} per answer)")
+        records, tokens, looped = count(pathlib.Path(folder))
+        print(f"{folder}: {records} answers, {tokens} answer tokens ({tokens / max(1, records):.0f} per answer; "
+              f"{looped / max(1, tokens):.1%} past two periods of a repetition loop)")
     return 0
 
 

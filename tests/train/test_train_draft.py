@@ -48,7 +48,7 @@ def test_taps_follow_the_reference_rule():
 
 def test_epoch_batches_cover_every_sequence_once_in_batches_of_like_lengths():
     rng = np.random.default_rng(3)
-    seqs = [{"ids": np.zeros(n, dtype=np.int32), "spans": [(4, n)]} for n in rng.integers(6, 400, size=600)]
+    seqs = [{"ids": np.arange(n, dtype=np.int32), "spans": [(4, n)]} for n in rng.integers(6, 400, size=600)]
     seqs.append({"ids": np.zeros(5, dtype=np.int32), "spans": [(5, 5)]})  # no anchor: never in a batch
     tc = TrainConfig(anchors=8, batch_anchors=64, max_len=2048)
     first = epoch_batches(seqs, tc, 0)
