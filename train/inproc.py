@@ -7,19 +7,24 @@ neither detokenises them nor queues their chunks (Request.stream False).
 
 Up to --concurrency conversations are in flight; a multi-turn conversation sends its next turn when the last
 one completes. At the budget (or a signal) requests still in flight are aborted and their slots go back to
-memd; they are redone by the next run.
+memd; they are redone by the next run. An answer that runs into a repetition loop is stopped there and kept
+(train.loops.ends_in_loop, looked at every LOOP_CHECK_S): the copies it would go on making to the token limit
+were 26.9 % of the answer tokens generated before 2026-12-04, and the trainer anchors no block in them.
 """
 
 import itertools
 import queue
 import signal
+import time
 
 from modeld.config import ModeldConfig
 from modeld.engine import make_generator
 from modeld.request import Request
 from modeld.sampling import SamplingParams
 from modeld.server import build_engine
-from train import chat
+from train import chat, loops
+
+LOOP_CHECK_S = 1.0  # how often the answers in flight are looked at for a repetition loop
 
 
 class GenerationFailed(RuntimeError):
@@ -39,7 +44,8 @@ def generate_inproc(memd: str, jobs, tokenizer, temperatures, args, writer, stop
                        chunked_prefill_size=args.chunked_prefill)
     built = build_engine(cfg, lambda serving: None)
     engine, done = built.engine, queue.Queue()  # every request's "complete" (no chunks: stream=False)
-    conversations: dict[str, tuple[dict, int, list]] = {}  # rid -> (record, sample index, answers so far)
+    conversations: dict[str, tuple[dict, int, list, Request]] = {}  # rid -> (record, sample, answers so far, request)
+    looping: set[str] = set()  # aborted by us in a repetition loop: their answers so far are kept
     rids = itertools.count()
     jobs = iter(jobs)
 
@@ -50,8 +56,13 @@ def generate_inproc(memd: str, jobs, tokenizer, temperatures, args, writer, stop
         req = Request(rid=rid, prompt_ids=chat.turn_prompt(tokenizer, record, answers), params=params,
                       generator=None if params.greedy else make_generator(params.seed, args.device), events=done,
                       stream=False)
-        conversations[rid] = (record, k, answers)
+        conversations[rid] = (record, k, answers, req)
         engine.submit(req)
+
+    def stop_loops() -> None:
+        for rid, (*_, req) in conversations.items():
+            if rid not in looping and loops.ends_in_loop(list(req.output_ids)) and engine.abort(rid):
+                looping.add(rid)
 
     previous = {sig: signal.signal(sig, lambda *_: setattr(stop, "flag", True)) for sig in (signal.SIGTERM, signal.SIGINT)}
     engine.start()
@@ -59,14 +70,19 @@ def generate_inproc(memd: str, jobs, tokenizer, temperatures, args, writer, stop
     try:
         for record, k in itertools.islice(jobs, args.concurrency):
             send(record, k, [])
+        looked = time.monotonic()
         while conversations and not stop():
+            if time.monotonic() - looked >= LOOP_CHECK_S:
+                stop_loops()
+                looked = time.monotonic()
             try:
-                _, req = done.get(timeout=max(0.01, min(1.0, stop.left())))  # ("complete", req)
+                _, req = done.get(timeout=max(0.01, min(LOOP_CHECK_S, stop.left())))  # ("complete", req)
             except queue.Empty:
                 continue
-            record, k, answers = conversations.pop(req.rid)
-            if req.finish.reason == "abort":
+            record, k, answers, _ = conversations.pop(req.rid)
+            if req.finish.reason == "abort" and req.rid not in looping:
                 raise GenerationFailed(f"{record['id']}: {req.finish.error_code} {req.finish.error}")
+            looping.discard(req.rid)
             answers.append(list(req.output_ids))
             if len(answers) < len(record["turns"]):
                 send(record, k, answers)

@@ -11,7 +11,7 @@ import pytest
 import client
 from tests.conftest import greedy
 from tests.daemons import run_memd, run_modeld
-from train import chat, responses
+from train import chat, loops, responses
 from train.generate import main, make_jobs, parse_sampling
 
 PROMPTS = [
@@ -96,6 +96,28 @@ def test_inproc_stop_and_resume_gives_the_services_answers(tmp_path, default_mod
     by_service, _ = read_all(served)
     assert {key: answers for key, (_, answers) in done.items()} == {key: answers for key, (_, answers) in by_service.items()}
     assert done["m:3#1"][0]["turns"] == 2 and len(done["m:3#1"][1]) == 2
+
+
+def test_inproc_stops_an_answer_in_a_repetition_loop_and_keeps_it(tmp_path, default_model, tokenizer, hf_greedy):
+    looping = {"id": "l:0", "source": "l", "turns": ["Write the letter a 300 times."]}  # "A, A, A, ..." greedily
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    with gzip.open(prompts / "prompts-00000.jsonl.gz", "wt") as fh:
+        fh.writelines(json.dumps(p) + "\n" for p in (looping, PROMPTS[0]))
+    out = tmp_path / "out"
+    with run_memd(default_model, "--max-running-requests", "4", "--max-total-tokens", "4096", "--draft-model", "none",
+                  "--kv-cache-dtype", "float32", "--strict") as memd:  # ends by checking memd's pools free (or only cached)
+        assert main(["--engine", "inproc", "--memd", memd.address, "--device", "cpu", "--prompts", str(prompts),
+                     "--target", str(default_model), "--sampling", "greedy", "--max-new-tokens", "400",
+                     "--out", str(out)]) == 0
+    done, _ = read_all(out)
+    answer = done["l:0#0"][1][0]
+    full = hf_greedy(chat.turn_prompt(tokenizer, looping, []), 400)
+    assert len(full) == 400 and loops.ends_in_loop(full)  # left alone, the target loops to the token limit
+    assert loops.STOP_TOKENS <= len(answer) < 200 and loops.ends_in_loop(answer)  # stopped within a check or so
+    assert answer == full[: len(answer)]  # the target's own tokens, cut
+    other = done["t:0#0"][1][0]
+    assert other == hf_greedy(chat.turn_prompt(tokenizer, PROMPTS[0], []), 400)  # an answer without a loop: whole
 
 
 def test_hf_fallback_stop_and_resume(tmp_path, default_model, tokenizer, hf_models):
