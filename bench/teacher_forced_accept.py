@@ -1,7 +1,8 @@
 """A draft's teacher-forced accept length on its training data against held-out chat, side by side in one run:
 the trainer's own measure (`train.train_draft.block_loss` and `accept_length`, every anchor of each sequence)
 over the target's greedy answers. Close to the served accept length on the held-out side means trainer and
-server agree; far above it on the training side means the draft learned its data, not chat.
+server agree; far above it on the training side means the draft learned its data, or its answers loop (a loop's
+copies are accepted in long runs: the last column leaves them out, as the trainer's anchors do).
 
     python -m bench.teacher_forced_accept [--draft modeld/default_draft] [--count 16] [--device cpu]
         [--responses train/data/responses] [--prompts .cache/train/prompts] [--sources chat-templates,...]
@@ -59,10 +60,13 @@ def held_out_sequences(args, tokenizer, target) -> list[dict]:
     return out
 
 
-def accept_per_sequence(draft, target, seqs: list[dict], tc: td.TrainConfig, device: str) -> list[float]:
+def accept_per_sequence(draft, target, seqs: list[dict], tc: td.TrainConfig, device: str,
+                        loop_repeats: int = 0) -> list[float]:
+    """Teacher-forced accept length of each sequence over its anchors (with `loop_repeats`, only those the trainer
+    draws: none past that many periods of a repetition loop, where every draft accepts long runs of copies)."""
     out = []
     for seq in seqs:
-        anchors = td.valid_anchors(len(seq["ids"]), seq["spans"], tc.max_len)
+        anchors = td.anchor_positions(seq, tc.max_len, loop_repeats)
         with torch.no_grad():
             _, predictions, weights = td.block_loss(draft, target, [seq], [anchors], tc, device)
         out.append(td.accept_length(predictions, [seq], [anchors], tc.block, weights))
@@ -90,12 +94,14 @@ def main(argv=None) -> int:
     rows = [("training answers (" + args.sources + ")", training_sequences(args, tokenizer)),
             ("held-out MT-Bench answers (every fifth first turn)", held_out_sequences(args, tokenizer, target))]
     print(f"draft {pathlib.Path(args.draft).name}, fp32 on {args.device}, block {tc.block}, every anchor of each sequence\n")
-    print("| sequences | count | teacher-forced accept length | per sequence (min / median / max) |")
-    print("|---|---|---|---|")
+    print("| sequences | count | teacher-forced accept length | per sequence (min / median / max) "
+          f"| without loop copies (anchors the trainer draws, --loop-repeats {tc.loop_repeats}) |")
+    print("|---|---|---|---|---|")
     for name, seqs in rows:
         accepts = accept_per_sequence(draft, target, seqs, tc, args.device)
+        prose = accept_per_sequence(draft, target, seqs, tc, args.device, tc.loop_repeats)
         print(f"| {name} | {len(seqs)} | {np.mean(accepts):.2f} | "
-              f"{min(accepts):.2f} / {np.median(accepts):.2f} / {max(accepts):.2f} |", flush=True)
+              f"{min(accepts):.2f} / {np.median(accepts):.2f} / {max(accepts):.2f} | {np.mean(prose):.2f} |", flush=True)
     return 0
 
 

@@ -34,11 +34,19 @@ def periodic_tail(tokens, max_period: int = MAX_PERIOD, min_repeats: int = MIN_R
     return best
 
 
-def ends_in_loop(tokens) -> bool:
-    """Whether an answer being generated has run STOP_REPEATS periods and STOP_TOKENS tokens into a loop: the rest
-    would be copies (26.9 % of the answer tokens of 2026-12-04 lay past that point)."""
+def stop_point(tokens) -> int | None:
+    """Where generation stops an answer that ends in a loop: STOP_REPEATS periods and at least STOP_TOKENS tokens
+    into it (None when the answer does not get that far into one)."""
     start, period = periodic_tail(tokens)
-    return bool(period) and len(tokens) - start >= max(STOP_REPEATS * period, STOP_TOKENS)
+    if not period or len(tokens) - start < max(STOP_REPEATS * period, STOP_TOKENS):
+        return None
+    return start + max(STOP_REPEATS * period, STOP_TOKENS)
+
+
+def ends_in_loop(tokens) -> bool:
+    """Whether an answer being generated has run far enough into a loop to stop it: the rest would be copies (26.9 %
+    of the answer tokens made before 2026-12-04 lay past that point)."""
+    return stop_point(tokens) is not None
 
 
 def anchor_spans(ids, spans, repeats: int) -> list[tuple[int, int]]:

@@ -5,7 +5,13 @@ export PYTHONPATH=/tmp/site:$PWD
 [ -d /tmp/prompts ] || { mkdir -p /tmp/prompts && cp -r .cache/train/prompts/. /tmp/prompts/; }  # no generation before
 seconds=$1
 shift
+# A profile of a few steps first (the op table goes to $OUT/train.txt with the whole log): where a step's time goes
+# has not been measured on the GPU yet, and the blocks a second buy are what the draft is short of.
+python3 -m train.stats /tmp/gen
 python3 -m train.fit_budget --prompts /tmp/prompts --responses /tmp/gen --out /tmp/draft --ckpt /tmp/ckpt.pt \
-    --seconds "$seconds" --epochs 2 --log-json "$OUT/train_log.json" "$@" 2>&1 | grep -v Loading | tail -40
+    --seconds "$seconds" --epochs 2 --profile-steps 3 --log-json "$OUT/train_log.json" "$@" 2>&1 | grep -v Loading \
+    > "$OUT/train.txt"
+grep -v '^[-| ]' "$OUT/train.txt" | tail -30
+grep -A 22 'profile of' "$OUT/train.txt" | cut -c1-150
 split -b 15M /tmp/draft/model.safetensors "$OUT/draft.safetensors.part-" && cp /tmp/draft/config.json "$OUT/draft_config.json"
 sha256sum /tmp/draft/model.safetensors

@@ -3,7 +3,7 @@ its labels run on."""
 
 import numpy as np
 
-from train.loops import anchor_spans, looped_tokens, periodic_tail
+from train.loops import anchor_spans, ends_in_loop, looped_tokens, periodic_tail, stop_point
 from train.train_draft import TrainConfig, anchor_positions, epoch_batches, label_mask, sample_anchors, valid_anchors
 
 
@@ -53,3 +53,13 @@ def test_the_trainer_anchors_up_to_the_cut_and_labels_past_it():
     batches = epoch_batches([seq, dict(seq)], tc, 0)
     assert sorted(i for b in batches for i in b) == [0, 1]
 
+
+
+def test_generation_stops_four_periods_and_64_tokens_into_a_loop():
+    text = list(range(1, 31))
+    assert stop_point(text + [7, 8] * 31) is None and not ends_in_loop(text + [7, 8] * 31)  # 62 tokens of loop
+    assert stop_point(text + [7, 8] * 32) == 30 + 64 and ends_in_loop(text + [7, 8] * 32)
+    period = list(range(40, 80))  # 40 tokens: four periods (160) before it stops
+    assert stop_point(text + period * 3 + period[:39]) is None
+    assert stop_point(text + period * 4) == 30 + 160
+    assert stop_point(text) is None and stop_point([]) is None
