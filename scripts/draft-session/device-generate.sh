@@ -1,11 +1,11 @@
 # On the GPU machine: SECONDS of generation (engine inproc, modeld or hf) into /tmp/gen, then the answers packed
 # into $OUT/gen to bring back. The pack holds every answer in /tmp/gen, earlier sessions' included: it replaces
-# what train/data/ holds (one folder, so that training never reads an answer twice). Self-instruct and chat-like
-# sources go first (MT-Bench is chat; the dictionary-style sources outweigh it in the prompt build's order).
+# what train/data/ holds (one folder, so that training never reads an answer twice). ShareGPT, self-instruct and
+# chat-like sources go first (MT-Bench is chat; the dictionary-style sources outweigh it in the prompt build's order).
 export PYTHONPATH=/tmp/site:$PWD
 [ -d /tmp/prompts ] || { mkdir -p /tmp/prompts && cp -r .cache/train/prompts/. /tmp/prompts/; }
 python3 -m train.generate --prompts /tmp/prompts --out /tmp/gen --engine "${2:-inproc}" --batch 512 --sampling greedy \
     --max-new-tokens 512 --concurrency 384 --time-budget "$1" \
-    --sources-first self-instruct,chat-templates,openai-evals,multi-turn,python-code,math-word,shakespeare,manpages,stdlib-docs 2>&1 | grep -v Loading | tail -5
+    --sources-first sharegpt,self-instruct,chat-templates,openai-evals,multi-turn,python-code,math-word,shakespeare,manpages,stdlib-docs 2>&1 | grep -v Loading | tail -5
 python3 -m train.stats /tmp/gen
 python3 -m train.generate pack --src /tmp/gen --out "$OUT/gen" --max-mib 15
