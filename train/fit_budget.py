@@ -1,13 +1,17 @@
 """Fit a draft's training run into a time budget: time a few steps, then pick the anchors per sequence (and the
-epochs) so that the whole cosine schedule ends inside the budget, and train. A run stopped by the clock halfway
-through its schedule ends at a high learning rate; a schedule sized to the budget ends where it should.
+epochs) so that the planned schedule fills the budget, and train with the schedule paced by the clock
+(train_draft.train(paced=True): warm-up and cosine over the seconds left, the epochs going on until they are
+spent). A run stopped by the clock halfway through a step-based schedule ends at a high learning rate, and one
+whose steps ran faster than the probe said ends early: the 2026-12-04 (fourth session) run did its 1,084 planned
+steps in 250 s and left the rest of its call unused. Paced, the run ends annealed when the budget does.
 
     python -m train.fit_budget --prompts DIR --responses DIR[,DIR] --out DRAFT --ckpt FILE --seconds S
         [--epochs 2] [--batch-anchors 4096] [--probe-anchors 128] [--layers 5] [--lr 6e-4] [--init DRAFT]
         [--distill W] [--log-json FILE] [--profile-steps N]
 
 The chosen settings are printed as the train.train_draft command line that repeats the run (same data, same
-seed: the same steps). The probes' steps are thrown away. A step's time depends on the anchors per sequence
+seed, paced over the same seconds: the same batches, as many as the machine then takes). The probes' steps are
+thrown away. A step's time depends on the anchors per sequence
 (the first run here took 0.29 s a step at 128 anchors and 0.55 s at 1,022 on the H200), so a second probe
 times the setting the first picked, and the schedule is picked again from it. Epochs give way before anchors
 do: below MIN_ANCHORS per sequence the schedule drops to fewer epochs at more anchors (the 2026-12-04 run's 2
@@ -170,10 +174,10 @@ def main(argv=None) -> int:
     log(f"schedule: {epochs} epochs at {anchors} anchors per sequence ({left:.0f} s left); repeat with: "
         f"python -m train.train_draft --prompts {args.prompts} --responses {args.responses} --out DRAFT --ckpt CKPT "
         f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors} --layers {tc.layers} --lr {tc.lr:g}"
-        f" --distill {tc.distill:g} --loop-repeats {tc.loop_repeats}"
+        f" --distill {tc.distill:g} --loop-repeats {tc.loop_repeats} --time-budget {left:.0f} --paced"
         + (f" --init {args.init}" if args.init else ""))
     _, _, state = td.train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), False, pathlib.Path(args.out),
-                           time_budget=left, init=pathlib.Path(args.init) if args.init else None)
+                           time_budget=left, init=pathlib.Path(args.init) if args.init else None, paced=True)
     if args.log_json:
         pathlib.Path(args.log_json).write_text(json.dumps({
             "settings": dataclasses.asdict(tc), "sequences": len(seqs), "anchor_positions": int(counts.sum()),

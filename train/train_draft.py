@@ -2,7 +2,7 @@
 in the z-lab format modeld loads (modeld/draft.py, unchanged).
 
     python -m train.train_draft --prompts DIR --responses DIR[,DIR] --out DIR --ckpt FILE [--target DIR]
-        [--epochs 6] [--max-len 2048] [--anchors 512] [--batch-anchors 8192] [--time-budget S] [--resume]
+        [--epochs 6] [--max-len 2048] [--anchors 512] [--batch-anchors 8192] [--time-budget S [--paced]] [--resume]
         [--init DRAFT]
 
 The recipe and what this does with it:
@@ -326,6 +326,14 @@ def lr_factor(step: int, total: int, warmup: float) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - w) / max(1, total - w)))
 
 
+def paced_factor(done: float, warmup: float) -> float:
+    """lr_factor over a fraction `done` of a time budget: linear warm-up over the first `warmup` of it, then cosine
+    to 0 at its end."""
+    if done < warmup:
+        return done / warmup
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (done - warmup) / (1 - warmup))))
+
+
 def save_draft(draft: DFlashDraft, config: dict, out: pathlib.Path, max_mb: float = 40.0, dtype=torch.bfloat16) -> int:
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(dtype).contiguous().cpu() for k, v in draft.state_dict().items() if "rotary" not in k}
@@ -374,9 +382,13 @@ def save_checkpoint(path: pathlib.Path, draft, opt, state: State, tc: TrainConfi
 def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckpt: pathlib.Path | None = None,
           resume: bool = False, out: pathlib.Path | None = None, time_budget: float = float("inf"),
           max_steps: int | None = None, save_every: int = 500,
-          init: pathlib.Path | None = None, step_ends: list[float] | None = None) -> tuple[DFlashDraft, dict, State]:
+          init: pathlib.Path | None = None, step_ends: list[float] | None = None,
+          paced: bool = False) -> tuple[DFlashDraft, dict, State]:
     """Train (or continue, with `resume` and an existing `ckpt`) until the epochs are done, `time_budget`
     seconds have passed, or `max_steps` steps were taken in this call; saves `ckpt` and `out` at the end.
+    `paced`: the schedule follows the clock instead of the steps: warm-up and cosine over `time_budget` seconds,
+    the epochs going on (each a new draw of anchors) until the budget is spent, so that a run whose steps were
+    timed wrong still ends annealed, on time (train.fit_budget; a paced run does not resume step for step).
     `init`: a saved draft (save_draft's folder, same settings) whose weights replace the random start; the
     optimiser and the schedule start afresh (how a later session continues from the weights that came back,
     when the checkpoint, optimiser included, is too large to). `step_ends`: the monotonic time at which each
@@ -388,8 +400,8 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
         load_weights(draft, config, init)
         log(f"weights from {init}")
     opt = torch.optim.AdamW(draft.parameters(), lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    plans = [epoch_batches(seqs, tc, e) for e in range(tc.epochs)]
-    total = sum(map(len, plans))
+    plans = {e: epoch_batches(seqs, tc, e) for e in range(tc.epochs)}
+    total = sum(map(len, plans.values()))  # the steps of tc.epochs (a paced run takes what its budget allows)
     data = fingerprint(seqs)
     state = State()
     if resume and ckpt is not None and ckpt.exists():
@@ -409,10 +421,17 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
         if out is not None:
             save_draft(draft, config, out, tc.max_draft_mb)
 
-    while state.epoch < tc.epochs:
+    while state.epoch < tc.epochs or paced:
+        if state.epoch not in plans:
+            plans[state.epoch] = epoch_batches(seqs, tc, state.epoch)
         batches = plans[state.epoch]
         while state.batch < len(batches):
-            if (max_steps is not None and taken >= max_steps) or time.monotonic() - begin > time_budget:
+            elapsed = time.monotonic() - begin
+            if paced and elapsed >= time_budget:
+                save()
+                log(f"done: {state.step} steps in {elapsed:.0f} s, {state.epoch} epochs and {state.batch} batches")
+                return draft, config, state
+            if (max_steps is not None and taken >= max_steps) or elapsed > time_budget:
                 save()
                 log(f"stopped at step {state.step} of {total}; continue with --resume")
                 return draft, config, state
@@ -421,7 +440,8 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
             anchors = [sample_anchors(seqs[i], tc.anchors, tc.max_len, tc.seed, state.epoch, i, tc.loop_repeats)
                        for i in index]
             for group in opt.param_groups:
-                group["lr"] = tc.lr * lr_factor(state.step, total, tc.warmup)
+                group["lr"] = tc.lr * (paced_factor(elapsed / time_budget, tc.warmup) if paced
+                                       else lr_factor(state.step, total, tc.warmup))
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
                 loss, predictions, weights = block_loss(draft, target, batch, anchors, tc, device)
             opt.zero_grad(set_to_none=True)
@@ -436,7 +456,8 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
             taken += 1
             if state.step % max(1, min(50, total // 50)) == 0 or state.step == total:
                 accept = accept_length(predictions, batch, anchors, tc.block, weights)
-                log(f"step {state.step}/{total} epoch {state.epoch}: loss {state.losses[-1]:.4f} "
+                at = f" ({elapsed / time_budget:.0%} of the time)" if paced else f"/{total}"
+                log(f"step {state.step}{at} epoch {state.epoch}: loss {state.losses[-1]:.4f} "
                     f"batch accept {accept:.2f} lr {opt.param_groups[0]['lr']:.2e} ({time.monotonic() - begin:.0f} s)")
             if save_every and state.step % save_every == 0:
                 save()
@@ -459,12 +480,15 @@ def main(argv=None) -> int:
                                   "ignored when --resume finds --ckpt")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--time-budget", type=float, default=float("inf"), help="seconds; then save and stop")
+    p.add_argument("--paced", action="store_true", help="the schedule follows the clock over --time-budget (train.fit_budget's runs)")
     p.add_argument("--save-every", type=int, default=500)
     for field in dataclasses.fields(TrainConfig):
         value = field.default
         kind = (lambda s: tuple(int(x) for x in s.split(",") if x)) if isinstance(value, tuple) else type(value)
         p.add_argument(f"--{field.name.replace('_', '-')}", type=kind, default=value)
     args = p.parse_args(argv)
+    if args.paced and (args.time_budget == float("inf") or args.resume):
+        p.error("--paced needs a --time-budget, and a paced run does not resume")
     tc = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -478,7 +502,8 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval().requires_grad_(False)
     train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), args.resume, pathlib.Path(args.out),
-          args.time_budget, save_every=args.save_every, init=pathlib.Path(args.init) if args.init else None)
+          args.time_budget, save_every=args.save_every, init=pathlib.Path(args.init) if args.init else None,
+          paced=args.paced)
     log(f"draft in {args.out}")
     return 0
 

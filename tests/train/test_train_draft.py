@@ -4,6 +4,7 @@ weights; a run stopped and resumed from its checkpoint takes exactly the steps a
 the 40 MB limit; the saved draft loads with modeld's loader."""
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,8 @@ from transformers import LlamaConfig
 from modeld.draft import load_draft
 from tests.dflash.tiny_models import load_hf, write_random_target
 from train.train_draft import (DraftTooLarge, TrainConfig, accept_length, block_loss, build_target_layer_ids,
-                               check_size, draft_config, epoch_batches, new_draft, sample_anchors, save_draft, train,
-                               valid_anchors)
+                               check_size, draft_config, epoch_batches, new_draft, paced_factor, sample_anchors,
+                               save_draft, train, valid_anchors)
 
 TINY = dict(layers=1, block=4, window=16, taps=(1, 2), mask_token_id=63, intermediate=128, lr=3e-3, anchors=8,
             batch_anchors=128)
@@ -174,6 +175,27 @@ def test_resume_takes_the_same_steps_as_an_uninterrupted_run(tiny, tmp_path):
         torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0)
     with pytest.raises(ValueError, match="other data or settings"):
         train(target, train_set[:-1], tc, "cpu", log=lambda m: None, ckpt=ckpt, resume=True)
+
+
+def test_a_paced_schedule_warms_up_then_anneals_over_the_time():
+    assert paced_factor(0.0, 0.04) == 0.0 and paced_factor(0.02, 0.04) == pytest.approx(0.5)
+    assert paced_factor(0.04, 0.04) == 1.0 and paced_factor(0.52, 0.04) == pytest.approx(0.5)
+    assert paced_factor(1.0, 0.04) == pytest.approx(0.0) and paced_factor(1.3, 0.04) == pytest.approx(0.0)
+
+
+def test_a_paced_run_goes_on_past_its_epochs_and_ends_annealed_on_time(tiny, tmp_path):
+    target, train_set, _ = tiny
+    tc = TrainConfig(**TINY, epochs=1)
+    lines: list[str] = []
+    begin = time.monotonic()
+    _, _, state = train(target, train_set, tc, "cpu", lines.append, out=tmp_path / "draft", time_budget=3.0,
+                        save_every=0, paced=True)
+    took = time.monotonic() - begin
+    assert state.epoch >= 1 and state.step > len(epoch_batches(train_set, tc, 0))  # more than its one planned epoch
+    assert 3.0 <= took < 6.0 and lines[-1].startswith("done:")  # on time, not stopped mid-schedule
+    lrs = [float(line.split(" lr ")[1].split()[0]) for line in lines if " lr " in line]
+    assert max(lrs) > 0.9 * tc.lr and lrs[-1] < 0.05 * tc.lr  # warmed up, then annealed by the end
+    assert (tmp_path / "draft" / "model.safetensors").exists()
 
 
 def test_init_starts_from_a_saved_drafts_weights(tiny, tmp_path):
