@@ -2,10 +2,10 @@
 
 For each draft block size, and once without the draft, in one script: memd (bounded draft pool at
 --ratio) and modeld on the GPU, greedy answers to the prompts at batch 1 (the first --batch1
-prompts) and at --concurrency (all of them). Prints one markdown row per configuration: accept
-length (completion tokens / verify steps), tokens/s, the speed-up over no draft, and how many greedy answers
-equal the no-draft answer (bf16: a near-tie may differ, tests/conftest.py's NEAR_TIE); then the accept
-length per prompt category (the prompts' "category" field) at --concurrency, and per draft position the
+prompts) and at --concurrency (all of them), DFLASH verifying at every step. Prints one markdown row per
+configuration: accept length (completion tokens / verify steps), tokens/s, the speed-up over no draft, and how
+many greedy answers equal the no-draft answer (bf16: a near-tie may differ, tests/conftest.py's NEAR_TIE);
+then the accept length per prompt category (the prompts' "category" field) at --concurrency, and per draft position the
 share of verify steps that accepted it (from modeld's metrics, over the --concurrency run).
 
     python -m bench.draft_accept --prompts DIR/eval/mtbench.jsonl [--draft modeld/default_draft] [--blocks 8,16]
@@ -117,8 +117,11 @@ def main(argv=None) -> int:
     base = None
     with run_memd(target, *mem, "--kv-cache-dtype", "bfloat16", device=args.device) as memd:
         for block in [None] + [int(b) for b in args.blocks.split(",")]:
+            # The draft verifies at every step, however many requests run (modeld's default turns speculation off
+            # from 16 running, which the --concurrency run reaches): this measures the draft, not that policy.
             extra = ["--speculative-algorithm", "none"] if block is None else [
-                "--draft-model", args.draft, "--num-draft-tokens", str(block), "--metrics-port", "0"]
+                "--draft-model", args.draft, "--num-draft-tokens", str(block), "--metrics-port", "0",
+                "--speculative-disable-by-batch-size", "0"]
             with run_modeld(memd, "--target-model", str(target), *extra, device=args.device) as modeld:
                 run_set(modeld.address, prompts[:2], 16, 1)  # warm-up (Triton compiles)
                 one = run_set(modeld.address, prompts[: args.batch1], args.max_new_tokens, 1)

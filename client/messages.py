@@ -22,7 +22,8 @@ class GenerateResult:
     """The complete message of a Generate stream.
 
     finish_reason is "stop", "length" or "abort"; matched_stop is "" when no stop string matched;
-    spec_accept_length is completion_tokens / spec_verify_ct (bonus token included), 0 without speculation.
+    spec_accept_length is completion_tokens / spec_verify_ct (bonus token included), without the tokens of decode
+    steps that verified no block (speculation off while the batch is large); 0 without speculation.
     """
 
     text: str

@@ -137,6 +137,8 @@ class Engine:
             finished = bool(tokens) and self.output.append(item.req, tokens)
             if item.verify:
                 self._count_verifies(item.req, per_step, len(item.req.output_ids) - before)
+            elif self.dflash is not None and before:  # a decode that verified nothing (the prompt's token is not one)
+                item.req.unverified_tokens += len(item.req.output_ids) - before
             if finished:
                 self._complete(item.req)
         return True

@@ -65,7 +65,7 @@ def request_done(req: Request) -> None:
         if generated > 1:
             TPOT.observe((now - req.first_token_at) / (generated - 1))
     if req.spec_verify_ct:
-        ACCEPT_LENGTH.observe(generated / req.spec_verify_ct)
+        ACCEPT_LENGTH.observe(req.accept_length())
 
 
 class EngineCollector(Collector):

@@ -34,11 +34,21 @@ class Request:
     first_token_at: float = 0.0  # perf_counter time of the step that produced the first token
     cached_tokens: int = 0
     spec_verify_ct: int = 0
+    # Output tokens of decode steps that verified no block (DFLASH off while the batch is large, or a block that no
+    # longer fits the context): not part of the accept length (accept_length()).
+    unverified_tokens: int = 0
     finish: Finish | None = None
     text_stream: object = None  # modeld.detokenize.TextStream of output_ids, made on the engine thread for stop strings
     sent_ids: int = 0  # output tokens already streamed
     events: queue.Queue = field(default_factory=queue.Queue)
     stream: bool = True  # False: only "complete" is read (in-process bulk generation): no chunk events, no text
+
+    def accept_length(self) -> float:
+        """Tokens per DFLASH verify step, bonus included: completion tokens / verify steps as SGLang reports it,
+        without the tokens of decode steps that verified nothing; 0 without a verify step."""
+        if not self.spec_verify_ct:
+            return 0.0
+        return (len(self.output_ids) - self.unverified_tokens) / self.spec_verify_ct
 
     @property
     def engine_text(self) -> str:

@@ -68,7 +68,7 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             completion_tokens=completion,
             cached_tokens=req.cached_tokens,
             spec_verify_ct=req.spec_verify_ct,
-            spec_accept_length=completion / req.spec_verify_ct if req.spec_verify_ct else 0.0,
+            spec_accept_length=req.accept_length(),
         )
 
     def _build(self, request: modeld_pb2.GenerateRequest) -> Request:

@@ -173,7 +173,8 @@ def main(argv=None) -> int:
     tc = dataclasses.replace(base, anchors=anchors, epochs=epochs)
     log(f"schedule: {epochs} epochs at {anchors} anchors per sequence ({left:.0f} s left); repeat with: "
         f"python -m train.train_draft --prompts {args.prompts} --responses {args.responses} --out DRAFT --ckpt CKPT "
-        f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors} --layers {tc.layers} --lr {tc.lr:g}"
+        f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors} --layers {tc.layers}"
+        f" --lr {tc.lr:g}"
         f" --distill {tc.distill:g} --loop-repeats {tc.loop_repeats} --time-budget {left:.0f} --paced"
         + (f" --init {args.init}" if args.init else ""))
     _, _, state = td.train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), False, pathlib.Path(args.out),

