@@ -10,6 +10,7 @@ import time
 
 import grpc
 
+from memd.defaults import default_draft_dir
 from protos import memd_pb2, memd_pb2_grpc
 from train import stack
 from train.stack import start as start_daemon, stop as stop_daemon, wait_ready  # noqa: F401 (tests import them here)
@@ -117,6 +118,17 @@ def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: 
 def memd_args(**settings) -> list[str]:
     """train.stack.memd_args, strict unless told otherwise: tests check memd's invariants after every call."""
     return stack.memd_args(**{"strict": True, **settings})
+
+
+def shipped_draft_memd_args(budget: int, max_running: int, chunk: int) -> list[str]:
+    """memd for the shipped draft on the CPU: its bounded pool (ratio 0.25, its window 256, page 64), fp32 KV."""
+    return memd_args(draft=default_draft_dir(), ratio=0.25, window=256, page=64, budget=budget, max_running=max_running,
+                     chunk=chunk) + ["--kv-cache-dtype", "float32"]
+
+
+def shipped_draft_flags(block: int | None = None) -> list[str]:
+    """modeld's flags to serve the shipped draft (at its own block size unless `block`)."""
+    return ["--draft-model", str(default_draft_dir())] + (["--num-draft-tokens", str(block)] if block else [])
 
 
 @contextlib.contextmanager

@@ -9,18 +9,15 @@ import concurrent.futures
 import pytest
 
 import client
-from memd.defaults import default_draft_dir
-from tests.daemons import memd_args, run_memd, run_modeld
+from tests.daemons import run_memd, run_modeld, shipped_draft_flags, shipped_draft_memd_args
 
 BLOCK, LONG = 8, 40
 
 
 def test_tokens_of_plain_steps_are_not_in_the_accept_length(default_model, chat_ids):
-    args = memd_args(draft=default_draft_dir(), ratio=0.25, window=256, page=64, budget=400_000_000, max_running=2,
-                     chunk=256) + ["--kv-cache-dtype", "float32"]
-    with run_memd(default_model, *args) as memd, \
-            run_modeld(memd, "--target-model", str(default_model), "--draft-model", str(default_draft_dir()),
-                       "--num-draft-tokens", str(BLOCK), "--speculative-disable-by-batch-size", "2") as modeld:
+    with run_memd(default_model, *shipped_draft_memd_args(400_000_000, 2, 256)) as memd, \
+            run_modeld(memd, "--target-model", str(default_model), *shipped_draft_flags(BLOCK),
+                       "--speculative-disable-by-batch-size", "2") as modeld:
         with client.Client(modeld.address, timeout=300) as c:
             go = lambda n: c.generate(input_ids=chat_ids[0], max_new_tokens=n, temperature=0, ignore_eos=True)  # noqa: E731
             with concurrent.futures.ThreadPoolExecutor(2) as pool:

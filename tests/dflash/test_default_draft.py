@@ -3,8 +3,7 @@ the training pipeline, now train/): it loads through modeld's loader, greedy out
 the CPU in fp32, and it is accepted clearly more often than a random draft (about 1.0 token per step)."""
 
 import client
-from memd.defaults import default_draft_dir
-from tests.daemons import memd_args, run_memd, run_modeld
+from tests.daemons import run_memd, run_modeld, shipped_draft_flags, shipped_draft_memd_args
 
 MAX_NEW = 48
 
@@ -17,10 +16,8 @@ def generate_all(address: str, prompts: list[list[int]]) -> tuple[list[list[int]
 
 def test_shipped_draft_is_lossless_and_accepted(default_model, chat_ids):
     prompts = chat_ids[:3]
-    args = memd_args(draft=default_draft_dir(), ratio=0.25, window=256, page=64, budget=1_000_000_000,
-                     max_running=4, chunk=512) + ["--kv-cache-dtype", "float32"]
-    with run_memd(default_model, *args) as memd:
-        with run_modeld(memd, "--target-model", str(default_model), "--draft-model", str(default_draft_dir())) as m:
+    with run_memd(default_model, *shipped_draft_memd_args(1_000_000_000, 4, 512)) as memd:
+        with run_modeld(memd, "--target-model", str(default_model), *shipped_draft_flags()) as m:
             with_draft, verifies = generate_all(m.address, prompts)
         with run_modeld(memd, "--target-model", str(default_model), "--speculative-algorithm", "none") as m:
             plain, _ = generate_all(m.address, prompts)

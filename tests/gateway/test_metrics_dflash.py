@@ -6,8 +6,7 @@ more at a later position, summing to the accepted tokens)."""
 import pytest
 
 import client
-from memd.defaults import default_draft_dir
-from tests.daemons import memd_args, run_memd, run_modeld
+from tests.daemons import run_memd, run_modeld, shipped_draft_flags, shipped_draft_memd_args
 from tests.gateway.test_metrics_scrape import scrape, total
 
 BLOCK = 8
@@ -17,11 +16,9 @@ NAMES = ["modeld:spec_decode_num_drafts_total", "modeld:spec_decode_num_draft_to
 
 
 def test_dflash_counters_follow_a_request(default_model, chat_ids):
-    args = memd_args(draft=default_draft_dir(), ratio=0.25, window=256, page=64, budget=400_000_000, max_running=2,
-                     chunk=256) + ["--kv-cache-dtype", "float32"]
-    with run_memd(default_model, *args) as memd, \
-            run_modeld(memd, "--target-model", str(default_model), "--draft-model", str(default_draft_dir()),
-                       "--num-draft-tokens", str(BLOCK), "--metrics-port", "0") as modeld:
+    with run_memd(default_model, *shipped_draft_memd_args(400_000_000, 2, 256)) as memd, \
+            run_modeld(memd, "--target-model", str(default_model), *shipped_draft_flags(BLOCK),
+                       "--metrics-port", "0") as modeld:
         before = {name: total(scrape(modeld.log_path.read_text()), name) for name in NAMES}
         with client.Client(modeld.address, timeout=300) as c:
             result = c.generate(input_ids=chat_ids[0], max_new_tokens=24, temperature=0, ignore_eos=True)
