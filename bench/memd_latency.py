@@ -3,8 +3,9 @@ the GPU idle and with the GPU kept busy by another process's small kernels (as m
 
     python -m bench.memd_latency [--target bench/configs/llama3-8b] [--calls 200]
 
-Each call sequence is a request's admission and release: MatchPrefix, an Alloc of 16 tokens, a Free. Prints the
-median and 90th percentile of each call per configuration, in milliseconds.
+Each call sequence is a request's admission and release: MatchPrefix, an Alloc of 16 tokens, a Free, after a
+gRPC health check on the same channel (what any call costs: the rest is memd's own work). Prints the median and
+90th percentile of each call per configuration, in milliseconds. Without a GPU: the CPU backend only.
 """
 
 import argparse
@@ -12,8 +13,13 @@ import multiprocessing
 import statistics
 import time
 
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from bench.memd_process import memd_process
 from memd.attach import MemdSession
+
+CALLS = ("Health check (gRPC alone)", "MatchPrefix", "Alloc", "Free")
 
 
 def keep_gpu_busy(ready, stop) -> None:
@@ -30,10 +36,13 @@ def keep_gpu_busy(ready, stop) -> None:
 
 
 def time_calls(address: str, calls: int) -> dict[str, list[float]]:
-    times = {"MatchPrefix": [], "Alloc": [], "Free": []}
+    times: dict[str, list[float]] = {name: [] for name in CALLS}
     with MemdSession(address, "bench-memd-latency", writes_draft_kv=False) as session:
+        health = health_pb2_grpc.HealthStub(session.channel)
         for i in range(calls):
             rid = f"r{i}"
+            t = time.perf_counter()
+            health.Check(health_pb2.HealthCheckRequest())
             t0 = time.perf_counter()
             matched = session.match_prefix(rid, list(range(100, 116)))
             t1 = time.perf_counter()
@@ -41,7 +50,7 @@ def time_calls(address: str, calls: int) -> dict[str, list[float]]:
             t2 = time.perf_counter()
             session.free(finishes=[rid])
             t3 = time.perf_counter()
-            for name, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
+            for name, dt in zip(times, (t0 - t, t1 - t0, t2 - t1, t3 - t2)):
                 times[name].append(dt * 1e3)
     return times
 
@@ -52,12 +61,12 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
     ctx = multiprocessing.get_context("spawn")
-    print("| memd backend | GPU | MatchPrefix p50 / p90 ms | Alloc p50 / p90 ms | Free p50 / p90 ms |")
-    print("|---|---|---|---|---|")
-    for device in ("cpu", "cuda"):
+    print("| memd backend | GPU | " + " | ".join(f"{name} p50 / p90 ms" for name in CALLS) + " |")
+    print("|---|---|" + "---|" * len(CALLS))
+    for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
         with memd_process("--device", device, "--target-model", args.target, "--max-total-tokens", "65536",
                           "--max-running-requests", "64", "--kv-cache-dtype", "bfloat16") as address:
-            for busy in (False, True):
+            for busy in (False, True) if device == "cuda" else (False,):
                 ready, stop = ctx.Event(), ctx.Event()
                 load = ctx.Process(target=keep_gpu_busy, args=(ready, stop)) if busy else None
                 if load:
@@ -70,7 +79,8 @@ def main() -> None:
                         stop.set()
                         load.join(60)
                 cells = [f"{statistics.median(t):.3f} / {statistics.quantiles(t, n=10)[-1]:.3f}" for t in times.values()]
-                print(f"| {device} | {'busy' if busy else 'idle'} | " + " | ".join(cells) + " |", flush=True)
+                gpu = "none" if device == "cpu" and not torch.cuda.is_available() else "busy" if busy else "idle"
+                print(f"| {device} | {gpu} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
