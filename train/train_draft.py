@@ -22,8 +22,8 @@ The recipe and what this does with it:
   block position k predicts the token at a + k; positions past the answer or the sequence weigh nothing. A
   135M target's answers are a few hundred tokens, fewer than 512, so in practice every valid position is an
   anchor once per epoch; --anchors lower than that trades data per epoch for time. An answer that ends in a
-  repetition loop is anchored only --loop-repeats (2) periods into it (train.loops: 38 % of the answer tokens
-  of the 2026-12-04 data were in such loops, copies a draft predicts anyway); its labels still run to its end.
+  repetition loop is anchored only --loop-repeats (2) periods into it (train.loops: 33 % of the answer tokens
+  of the 2026-12-04 data lay past that point, copies a draft predicts anyway); its labels still run to its end.
 - Loss: cross-entropy weighted exp(-(k-1)/gamma), gamma 7 for block 16 (4 for block 8, 5 for block 10).
   --distill w mixes in (weight w, 1 - w on the hard labels) the cross-entropy against the target's own
   distribution for each block position (logit self-distillation, as NVIDIA's Model-Optimizer recipe trains
