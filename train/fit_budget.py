@@ -78,7 +78,7 @@ def pick_schedule(counts: np.ndarray, epochs: int, blocks: float, min_anchors: i
 def base_config(args) -> td.TrainConfig:
     """The run's fixed settings (the anchors and the epochs are picked later)."""
     return td.TrainConfig(batch_anchors=args.batch_anchors, layers=args.layers, lr=args.lr, distill=args.distill,
-                          loop_repeats=args.loop_repeats)
+                          loop_repeats=args.loop_repeats, source_weights=args.source_weights)
 
 
 def step_seconds(target, seqs, tc: td.TrainConfig, device: str, log) -> float:
@@ -134,6 +134,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--distill", type=float, default=0.0,
                    help="weight of the target's distribution in the loss (train_draft --distill; 0: hard labels)")
     p.add_argument("--init", help="start from this saved draft's weights (train_draft --init)")
+    p.add_argument("--source-weights", default="",
+                   help="sharegpt=3,...: each answer to such a prompt counts this many times an epoch")
     p.add_argument("--loop-repeats", type=int, default=td.TrainConfig.loop_repeats,
                    help="anchors stop this many periods into an answer's repetition loop (train.loops; 0: everywhere)")
     p.add_argument("--target")
@@ -161,7 +163,7 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval().requires_grad_(False)
     base = base_config(args)
-    counts = valid_counts(seqs, base)
+    counts = valid_counts(td.weighted(seqs, base.weights()), base)  # train() weighs the sequences the same way
     anchors = args.probe_anchors
     if args.profile_steps:
         profile_steps(target, seqs, dataclasses.replace(base, anchors=anchors, epochs=1), args.device,
@@ -176,6 +178,7 @@ def main(argv=None) -> int:
         f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors} --layers {tc.layers}"
         f" --lr {tc.lr:g}"
         f" --distill {tc.distill:g} --loop-repeats {tc.loop_repeats} --time-budget {left:.0f} --paced"
+        + (f" --source-weights {tc.source_weights}" if tc.source_weights else "")
         + (f" --init {args.init}" if args.init else ""))
     _, _, state = td.train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), False, pathlib.Path(args.out),
                            time_budget=left, init=pathlib.Path(args.init) if args.init else None, paced=True)

@@ -24,6 +24,8 @@ The recipe and what this does with it:
   anchor once per epoch; --anchors lower than that trades data per epoch for time. An answer that ends in a
   repetition loop is anchored only --loop-repeats (2) periods into it (train.loops: 33 % of the answer tokens
   of the 2026-12-04 data lay past that point, copies a draft predicts anyway); its labels still run to its end.
+  --source-weights sharegpt=3 counts each answer to a ShareGPT prompt three times an epoch (each copy its own
+  draw of anchors): the answers most like the held-out requests can weigh more than the templated ones.
 - Loss: cross-entropy weighted exp(-(k-1)/gamma), gamma 7 for block 16 (4 for block 8, 5 for block 10).
   --distill w mixes in (weight w, 1 - w on the hard labels) the cross-entropy against the target's own
   distribution for each block position (logit self-distillation, as NVIDIA's Model-Optimizer recipe trains
@@ -83,6 +85,7 @@ class TrainConfig:
     gamma: float = 7.0
     distill: float = 0.0  # weight of the target-distribution term (0: hard labels only)
     loop_repeats: int = 2  # anchors stop this many periods into a repetition loop (train.loops; 0: anchor everywhere)
+    source_weights: str = ""  # "sharegpt=3,...": each answer to such a prompt counts this many times an epoch
     clip: float = 1.0
     seed: int = 0
     max_draft_mb: float = 40.0
@@ -90,6 +93,17 @@ class TrainConfig:
     def __post_init__(self):
         if not 0.0 <= self.distill <= 1.0:
             raise ValueError(f"distill is a weight in [0, 1], not {self.distill}")
+        self.weights()  # refuses a malformed --source-weights before anything runs
+
+    def weights(self) -> dict[str, int]:
+        """source_weights as {prompt source: times an epoch} (every other source once)."""
+        out = {}
+        for item in filter(None, self.source_weights.split(",")):
+            name, _, times = item.partition("=")
+            if not name or not times.isdigit() or int(times) < 1:
+                raise ValueError(f"source weights are name=N with N >= 1, comma-separated; got {item!r}")
+            out[name] = int(times)
+        return out
 
 
 def build_target_layer_ids(target_layers: int, count: int) -> list[int]:
@@ -212,6 +226,12 @@ def epoch_batches(seqs: list[dict], tc: TrainConfig, epoch: int) -> list[list[in
     return [batches[k] for k in rng.permutation(len(batches)).tolist()]
 
 
+def weighted(seqs: list[dict], weights: dict[str, int]) -> list[dict]:
+    """The sequences with each one of a weighted prompt source there `weights[source]` times: an epoch draws
+    anchors for every copy (each its own draw), so that source's answers get that many times the blocks."""
+    return [s for s in seqs for _ in range(weights.get(s.get("source"), 1))]
+
+
 def fingerprint(seqs: list[dict]) -> str:
     h = hashlib.sha256()
     for s in seqs:
@@ -221,7 +241,7 @@ def fingerprint(seqs: list[dict]) -> str:
 
 
 def load_sequences(prompts: pathlib.Path, response_dirs: list[pathlib.Path], tokenizer, log=print) -> list[dict]:
-    """Every response shard's records as training sequences {"ids", "spans"}, rebuilt with train.chat."""
+    """Every response shard's records as training sequences {"ids", "spans", "source"}, rebuilt with train.chat."""
     from train import chat, responses
     from train.prompts import read_records
 
@@ -235,7 +255,7 @@ def load_sequences(prompts: pathlib.Path, response_dirs: list[pathlib.Path], tok
                     missing += 1
                     continue
                 ids, spans = chat.conversation(tokenizer, prompt, answers)
-                seqs.append({"ids": np.asarray(ids, dtype=np.int32), "spans": spans})
+                seqs.append({"ids": np.asarray(ids, dtype=np.int32), "spans": spans, "source": prompt.get("source")})
     log(f"{len(seqs)} sequences, {sum(e - s for q in seqs for s, e in q['spans'])} answer tokens"
         + (f" ({missing} responses without their prompt, skipped)" if missing else ""))
     return seqs
@@ -393,6 +413,7 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
     optimiser and the schedule start afresh (how a later session continues from the weights that came back,
     when the checkpoint, optimiser included, is too large to). `step_ends`: the monotonic time at which each
     step of this call ended is appended to it (a step ends with its loss on the host: the device is done)."""
+    seqs = weighted(seqs, tc.weights())
     config = draft_config(target.config, tc)
     size = check_size(config, target.config.hidden_size, tc.max_draft_mb)
     draft = new_draft(config, target.config, device)

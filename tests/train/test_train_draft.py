@@ -16,7 +16,7 @@ from modeld.draft import load_draft
 from tests.dflash.tiny_models import load_hf, write_random_target
 from train.train_draft import (DraftTooLarge, TrainConfig, accept_length, block_loss, build_target_layer_ids,
                                check_size, draft_config, epoch_batches, new_draft, paced_factor, sample_anchors,
-                               save_draft, train, valid_anchors)
+                               save_draft, train, valid_anchors, weighted)
 
 TINY = dict(layers=1, block=4, window=16, taps=(1, 2), mask_token_id=63, intermediate=128, lr=3e-3, anchors=8,
             batch_anchors=128)
@@ -196,6 +196,24 @@ def test_a_paced_run_goes_on_past_its_epochs_and_ends_annealed_on_time(tiny, tmp
     lrs = [float(line.split(" lr ")[1].split()[0]) for line in lines if " lr " in line]
     assert max(lrs) > 0.9 * tc.lr and lrs[-1] < 0.05 * tc.lr  # warmed up, then annealed by the end
     assert (tmp_path / "draft" / "model.safetensors").exists()
+
+
+def test_source_weights_repeat_a_sources_answers_in_every_epoch(tiny):
+    assert TrainConfig(source_weights="sharegpt=3,self-instruct=2").weights() == {"sharegpt": 3, "self-instruct": 2}
+    assert TrainConfig().weights() == {}
+    for bad in ("sharegpt", "sharegpt=0", "=2", "sharegpt=two"):
+        with pytest.raises(ValueError, match="name=N"):
+            TrainConfig(source_weights=bad)
+    seqs = [{"ids": np.arange(30), "spans": [(4, 30)], "source": name} for name in ("sharegpt", "wordnet", None)]
+    assert [s["source"] for s in weighted(seqs, {"sharegpt": 3})] == ["sharegpt"] * 3 + ["wordnet", None]
+    target, train_set, _ = tiny
+    tagged = [dict(s, source="sharegpt" if i < 4 else "wordnet") for i, s in enumerate(train_set)]
+    lines: list[str] = []
+    tc = TrainConfig(**TINY, epochs=1, source_weights="sharegpt=3")
+    _, _, state = train(target, tagged, tc, "cpu", lines.append, max_steps=1, save_every=0)
+    assert any(f"; {len(train_set) + 8} sequences" in line for line in lines)  # 4 answers twice more
+    plan = epoch_batches(weighted(tagged, tc.weights()), tc, 0)
+    assert sorted(i for b in plan for i in b) == list(range(len(train_set) + 8))  # each copy anchored in the epoch
 
 
 def test_init_starts_from_a_saved_drafts_weights(tiny, tmp_path):
