@@ -60,16 +60,18 @@ def held_out_sequences(args, tokenizer, target) -> list[dict]:
     return out
 
 
-def accept_per_sequence(draft, target, seqs: list[dict], tc: td.TrainConfig, device: str,
-                        loop_repeats: int = 0) -> list[float]:
-    """Teacher-forced accept length of each sequence over its anchors (with `loop_repeats`, only those the trainer
-    draws: none past that many periods of a repetition loop, where every draft accepts long runs of copies)."""
+def accept_per_sequence(draft, target, seqs: list[dict], tc: td.TrainConfig, device: str) -> list[tuple[float, float]]:
+    """Teacher-forced accept length of each sequence over every anchor, and over the anchors the trainer draws
+    (none past tc.loop_repeats periods of a repetition loop, where every draft accepts long runs of copies): one
+    forward, the second figure from its rows at the kept anchors."""
     out = []
     for seq in seqs:
-        anchors = td.anchor_positions(seq, tc.max_len, loop_repeats)
+        anchors = td.valid_anchors(len(seq["ids"]), seq["spans"], tc.max_len)
+        kept = np.isin(anchors, td.anchor_positions(seq, tc.max_len, tc.loop_repeats))
         with torch.no_grad():
             _, predictions, weights = td.block_loss(draft, target, [seq], [anchors], tc, device)
-        out.append(td.accept_length(predictions, [seq], [anchors], tc.block, weights))
+        out.append((td.accept_length(predictions, [seq], [anchors], tc.block, weights),
+                    td.accept_length(predictions[kept], [seq], [anchors[kept]], tc.block, weights[kept])))
     return out
 
 
@@ -98,8 +100,7 @@ def main(argv=None) -> int:
           f"| without loop copies (anchors the trainer draws, --loop-repeats {tc.loop_repeats}) |")
     print("|---|---|---|---|---|")
     for name, seqs in rows:
-        accepts = accept_per_sequence(draft, target, seqs, tc, args.device)
-        prose = accept_per_sequence(draft, target, seqs, tc, args.device, tc.loop_repeats)
+        accepts, prose = zip(*accept_per_sequence(draft, target, seqs, tc, args.device))
         print(f"| {name} | {len(seqs)} | {np.mean(accepts):.2f} | "
               f"{min(accepts):.2f} / {np.median(accepts):.2f} / {max(accepts):.2f} | {np.mean(prose):.2f} |", flush=True)
     return 0

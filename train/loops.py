@@ -49,19 +49,20 @@ def ends_in_loop(tokens) -> bool:
     return stop_point(tokens) is not None
 
 
+def loop_cut(answer, repeats: int) -> int:
+    """Where an answer's anchors end: `repeats` periods into the loop it ends in (its length without a loop)."""
+    start, period = periodic_tail(answer)
+    return min(len(answer), start + repeats * period) if period else len(answer)
+
+
 def anchor_spans(ids, spans, repeats: int) -> list[tuple[int, int]]:
     """The answer spans [start, end) of a sequence cut `repeats` periods into the loop each ends in (a span
     without a loop, or every span when `repeats` is 0, stays whole)."""
     if not repeats:
         return [(int(s), int(e)) for s, e in spans]
-    out = []
-    for s, e in spans:
-        start, period = periodic_tail(ids[s:e])
-        out.append((int(s), int(e) if not period else min(int(e), int(s) + start + repeats * period)))
-    return out
+    return [(int(s), int(s) + loop_cut(ids[s:e], repeats)) for s, e in spans]
 
 
 def looped_tokens(answer, repeats: int) -> int:
     """Tokens of an answer past `repeats` periods of the loop it ends in (0 without a loop)."""
-    start, period = periodic_tail(answer)
-    return max(0, len(answer) - start - repeats * period) if period else 0
+    return len(answer) - loop_cut(answer, repeats)
