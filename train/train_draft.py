@@ -264,6 +264,13 @@ def load_sequences(prompts: pathlib.Path, response_dirs: list[pathlib.Path], tok
 # --- the loss -------------------------------------------------------------------------------------------------------
 
 
+def window_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x[rows] ([S * T, ...] -> [*rows.shape, ...]) by index_select, whose backward is a scatter-add: indexing's
+    own backward (index_put with accumulate, a sort of every index) was 44 % of a training step's device time on
+    the H200 (BENCHMARKS.md, 2026-12-04, seventh session)."""
+    return x.index_select(0, rows.flatten()).view(*rows.shape, *x.shape[1:])
+
+
 def block_loss(draft: DFlashDraft, target, seqs: list[dict], anchors: list[np.ndarray], tc: TrainConfig,
                device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(weighted CE over the blocks, the draft's greedy predictions [A, B-1], the labels' weights [A, B-1])."""
@@ -301,9 +308,9 @@ def block_loss(draft: DFlashDraft, target, seqs: list[dict], anchors: list[np.nd
                 visible = visible & (block_pos[:, :, None] - pos[:, None, :] < window)
             cache[window] = (rows, valid, visible)
         rows, valid, visible = cache[window]
-        k, v = ctx[layer]
         keep = valid[:, :, None, None]
-        contexts.append((torch.where(keep, k[rows], 0), torch.where(keep, v[rows], 0), visible))
+        k, v = (torch.where(keep, window_rows(x, rows), 0) for x in ctx[layer])
+        contexts.append((k, v, visible))
     with torch.no_grad():
         embeds = target.get_input_embeddings()(block_ids).float()
     hidden = draft.block_hidden(embeds, block_pos, contexts)[:, 1:]

@@ -16,7 +16,7 @@ from modeld.draft import load_draft
 from tests.dflash.tiny_models import load_hf, write_random_target
 from train.train_draft import (DraftTooLarge, TrainConfig, accept_length, block_loss, build_target_layer_ids,
                                check_size, draft_config, epoch_batches, new_draft, paced_factor, sample_anchors,
-                               save_draft, train, valid_anchors, weighted)
+                               save_draft, train, valid_anchors, weighted, window_rows)
 
 TINY = dict(layers=1, block=4, window=16, taps=(1, 2), mask_token_id=63, intermediate=128, lr=3e-3, anchors=8,
             batch_anchors=128)
@@ -277,3 +277,18 @@ def test_profile_steps_reports_where_a_step_goes(tiny):
     table = profile_steps(target, train_set, TrainConfig(**TINY, epochs=4), "cpu", 2, messages.append)
     assert "aten::" in table and "Self CPU" in table
     assert messages and messages[0].startswith("profile of 2 steps") and "s wall" in messages[0]
+
+
+def test_window_rows_is_indexing_with_the_same_gradient():
+    """The context-window gather the loss takes by index_select: the values and the accumulated gradient of
+    x[rows] (rows overlap, as neighbouring anchors' windows do)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(50, 3, 4, generator=gen, dtype=torch.float64)
+    rows = torch.randint(0, 50, (7, 15), generator=gen)
+    grad = torch.randn(7, 15, 3, 4, generator=gen, dtype=torch.float64)
+    a, b = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    a[rows].backward(grad)
+    picked = window_rows(b, rows)
+    picked.backward(grad)
+    assert picked.shape == (7, 15, 3, 4) and torch.equal(picked, x[rows])
+    assert torch.allclose(a.grad, b.grad)
