@@ -7,12 +7,18 @@ machine. Two tables, each from one run:
 2. training steps of the 4-layer draft at the given anchors per sequence: seconds per step and blocks per second
    (and, with --profile, the ops by their own device time).
 
-    python -m bench.train_step [--anchors 23,128] [--batch-anchors 2048] [--steps 12] [--profile 3]
+    python -m bench.train_step [--anchors 23,128] [--batch-anchors 2048] [--steps 12] [--profile 3] [--before DIR]
+
+With --before DIR (an earlier commit's train/ package: `git archive REV train | tar -x -C DIR`), the second table
+times that trainer's steps too, in a child process of the same run, on the same random target and sequences.
 """
 
 import argparse
 import dataclasses
+import os
 import pathlib
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -83,6 +89,25 @@ def gather_table(device: str, blocks: int, anchors: int, width: int = 600, windo
             f"{before / after:.2f} |\n")
 
 
+def step_seconds(target, seqs, anchors: int, batch_anchors: int, steps: int, device: str) -> float:
+    """Seconds per training step of the 4-layer draft over `steps` steps after fit_budget's warm-up steps."""
+    tc = dataclasses.replace(td.TrainConfig(batch_anchors=batch_anchors, layers=4), anchors=anchors)
+    ends: list[float] = []
+    td.train(target, seqs, tc, device, lambda _msg: None, max_steps=fit_budget.PROBE_WARMUP + steps, save_every=0,
+             step_ends=ends)
+    return (ends[-1] - ends[fit_budget.PROBE_WARMUP - 1]) / (len(ends) - fit_budget.PROBE_WARMUP)
+
+
+def before_seconds(before: str, args, anchors: int) -> float:
+    """step_seconds with the trainer in `before` (an earlier `train/` package), in a child process of this run."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([before, os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-m", "bench.train_step", "--steps-only", "--anchors", str(anchors),
+                          "--batch-anchors", str(args.batch_anchors), "--sequences", str(args.sequences),
+                          "--steps", str(args.steps), "--device", args.device],
+                         env=env, check=True, capture_output=True, text=True).stdout
+    return float(out.split()[-1])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.train_step", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -91,22 +116,28 @@ def main(argv=None) -> int:
     p.add_argument("--sequences", type=int, default=4000)
     p.add_argument("--steps", type=int, default=12, help="timed steps per row, after fit_budget's warm-up steps")
     p.add_argument("--profile", type=int, default=0, help="also profile this many steps at the first anchors")
+    p.add_argument("--before", help="a folder holding an earlier train/ package (git archive REV train | tar -x -C "
+                                    "DIR): its steps timed beside this tree's, in a child process")
+    p.add_argument("--steps-only", action="store_true", help=argparse.SUPPRESS)  # --before's child: seconds alone
     args = p.parse_args(argv)
     target = random_target(args.device)
     seqs = random_sequences(args.sequences, target.config.vocab_size)
-    for anchors in (int(a) for a in args.anchors.split(",")):
+    anchor_rows = [int(a) for a in args.anchors.split(",")]
+    if args.steps_only:
+        print(step_seconds(target, seqs, anchor_rows[0], args.batch_anchors, args.steps, args.device))
+        return 0
+    for anchors in anchor_rows:
         print(gather_table(args.device, args.batch_anchors, anchors))
-    print("| anchors per sequence | blocks per step | s per step | blocks per s |\n|---|---|---|---|")
-    for anchors in (int(a) for a in args.anchors.split(",")):
-        tc = dataclasses.replace(td.TrainConfig(batch_anchors=args.batch_anchors, layers=4), anchors=anchors)
-        ends: list[float] = []
-        td.train(target, seqs, tc, args.device, lambda _msg: None, max_steps=fit_budget.PROBE_WARMUP + args.steps,
-                 save_every=0, step_ends=ends)
-        seconds = (ends[-1] - ends[fit_budget.PROBE_WARMUP - 1]) / (len(ends) - fit_budget.PROBE_WARMUP)
-        print(f"| {anchors} | {args.batch_anchors} | {seconds:.3f} | {args.batch_anchors / seconds:,.0f} |")
+    print("| trainer | anchors per sequence | blocks per step | s per step | blocks per s | x |\n|---|---|---|---|---|---|")
+    for anchors in anchor_rows:
+        now = step_seconds(target, seqs, anchors, args.batch_anchors, args.steps, args.device)
+        if args.before:
+            then = before_seconds(args.before, args, anchors)
+            print(f"| {args.before} | {anchors} | {args.batch_anchors} | {then:.3f} | {args.batch_anchors / then:,.0f} | 1.00 |")
+        ratio = f"{then / now:.2f}" if args.before else "-"
+        print(f"| this tree | {anchors} | {args.batch_anchors} | {now:.3f} | {args.batch_anchors / now:,.0f} | {ratio} |")
     if args.profile:
-        tc = dataclasses.replace(td.TrainConfig(batch_anchors=args.batch_anchors, layers=4),
-                                 anchors=int(args.anchors.split(",")[0]))
+        tc = dataclasses.replace(td.TrainConfig(batch_anchors=args.batch_anchors, layers=4), anchors=anchor_rows[0])
         fit_budget.profile_steps(target, seqs, tc, args.device, args.profile, print)
     return 0
 

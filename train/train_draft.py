@@ -264,6 +264,16 @@ def load_sequences(prompts: pathlib.Path, response_dirs: list[pathlib.Path], tok
 # --- the loss -------------------------------------------------------------------------------------------------------
 
 
+def to_device(array: np.ndarray, device: str) -> torch.Tensor:
+    """A host array on the device without waiting for the device: on CUDA through pinned memory, non-blocking (a
+    pageable copy waits for the stream's earlier work, which would stop the host preparing a step while the
+    device runs the last one; PyTorch's pinned-memory cache keeps the buffer until its copy is done)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if device.startswith("cuda"):
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def window_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """x[rows] ([S * T, ...] -> [*rows.shape, ...]) by index_select, whose backward is a scatter-add: indexing's
     own backward (index_put with accumulate, a sort of every index) was 44 % of a training step's device time on
@@ -275,21 +285,22 @@ def block_loss(draft: DFlashDraft, target, seqs: list[dict], anchors: list[np.nd
                device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(weighted CE over the blocks, the draft's greedy predictions [A, B-1], the labels' weights [A, B-1])."""
     width = min(max(len(s["ids"]) for s in seqs), tc.max_len)
-    ids = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
-    attn = torch.zeros_like(ids)
-    lmask = torch.zeros(len(seqs), width, dtype=torch.bool, device=device)
+    host_ids = np.zeros((len(seqs), width), dtype=np.int64)
+    host_lmask = np.zeros((len(seqs), width), dtype=bool)
     for i, s in enumerate(seqs):
         n = min(len(s["ids"]), width)
-        ids[i, :n] = torch.as_tensor(np.asarray(s["ids"][:n], dtype=np.int64), device=device)
-        attn[i, :n] = 1
-        lmask[i, :n] = torch.as_tensor(label_mask(len(s["ids"]), s["spans"], width)[:n], device=device)
+        host_ids[i, :n] = s["ids"][:n]
+        host_lmask[i, :n] = label_mask(len(s["ids"]), s["spans"], width)[:n]
+    lengths = to_device(np.array([min(len(s["ids"]), width) for s in seqs]), device)
+    ids, lmask = to_device(host_ids, device), to_device(host_lmask, device)
+    attn = (torch.arange(width, device=device) < lengths[:, None]).long()
     with torch.no_grad():  # the base model: hidden states without the LM head over every position
         states = target.model(ids, attention_mask=attn, output_hidden_states=True).hidden_states
         taps = torch.cat([states[i + 1] for i in draft.spec.target_layer_ids], dim=-1).float()
     positions = torch.arange(width, device=device).expand(len(seqs), -1)
     ctx = draft.context_kv(taps.flatten(0, 1), positions.flatten())  # per layer [S * T, kv_heads, head_dim]
-    seq_of = torch.as_tensor(np.concatenate([np.full(len(a), i) for i, a in enumerate(anchors)]), device=device)
-    anchor = torch.as_tensor(np.concatenate(anchors).astype(np.int64), device=device)
+    seq_of = to_device(np.concatenate([np.full(len(a), i) for i, a in enumerate(anchors)]), device)
+    anchor = to_device(np.concatenate(anchors).astype(np.int64), device)
     offsets = torch.arange(tc.block, device=device)
     block_pos = anchor[:, None] + offsets
     inside = block_pos < width
@@ -419,7 +430,9 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
     `init`: a saved draft (save_draft's folder, same settings) whose weights replace the random start; the
     optimiser and the schedule start afresh (how a later session continues from the weights that came back,
     when the checkpoint, optimiser included, is too large to). `step_ends`: the monotonic time at which each
-    step of this call ended is appended to it (a step ends with its loss on the host: the device is done)."""
+    step of this call was queued is appended to it, and the last one's is the time the device finished it.
+    The host reads a step's loss only when it logs or saves (reading one waits for the device), so that it
+    prepares and queues the next step while the device runs this one."""
     seqs = weighted(seqs, tc.weights())
     config = draft_config(target.config, tc)
     size = check_size(config, target.config.hidden_size, tc.max_draft_mb)
@@ -442,8 +455,17 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
         log(f"resumed at step {state.step} of {total} (epoch {state.epoch}, batch {state.batch})")
     log(f"draft {size / 1e6:.1f} MB in bf16; {len(seqs)} sequences, {total} steps over {tc.epochs} epochs")
     begin, taken = time.monotonic(), 0
+    pending: list[torch.Tensor] = []  # the losses of steps the host has not read yet
+
+    def settle():
+        if pending:
+            state.losses.extend(round(x, 5) for x in torch.stack(pending).tolist())
+            pending.clear()
+            if step_ends:
+                step_ends[-1] = time.monotonic()  # the values are on the host: the device is done with the step
 
     def save():
+        settle()
         if ckpt is not None:
             save_checkpoint(ckpt, draft, opt, state, tc, data)
         if out is not None:
@@ -476,13 +498,14 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
             loss.backward()
             torch.nn.utils.clip_grad_norm_(draft.parameters(), tc.clip)
             opt.step()
-            state.losses.append(round(loss.item(), 5))
+            pending.append(loss.detach())
             if step_ends is not None:
                 step_ends.append(time.monotonic())
             state.step += 1
             state.batch += 1
             taken += 1
             if state.step % max(1, min(50, total // 50)) == 0 or state.step == total:
+                settle()
                 accept = accept_length(predictions, batch, anchors, tc.block, weights)
                 at = f" ({elapsed / time_budget:.0%} of the time)" if paced else f"/{total}"
                 log(f"step {state.step}{at} epoch {state.epoch}: loss {state.losses[-1]:.4f} "
