@@ -7,12 +7,15 @@ steps in 250 s and left the rest of its call unused. Paced, the run ends anneale
 
     python -m train.fit_budget --prompts DIR --responses DIR[,DIR] --out DRAFT --ckpt FILE --seconds S
         [--epochs 2] [--batch-anchors 4096] [--probe-anchors 128] [--layers 5] [--lr 6e-4] [--init DRAFT]
-        [--distill W] [--log-json FILE] [--profile-steps N]
+        [--distill W] [--log-json FILE] [--profile-steps N] [--schedule-seconds T --continue-args FILE]
 
-The chosen settings are printed as the train.train_draft command line that repeats the run (same data, same
-seed, paced over the same seconds: the same batches, as many as the machine then takes). The probes' steps are
-thrown away. A step's time depends on the anchors per sequence
-(the first run here took 0.29 s a step at 128 anchors and 0.55 s at 1,022 on the H200), so a second probe
+One run may span several device calls (a call is at most 10 minutes; a session's GPU time is 30): with
+--schedule-seconds T the anchors and epochs are planned for T seconds of training, this call trains its share
+and leaves a checkpoint, and later calls on the same machine go on with the train.train_draft arguments it
+prints (and writes to --continue-args) plus their own --time-budget; the schedule's clock is the checkpoint's,
+so the run ends annealed when the T seconds are spent, or when a call without --schedule-seconds ends it.
+
+The probes' steps are thrown away. A step's time depends on the anchors per sequence (the first run here took 0.29 s a step at 128 anchors and 0.55 s at 1,022 on the H200), so a second probe
 times the setting the first picked, and the schedule is picked again from it. Epochs give way before anchors
 do: below MIN_ANCHORS per sequence the schedule drops to fewer epochs at more anchors (the 2026-12-04 run's 2
 epochs at 12 anchors trained 874 K blocks in 364 s; one epoch at about 128 would have trained several times
@@ -23,7 +26,6 @@ run, 2026-12-04).
 
 import argparse
 import dataclasses
-import json
 import pathlib
 import sys
 import time
@@ -141,6 +143,12 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--target")
     p.add_argument("--device", default="cuda")
     p.add_argument("--log-json", help="write the settings, step time and per-step losses here")
+    p.add_argument("--schedule-seconds", type=float,
+                   help="training seconds of the whole run when later calls continue it (train_draft --resume "
+                        "--paced): the anchors and epochs are planned for them, and this call ends with a checkpoint "
+                        "part-way through the schedule (default: this call alone, ending annealed)")
+    p.add_argument("--continue-args", help="write the train_draft arguments a later call continues with here "
+                                           "(add --time-budget SECONDS)")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="first profile this many steps at the probe's settings (torch.profiler table in the log)")
     return p.parse_args(argv)
@@ -152,6 +160,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    args.target_given = args.target is not None
     if args.target is None:
         from modeld.fetch_default import ensure_default_model
 
@@ -171,21 +180,25 @@ def main(argv=None) -> int:
     for _ in range(PROBES):  # a step's time depends on the anchors: probe again at the setting picked
         per_step = step_seconds(target, seqs, dataclasses.replace(base, anchors=anchors, epochs=1), args.device, log)
         left = args.seconds - (time.monotonic() - begin) - SAVE_MARGIN_S
-        anchors, epochs = pick_schedule(counts, args.epochs, left / per_step * args.batch_anchors * PACKING_SLACK)
+        schedule = max(left, args.schedule_seconds or 0.0)  # this call's training, and the later calls' if any
+        anchors, epochs = pick_schedule(counts, args.epochs, schedule / per_step * args.batch_anchors * PACKING_SLACK)
     tc = dataclasses.replace(base, anchors=anchors, epochs=epochs)
-    log(f"schedule: {epochs} epochs at {anchors} anchors per sequence ({left:.0f} s left); repeat with: "
-        f"python -m train.train_draft --prompts {args.prompts} --responses {args.responses} --out DRAFT --ckpt CKPT "
-        f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors} --layers {tc.layers}"
-        f" --lr {tc.lr:g}"
-        f" --distill {tc.distill:g} --loop-repeats {tc.loop_repeats} --time-budget {left:.0f} --paced"
-        + (f" --source-weights {tc.source_weights}" if tc.source_weights else "")
-        + (f" --init {args.init}" if args.init else ""))
+    later = (f"--prompts {args.prompts} --responses {args.responses} --out {args.out} --ckpt {args.ckpt} "
+             f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors} --layers {tc.layers} "
+             f"--lr {tc.lr:g} --distill {tc.distill:g} --loop-repeats {tc.loop_repeats} --paced --resume "
+             f"--schedule-seconds {schedule:.0f}" + (f" --source-weights {tc.source_weights}" if tc.source_weights else "")
+             + (f" --target {args.target}" if args.target_given else ""))
+    log(f"schedule: {epochs} epochs at {anchors} anchors per sequence over {schedule:.0f} s of training, {left:.0f} s "
+        f"of it in this call; a later call on the same machine goes on with: python -m train.train_draft {later} "
+        "--time-budget SECONDS")
+    if args.continue_args:
+        pathlib.Path(args.continue_args).write_text(later + "\n")
     _, _, state = td.train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), False, pathlib.Path(args.out),
-                           time_budget=left, init=pathlib.Path(args.init) if args.init else None, paced=True)
+                           time_budget=left, init=pathlib.Path(args.init) if args.init else None, paced=True,
+                           schedule_seconds=schedule)
     if args.log_json:
-        pathlib.Path(args.log_json).write_text(json.dumps({
-            "settings": dataclasses.asdict(tc), "sequences": len(seqs), "anchor_positions": int(counts.sum()),
-            "probe_step_seconds": per_step, "steps": state.step, "epoch": state.epoch, "losses": state.losses}))
+        td.write_log(pathlib.Path(args.log_json), tc, state, sequences=len(seqs), anchor_positions=int(counts.sum()),
+                     probe_step_seconds=per_step)
     return 0
 
 

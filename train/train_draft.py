@@ -407,6 +407,13 @@ class State:
     epoch: int = 0
     batch: int = 0  # index of the next batch within the epoch
     losses: list = dataclasses.field(default_factory=list)
+    seconds: float = 0.0  # training seconds of every call so far (a paced schedule's clock)
+
+
+def write_log(path: pathlib.Path, tc: TrainConfig, state: State, **extra) -> None:
+    """A run's settings, how far it went and every step's loss (a resumed run's earlier calls included), as JSON."""
+    path.write_text(json.dumps({"settings": dataclasses.asdict(tc), **extra, "steps": state.step, "epoch": state.epoch,
+                                "seconds": round(state.seconds, 1), "losses": state.losses}))
 
 
 def save_checkpoint(path: pathlib.Path, draft, opt, state: State, tc: TrainConfig, data: str) -> None:
@@ -421,12 +428,16 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
           resume: bool = False, out: pathlib.Path | None = None, time_budget: float = float("inf"),
           max_steps: int | None = None, save_every: int = 500,
           init: pathlib.Path | None = None, step_ends: list[float] | None = None,
-          paced: bool = False) -> tuple[DFlashDraft, dict, State]:
+          paced: bool = False, schedule_seconds: float | None = None) -> tuple[DFlashDraft, dict, State]:
     """Train (or continue, with `resume` and an existing `ckpt`) until the epochs are done, `time_budget`
     seconds have passed, or `max_steps` steps were taken in this call; saves `ckpt` and `out` at the end.
-    `paced`: the schedule follows the clock instead of the steps: warm-up and cosine over `time_budget` seconds,
-    the epochs going on (each a new draw of anchors) until the budget is spent, so that a run whose steps were
-    timed wrong still ends annealed, on time (train.fit_budget; a paced run does not resume step for step).
+    `paced`: the schedule follows the clock instead of the steps: warm-up and cosine over `schedule_seconds` of
+    training (by default what earlier calls of the run trained, `State.seconds`, plus this call's `time_budget`:
+    the schedule ends annealed when this call does), the epochs going on (each a new draw of anchors) until it is
+    spent, so that a run whose steps were timed wrong still ends annealed, on time (train.fit_budget). A paced
+    run resumed from its checkpoint goes on with the schedule where the last call left it (its clock is
+    State.seconds; the data position is the checkpoint's): one schedule over several device calls, each ending
+    with a checkpoint, the last one annealed.
     `init`: a saved draft (save_draft's folder, same settings) whose weights replace the random start; the
     optimiser and the schedule start afresh (how a later session continues from the weights that came back,
     when the checkpoint, optimiser included, is too large to). `step_ends`: the monotonic time at which each
@@ -471,13 +482,16 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
         if out is not None:
             save_draft(draft, config, out, tc.max_draft_mb)
 
+    trained_before = state.seconds  # a resumed paced run's clock goes on from here
+    schedule = schedule_seconds if schedule_seconds is not None else trained_before + time_budget
     while state.epoch < tc.epochs or paced:
         if state.epoch not in plans:
             plans[state.epoch] = epoch_batches(seqs, tc, state.epoch)
         batches = plans[state.epoch]
         while state.batch < len(batches):
             elapsed = time.monotonic() - begin
-            if paced and elapsed >= time_budget:
+            state.seconds = trained_before + elapsed
+            if paced and (elapsed >= time_budget or state.seconds >= schedule):
                 save()
                 log(f"done: {state.step} steps in {elapsed:.0f} s, {state.epoch} epochs and {state.batch} batches")
                 return draft, config, state
@@ -490,7 +504,7 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
             anchors = [sample_anchors(seqs[i], tc.anchors, tc.max_len, tc.seed, state.epoch, i, tc.loop_repeats)
                        for i in index]
             for group in opt.param_groups:
-                group["lr"] = tc.lr * (paced_factor(elapsed / time_budget, tc.warmup) if paced
+                group["lr"] = tc.lr * (paced_factor(state.seconds / schedule, tc.warmup) if paced
                                        else lr_factor(state.step, total, tc.warmup))
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
                 loss, predictions, weights = block_loss(draft, target, batch, anchors, tc, device)
@@ -507,7 +521,7 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
             if state.step % max(1, min(50, total // 50)) == 0 or state.step == total:
                 settle()
                 accept = accept_length(predictions, batch, anchors, tc.block, weights)
-                at = f" ({elapsed / time_budget:.0%} of the time)" if paced else f"/{total}"
+                at = f" ({state.seconds / schedule:.0%} of the time)" if paced else f"/{total}"
                 log(f"step {state.step}{at} epoch {state.epoch}: loss {state.losses[-1]:.4f} "
                     f"batch accept {accept:.2f} lr {opt.param_groups[0]['lr']:.2e} ({time.monotonic() - begin:.0f} s)")
             if save_every and state.step % save_every == 0:
@@ -532,14 +546,20 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--time-budget", type=float, default=float("inf"), help="seconds; then save and stop")
     p.add_argument("--paced", action="store_true", help="the schedule follows the clock over --time-budget (train.fit_budget's runs)")
+    p.add_argument("--schedule-seconds", type=float,
+                   help="with --paced: the schedule's training seconds over every call of the run (default: the "
+                        "earlier calls' plus this call's --time-budget: this call ends it, annealed)")
+    p.add_argument("--log-json", help="write the settings, the steps and every step's loss so far here at the end")
     p.add_argument("--save-every", type=int, default=500)
     for field in dataclasses.fields(TrainConfig):
         value = field.default
         kind = (lambda s: tuple(int(x) for x in s.split(",") if x)) if isinstance(value, tuple) else type(value)
         p.add_argument(f"--{field.name.replace('_', '-')}", type=kind, default=value)
     args = p.parse_args(argv)
-    if args.paced and (args.time_budget == float("inf") or args.resume):
-        p.error("--paced needs a --time-budget, and a paced run does not resume")
+    if args.paced and args.time_budget == float("inf"):
+        p.error("--paced needs a --time-budget")
+    if args.schedule_seconds is not None and not args.paced:
+        p.error("--schedule-seconds is the length of a paced schedule: it needs --paced")
     tc = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -552,9 +572,12 @@ def main(argv=None) -> int:
     seqs = load_sequences(pathlib.Path(args.prompts), [pathlib.Path(d) for d in args.responses.split(",")], tokenizer, log)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval().requires_grad_(False)
-    train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), args.resume, pathlib.Path(args.out),
-          args.time_budget, save_every=args.save_every, init=pathlib.Path(args.init) if args.init else None,
-          paced=args.paced)
+    _, _, state = train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), args.resume,
+                        pathlib.Path(args.out), args.time_budget, save_every=args.save_every,
+                        init=pathlib.Path(args.init) if args.init else None, paced=args.paced,
+                        schedule_seconds=args.schedule_seconds)
+    if args.log_json:
+        write_log(pathlib.Path(args.log_json), tc, state, sequences=len(seqs))
     log(f"draft in {args.out}")
     return 0
 

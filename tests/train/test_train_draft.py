@@ -198,6 +198,34 @@ def test_a_paced_run_goes_on_past_its_epochs_and_ends_annealed_on_time(tiny, tmp
     assert (tmp_path / "draft" / "model.safetensors").exists()
 
 
+def test_a_paced_schedule_spans_calls_through_the_checkpoint(tiny, tmp_path):
+    """Two calls of one paced run: the first trains its share of a 4-second schedule and stops mid-schedule with a
+    checkpoint; the second, resumed, goes on from its clock, steps and data position and ends annealed."""
+    target, train_set, _ = tiny
+    tc = TrainConfig(**TINY, epochs=1)
+    first: list[str] = []
+    _, _, one = train(target, train_set, tc, "cpu", first.append, tmp_path / "ckpt.pt", time_budget=2.0,
+                      save_every=0, paced=True, schedule_seconds=4.0)
+    lrs = [float(line.split(" lr ")[1].split()[0]) for line in first if " lr " in line]
+    assert 2.0 <= one.seconds < 3.0 and lrs[-1] > 0.3 * tc.lr  # stopped on its own budget, the schedule half done
+    second: list[str] = []
+    begin = time.monotonic()
+    _, _, two = train(target, train_set, tc, "cpu", second.append, tmp_path / "ckpt.pt", resume=True,
+                      time_budget=10.0, save_every=0, paced=True, schedule_seconds=4.0)
+    assert any(line.startswith(f"resumed at step {one.step}") for line in second)
+    assert time.monotonic() - begin < 4.0 and 4.0 <= two.seconds < 5.0  # the schedule's 4 s, not this call's 10
+    assert two.step > one.step and two.losses[: one.step] == one.losses
+    lrs = [float(line.split(" lr ")[1].split()[0]) for line in second if " lr " in line]
+    assert lrs[-1] < 0.05 * tc.lr and second[-1].startswith("done:")
+
+
+def test_schedule_seconds_needs_a_paced_run():
+    from train.train_draft import main
+
+    with pytest.raises(SystemExit):
+        main(["--prompts", "p", "--responses", "r", "--out", "o", "--ckpt", "c", "--schedule-seconds", "60"])
+
+
 def test_source_weights_repeat_a_sources_answers_in_every_epoch(tiny):
     assert TrainConfig(source_weights="sharegpt=3,self-instruct=2").weights() == {"sharegpt": 3, "self-instruct": 2}
     assert TrainConfig().weights() == {}
