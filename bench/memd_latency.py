@@ -5,7 +5,8 @@ the GPU idle and with the GPU kept busy by another process's small kernels (as m
 
 Each call sequence is a request's admission and release: MatchPrefix, an Alloc of 16 tokens, a Free, after a
 gRPC health check on the same channel (what any call costs: the rest is memd's own work). Prints the median and
-90th percentile of each call per configuration, in milliseconds. Without a GPU: the CPU backend only.
+90th percentile of each call per configuration, in milliseconds. Then a burst of 16 arrivals registered both ways:
+16 MatchPrefix calls in flight together, against one MatchPrefixBatch. Without a GPU: the CPU backend only.
 """
 
 import argparse
@@ -18,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.memd_process import memd_process
 from memd.attach import MemdSession
+from protos import memd_pb2
 
 CALLS = ("Health check (gRPC alone)", "MatchPrefix", "Alloc", "Free")
 
@@ -55,12 +57,37 @@ def time_calls(address: str, calls: int) -> dict[str, list[float]]:
     return times
 
 
+def time_bursts(address: str, calls: int, size: int = 16) -> dict[str, list[float]]:
+    """A burst of `size` arrivals registered: `size` MatchPrefix calls in flight together (modeld until 2026-12-04)
+    against one MatchPrefixBatch (modeld since), alternating, each burst freed before the next."""
+    times: dict[str, list[float]] = {f"{size} MatchPrefix in flight": [], f"one MatchPrefixBatch of {size}": []}
+    with MemdSession(address, "bench-memd-bursts", writes_draft_kv=False) as session:
+        for i in range(calls):
+            items = [(f"b{i}-{k}", list(range(100 + k, 140 + k))) for k in range(size)]
+            t0 = time.perf_counter()
+            futures = [session.stub.MatchPrefix.future(memd_pb2.MatchPrefixRequest(
+                session_id=session.session_id, rid=rid, token_ids=ids), timeout=10) for rid, ids in items]
+            for future in futures:
+                future.result()
+            t1 = time.perf_counter()
+            session.free(finishes=[rid for rid, _ in items])
+            batch = [(rid + "-batch", ids) for rid, ids in items]
+            t2 = time.perf_counter()
+            assert len(session.match_prefix_batch(batch)) == size
+            t3 = time.perf_counter()
+            session.free(finishes=[rid for rid, _ in batch])
+            for name, dt in zip(times, (t1 - t0, t3 - t2)):
+                times[name].append(dt * 1e3)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="bench/configs/llama3-8b")
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
     ctx = multiprocessing.get_context("spawn")
+    bursts = []
     print("| memd backend | GPU | " + " | ".join(f"{name} p50 / p90 ms" for name in CALLS) + " |")
     print("|---|---|" + "---|" * len(CALLS))
     for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
@@ -78,9 +105,18 @@ def main() -> None:
                     if load:
                         stop.set()
                         load.join(60)
-                cells = [f"{statistics.median(t):.3f} / {statistics.quantiles(t, n=10)[-1]:.3f}" for t in times.values()]
                 gpu = "none" if device == "cpu" and not torch.cuda.is_available() else "busy" if busy else "idle"
-                print(f"| {device} | {gpu} | " + " | ".join(cells) + " |", flush=True)
+                print(f"| {device} | {gpu} | " + " | ".join(map(quantiles, times.values())) + " |", flush=True)
+                bursts.append((device, gpu, time_bursts(address, max(20, args.calls // 10))))
+    names = list(bursts[0][2])
+    print("\n| memd backend | GPU | " + " | ".join(f"{name} p50 / p90 ms" for name in names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for device, gpu, times in bursts:
+        print(f"| {device} | {gpu} | " + " | ".join(map(quantiles, times.values())) + " |")
+
+
+def quantiles(times: list[float]) -> str:
+    return f"{statistics.median(times):.3f} / {statistics.quantiles(times, n=10)[-1]:.3f}"
 
 
 if __name__ == "__main__":

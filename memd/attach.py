@@ -108,10 +108,12 @@ class MemdSession:
                                               extend_to=extend_to)
         return self.stub.MatchPrefix(request, timeout=timeout)
 
-    def match_prefix_async(self, rid: str, token_ids, timeout: float = 10.0):
-        """match_prefix sent without waiting: a future whose result() is the MatchPrefixResponse."""
-        request = memd_pb2.MatchPrefixRequest(session_id=self.session_id, rid=rid, token_ids=list(token_ids))
-        return self.stub.MatchPrefix.future(request, timeout=timeout)
+    def match_prefix_batch(self, items, timeout: float = 10.0) -> list[memd_pb2.MatchPrefixResponse]:
+        """match_prefix for each (rid, token_ids) in one round trip (a burst of arrivals), in order: the answers of
+        the leading items; an item memd had no request row for, and those after it, are not in it (unmatched)."""
+        request = memd_pb2.MatchPrefixBatchRequest(session_id=self.session_id, items=[
+            memd_pb2.MatchItem(rid=rid, token_ids=list(ids)) for rid, ids in items])
+        return list(self.stub.MatchPrefixBatch(request, timeout=timeout).matches)
 
     def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
         """One scheduler step: the releases (commits [(rid, length)], trims [rid or (rid, length)], finishes [rid], cache

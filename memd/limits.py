@@ -69,6 +69,12 @@ class CallLimits:
         check_id("session_id", request.session_id)
         check_id("a request id", request.rid)
 
+    def check_match_batch(self, request) -> None:
+        check_id("session_id", request.session_id)
+        self._check_count("MatchPrefixBatch", "items", len(request.items))
+        for item in request.items:
+            check_id("a request id", item.rid)
+
     def check_translate(self, request) -> None:
         if len(request.target_slots) > self.max_slots:
             raise InvalidArgument(f"Translate carries {len(request.target_slots)} slots: at most {self.max_slots} "

@@ -100,6 +100,15 @@ class MemdService(memd_pb2_grpc.MemdServicer):
             extension=None if matched.extension is None else request_slots(matched.extension),
         )
 
+    async def MatchPrefixBatch(self, request, context):
+        await self._check(context, self.limits.check_match_batch, request)
+        label = await self._label(context, request.session_id)
+        matched = await self._run(context, self.mgr.match_prefix_batch, label,
+                                  [(item.rid, list(item.token_ids)) for item in request.items])
+        return memd_pb2.MatchPrefixBatchResponse(matches=[memd_pb2.MatchPrefixResponse(
+            rid=m.rid, row=m.row, cached_len=m.cached_len, target_slots=m.target_slots.tolist(),
+            draft_slots=m.draft_slots.tolist()) for m in matched])
+
     async def FlushCache(self, request, context):
         freed = await self._run(context, self.mgr.flush_cache)
         return memd_pb2.FlushCacheResponse(target_freed=freed[0], draft_freed=freed[1])

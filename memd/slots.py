@@ -155,8 +155,24 @@ class SlotManager:
             return matched
         return dataclasses.replace(matched, extension=extension[0])
 
-    def _match(self, session: str, rid: str, tokens) -> Matched:
+    def match_prefix_batch(self, session: str, items: list[tuple[str, list[int]]]) -> list[Matched]:
+        """match_prefix (no extension) for each (rid, tokens), in order, in one call: every item is checked before
+        anything changes (a bad one refuses the call); the first item no request row is free for ends the batch (it
+        and the items after it stay unmatched, unchanged). Returns the leading items' matches."""
         held = self._requests(session)
+        rids = [rid for rid, _ in items]
+        if len(set(rids)) != len(rids):
+            raise InvalidArgument("a request id appears more than once in one MatchPrefixBatch")
+        for rid, tokens in items:
+            self._check_match(held, rid, tokens)
+        matched = []
+        for rid, tokens in items:
+            if not self.free_rows:
+                break
+            matched.append(self._match(session, rid, tokens))
+        return matched
+
+    def _check_match(self, held: dict, rid: str, tokens) -> None:
         if not rid:
             raise InvalidArgument("empty request id")
         if rid in held:
@@ -165,6 +181,10 @@ class SlotManager:
             raise InvalidArgument("token ids must be >= 0")
         if len(tokens) > self.context_len:
             raise InvalidArgument(f"{len(tokens)} tokens exceed the context of {self.context_len}")
+
+    def _match(self, session: str, rid: str, tokens) -> Matched:
+        held = self._requests(session)
+        self._check_match(held, rid, tokens)
         if not self.free_rows:
             raise ResourceExhausted(f"all {self.max_requests} request rows are in use")
         needs_draft = self.mode is DraftMode.BOUNDED and self.writes_draft[session]

@@ -182,15 +182,14 @@ class Scheduler(MemdCalls):
                     plan.append((r, take, False, self._extend_ask(r, take, lean)))
                     budget -= take
         admitted = []
-        if level == 0:
-            self._match_ahead(min(admit, self.max_running - len(self.running)), budget)
+        no_rows = level == 0 and self._match_ahead(min(admit, self.max_running - len(self.running)), budget)
         while level == 0 and self.waiting and len(admitted) < admit and len(self.running) + len(admitted) < self.max_running and budget > 0:
             if self.waiting[0].rid in self.releases:
                 break  # preempted this step: memd frees its old slots first
             first = self.waiting[0]
             if not first.in_memd:
                 # Granted with its match only when no earlier admission of this step asks first (FIFO for memory).
-                if not self._match(first, 0 if admitted else self._admission_end(first, budget, lean)):
+                if no_rows or not self._match(first, 0 if admitted else self._admission_end(first, budget, lean)):
                     break
             r = self.waiting.popleft()
             take = min(r.pending, budget)

@@ -246,6 +246,28 @@ class MatchPrefixResponse(_message.Message):
     extension: RequestSlots
     def __init__(self, rid: _Optional[str] = ..., row: _Optional[int] = ..., cached_len: _Optional[int] = ..., target_slots: _Optional[_Iterable[int]] = ..., draft_slots: _Optional[_Iterable[int]] = ..., extension: _Optional[_Union[RequestSlots, _Mapping]] = ...) -> None: ...
 
+class MatchItem(_message.Message):
+    __slots__ = ("rid", "token_ids")
+    RID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    rid: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, rid: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MatchPrefixBatchRequest(_message.Message):
+    __slots__ = ("session_id", "items")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    items: _containers.RepeatedCompositeFieldContainer[MatchItem]
+    def __init__(self, session_id: _Optional[str] = ..., items: _Optional[_Iterable[_Union[MatchItem, _Mapping]]] = ...) -> None: ...
+
+class MatchPrefixBatchResponse(_message.Message):
+    __slots__ = ("matches",)
+    MATCHES_FIELD_NUMBER: _ClassVar[int]
+    matches: _containers.RepeatedCompositeFieldContainer[MatchPrefixResponse]
+    def __init__(self, matches: _Optional[_Iterable[_Union[MatchPrefixResponse, _Mapping]]] = ...) -> None: ...
+
 class FlushCacheRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

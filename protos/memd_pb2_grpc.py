@@ -54,6 +54,11 @@ class MemdStub:
                 request_serializer=protos_dot_memd__pb2.MatchPrefixRequest.SerializeToString,
                 response_deserializer=protos_dot_memd__pb2.MatchPrefixResponse.FromString,
                 _registered_method=True)
+        self.MatchPrefixBatch = channel.unary_unary(
+                '/memd.v1.Memd/MatchPrefixBatch',
+                request_serializer=protos_dot_memd__pb2.MatchPrefixBatchRequest.SerializeToString,
+                response_deserializer=protos_dot_memd__pb2.MatchPrefixBatchResponse.FromString,
+                _registered_method=True)
         self.FlushCache = channel.unary_unary(
                 '/memd.v1.Memd/FlushCache',
                 request_serializer=protos_dot_memd__pb2.FlushCacheRequest.SerializeToString,
@@ -93,6 +98,12 @@ class MemdServicer:
         raise NotImplementedError('Method not implemented!')
 
     def MatchPrefix(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MatchPrefixBatch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -138,6 +149,11 @@ def add_MemdServicer_to_server(servicer, server):
                     servicer.MatchPrefix,
                     request_deserializer=protos_dot_memd__pb2.MatchPrefixRequest.FromString,
                     response_serializer=protos_dot_memd__pb2.MatchPrefixResponse.SerializeToString,
+            ),
+            'MatchPrefixBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.MatchPrefixBatch,
+                    request_deserializer=protos_dot_memd__pb2.MatchPrefixBatchRequest.FromString,
+                    response_serializer=protos_dot_memd__pb2.MatchPrefixBatchResponse.SerializeToString,
             ),
             'FlushCache': grpc.unary_unary_rpc_method_handler(
                     servicer.FlushCache,
@@ -263,6 +279,33 @@ class Memd:
             '/memd.v1.Memd/MatchPrefix',
             protos_dot_memd__pb2.MatchPrefixRequest.SerializeToString,
             protos_dot_memd__pb2.MatchPrefixResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MatchPrefixBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/memd.v1.Memd/MatchPrefixBatch',
+            protos_dot_memd__pb2.MatchPrefixBatchRequest.SerializeToString,
+            protos_dot_memd__pb2.MatchPrefixBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,6 +28,7 @@ op = st.one_of(
     st.tuples(st.just("finish"), rid, st.booleans(), tokens),
     st.tuples(st.just("checkpoint"), rid, tokens),
     st.tuples(st.just("match"), rid, tokens),
+    st.tuples(st.just("match-batch"), st.lists(st.tuples(rid, tokens), max_size=3)),
     st.tuples(st.just("translate"), st.lists(st.integers(-5, 5000), max_size=8)),
     st.tuples(st.just("flush")),
 )
@@ -59,6 +60,8 @@ def call(session: MemdSession, step) -> None:
         session.free(cache=[(args[0], args[1])])
     elif kind == "match":
         session.match_prefix(args[0], args[1])
+    elif kind == "match-batch":
+        session.match_prefix_batch(args[0])
     elif kind == "translate":
         session.stub.Translate(memd_pb2.TranslateRequest(target_slots=args[0]), timeout=5)
     else:

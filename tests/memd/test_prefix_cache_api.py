@@ -333,6 +333,39 @@ def test_a_match_whose_first_chunk_has_no_room_stands_alone(tmp_path, page):
         s.free(finishes=["late"])
 
 
+def test_a_batch_of_matches_is_each_match_in_order_and_ends_where_rows_run_out(tmp_path, page):
+    """MatchPrefixBatch: each item as its own MatchPrefix, in order, in one call (the cached prefix for a prompt
+    that has one); the first item without a free request row ends the batch and nothing changes for it or the rest;
+    a bad item refuses the whole call before anything changed."""
+    ids = tokens(100)
+    with memd_with(tmp_path, page, "bounded", max_running=3) as m, session(m, "burst") as s:
+        pools = s.map()
+        _, cached_target, _ = run_and_cache(s, "cached", ids)
+        cached = floor(100, page)
+        before = counts(capacity(s))
+        for bad in ([("x", ids), ("x", tokens(9))], [("x", ids), ("", ids)], [("x", ids), ("y", [1, -2])],
+                    [("x", ids), ("y", tokens(10**5))]):
+            expect(IA, lambda: s.match_prefix_batch(bad))
+            assert counts(capacity(s)) == before and capacity(s).running_requests == 0
+        expect(NF, lambda: s.stub.MatchPrefixBatch(memd_pb2.MatchPrefixBatchRequest(
+            session_id="nope", items=[memd_pb2.MatchItem(rid="x", token_ids=ids)]), timeout=5))
+        expect(IA, lambda: s.match_prefix_batch([(f"r{i}", ids) for i in range(4)]))  # more items than rows exist
+        s.match_prefix("early", tokens(5, seed=9))  # one of the three rows
+        got = s.match_prefix_batch([("hit", ids + [4, 5]), ("miss", tokens(40, seed=3)), ("third", ids)])
+        assert [g.rid for g in got] == ["hit", "miss"]  # two rows were left: the third item ends the batch
+        assert [g.cached_len for g in got] == [cached, 0]
+        assert list(got[0].target_slots) == cached_target[:cached]
+        assert pools["req_to_token"][got[0].row][:cached].tolist() == cached_target[:cached]
+        assert len({g.row for g in got}) == 2 and capacity(s).running_requests == 3
+        s.free(finishes=["miss"])
+        expect(IA, lambda: s.match_prefix_batch([("third", ids), ("hit", ids)]))  # "hit" is held: nothing matched
+        assert capacity(s).running_requests == 2
+        again = s.match_prefix_batch([("third", ids), ("fourth", tokens(7))])
+        assert [g.rid for g in again] == ["third"] and again[0].cached_len == cached
+        s.free(finishes=["early", "hit", "third"])
+        assert capacity(s).running_requests == 0
+
+
 def test_bad_input_gets_the_right_code_and_changes_nothing(tmp_path, page):
     ids = tokens(100)
     with memd_with(tmp_path, page, "bounded") as m, session(m, "bad") as s, \

@@ -110,15 +110,14 @@ class FakeSession:
             rid=rid, row=matched.row, cached_len=matched.cached_len,
             extension=None if matched.extension is None else request_slots(matched.extension))
 
-    def match_prefix_async(self, rid: str, token_ids, timeout: float = 10.0):
-        """MemdSession.match_prefix_async: served at once here, recorded as a "match-ahead"."""
-        future = concurrent.futures.Future()
-        try:
-            future.set_result(self.match_prefix(rid, token_ids))
-        except grpc.RpcError as exc:
-            future.set_exception(exc)
-        self.matches[-1].kind = "match-ahead"
-        return future
+    def match_prefix_batch(self, items, timeout: float = 10.0):
+        """MemdSession.match_prefix_batch: one "match-batch" call, its items the `extends` (rid, cached length, 0)
+        of those memd matched."""
+        call = Call("match-batch", [], [], [], [], [])
+        self.matches.append(call)
+        matched = self._serve(call, self.mgr.match_prefix_batch, SESSION, [(rid, list(ids)) for rid, ids in items])
+        call.extends = [(m.rid, m.cached_len, 0) for m in matched]
+        return [memd_pb2.MatchPrefixResponse(rid=m.rid, row=m.row, cached_len=m.cached_len) for m in matched]
 
     def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
         request = memd_pb2.AllocRequest(
@@ -955,14 +954,14 @@ def test_a_refused_call_sent_ahead_sends_its_releases_one_by_one():
 
 @pytest.mark.parametrize("rows", [8, 4], ids=["rows-for-all", "rows-for-four"])
 def test_a_burst_of_arrivals_is_matched_in_one_round_trip(rows):
-    """Six requests arrive at once: their MatchPrefix calls go out together (one round trip), and one Alloc
-    admits them. With rows for four, two stay waiting (memd has no row) and are admitted once rows are free."""
+    """Six requests arrive at once: one MatchPrefixBatch registers them (one round trip), and one Alloc admits
+    them. With rows for four, two stay waiting (memd has no row) and are admitted once rows are free."""
     sim = Sim(pages=128, max_running=8, chunk=64, context=64, max_requests=rows)
     for i in range(6):
         sim.request(f"r{i}", 5, max_new=4 + i)
     sim.step()
-    ahead = [c for c in sim.session.matches if c.kind == "match-ahead"]
-    assert len(ahead) == 6 and sum(c.ok for c in ahead) == min(rows, 6)
+    assert [c.kind for c in sim.session.matches] == ["match-batch"]
+    assert [rid for rid, _, _ in sim.session.matches[0].extends] == [f"r{i}" for i in range(min(rows, 6))]
     assert len(sim.session.calls) == 1 and len(sim.session.calls[0].extends) == min(rows, 6)
     sim.run()
     assert not sim.failed

@@ -1,0 +1,115 @@
+"""Which memd calls modeld's engine waits for, by kind, per 100 decode steps: at batch 1 and at 16 concurrent, with
+the engine as served (lookahead 32, calls sent ahead). The counts are the scheduler's logic and so the same on any
+machine; the times are this machine's (on the CPU they say what each kind costs relative to the others, not a
+share of a GPU step). Runs on the CPU (memd's shared-memory backend) or, with --device cuda, on the GPU.
+
+    python -m bench.memd_waits [--device cpu] [--new-tokens 64] [--batch1 3] [--concurrency 16]
+
+Kinds: "MatchPrefix" (a lone arrival's match, with its first chunk's grant), "MatchPrefixBatch" (a burst of
+arrivals registered in one call), "Alloc" (a call the step waited for: admissions, prefill chunks, decodes short of
+slots, releases when nothing else carries them), "Alloc sent ahead, awaited" (a call sent without waiting whose
+answer was not there when a step needed it), "Free" (releases flushed when the engine is idle).
+"""
+
+import argparse
+import collections
+import sys
+import time
+
+from bench.engine_speed import generate_all, prompts_for
+from bench.memd_process import memd_process
+from modeld.config import ModeldConfig
+from modeld.fetch_default import ensure_default_model
+from modeld.server import build_engine
+
+
+class Waits:
+    """Counts and times the memd calls an engine waits for, by kind, and its decode steps (a replay of k steps
+    counts k, as bench.engine_speed's breakdown does)."""
+
+    def __init__(self, engine):
+        self.count, self.seconds = collections.Counter(), collections.Counter()
+        self.steps, self.undo = 0, []
+        sched, runner = engine.scheduler, engine.runner
+        for name, kind in (("alloc", "Alloc"), ("free", "Free"), ("match_prefix", "MatchPrefix"),
+                           ("match_prefix_batch", "MatchPrefixBatch")):
+            self._wrap(sched.session, name, lambda *a, kind=kind: kind)
+        self._wrap(sched, "_await_answer", lambda future: None if future.done() else "Alloc sent ahead, awaited")
+        steps_ahead, step = runner.steps_ahead, engine._step
+        per_step = [1]
+
+        def counted_steps(*a):
+            per_step[0] = steps_ahead(*a)
+            return per_step[0]
+
+        def counted_step():
+            per_step[0] = 1
+            busy = step()
+            self.steps += per_step[0] if busy else 0
+            return busy
+
+        runner.steps_ahead, engine._step = counted_steps, counted_step
+        self.undo += [lambda: delattr(runner, "steps_ahead"), lambda: delattr(engine, "_step")]
+
+    def _wrap(self, owner, name, kind_of):
+        original = getattr(owner, name)
+
+        def timed(*a, **kw):
+            kind = kind_of(*a)
+            begin = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                if kind:
+                    self.count[kind] += 1
+                    self.seconds[kind] += time.perf_counter() - begin
+
+        setattr(owner, name, timed)
+        self.undo.append(lambda: setattr(owner, name, original))
+
+    def close(self) -> list[str]:
+        """Undoes the wrapping; the table rows: kind, calls and milliseconds per 100 decode steps."""
+        for undo in reversed(self.undo):
+            undo()
+        per = 100 / max(1, self.steps)
+        return [f"{kind} | {n * per:.1f} | {self.seconds[kind] * 1e3 * per:.2f}" for kind, n in sorted(self.count.items())]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.memd_waits", description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--target", help="HF folder (default: the project's SmolLM2-135M-Instruct)")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--batch1", type=int, default=3, help="prompts answered one at a time")
+    p.add_argument("--concurrency", type=int, default=16)
+    args = p.parse_args(argv)
+    target = args.target or str(ensure_default_model())
+    from transformers import AutoConfig, AutoTokenizer
+
+    prompts = prompts_for(AutoTokenizer.from_pretrained(target), AutoConfig.from_pretrained(target).vocab_size,
+                          max(args.batch1, args.concurrency))
+    memd_flags = ["--device", args.device, "--target-model", target, "--max-running-requests", str(args.concurrency),
+                  "--max-total-tokens", "65536", "--draft-model", "none"]
+    print(f"engine as served (lookahead 32, calls sent ahead), {args.new_tokens} new tokens at most, greedy, "
+          f"device {args.device}\n\n| batch | kind | waited calls / 100 steps | ms waited / 100 steps |\n|---|---|---|---|")
+    with memd_process(*memd_flags) as memd:
+        cfg = ModeldConfig(device=args.device, memd=memd, target_model=target, speculative_algorithm="none")
+        built = build_engine(cfg, lambda serving: None)
+        engine = built.engine
+        engine.start()
+        try:
+            generate_all(engine, prompts[:2], 8, False, "warm")
+            for batch, groups in ((1, [[q] for q in prompts[: args.batch1]]), (args.concurrency, [prompts[: args.concurrency]])):
+                waits = Waits(engine)
+                for k, group in enumerate(groups):
+                    generate_all(engine, group, args.new_tokens, False, f"b{batch}-{k}")
+                for row in waits.close():
+                    print(f"| {batch} | {row} |")
+        finally:
+            engine.stop()
+            built.link.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
