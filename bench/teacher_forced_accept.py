@@ -23,7 +23,7 @@ import torch
 
 from modeld.draft import load_draft
 from modeld.fetch_default import ensure_default_model
-from train import chat, responses
+from train import batches, chat, responses
 from train import train_draft as td
 from train.prompts import read_records
 
@@ -66,8 +66,8 @@ def accept_per_sequence(draft, target, seqs: list[dict], tc: td.TrainConfig, dev
     forward, the second figure from its rows at the kept anchors."""
     out = []
     for seq in seqs:
-        anchors = td.valid_anchors(len(seq["ids"]), seq["spans"], tc.max_len)
-        kept = np.isin(anchors, td.anchor_positions(seq, tc.max_len, tc.loop_repeats))
+        anchors = batches.valid_anchors(len(seq["ids"]), seq["spans"], tc.max_len)
+        kept = np.isin(anchors, batches.anchor_positions(seq, tc.max_len, tc.loop_repeats))
         with torch.no_grad():
             _, predictions, weights = td.block_loss(draft, target, [seq], [anchors], tc, device)
         out.append((td.accept_length(predictions, [seq], [anchors], tc.block, weights),

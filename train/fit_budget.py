@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from train import batches
 from train import train_draft as td
 
 PROBE_WARMUP, PROBE_STEPS = 3, 20
@@ -44,7 +45,7 @@ MIN_ANCHORS = 64
 
 
 def valid_counts(seqs: list[dict], tc: td.TrainConfig) -> np.ndarray:
-    return np.array([len(td.anchor_positions(s, tc.max_len, tc.loop_repeats)) for s in seqs], dtype=np.int64)
+    return np.array([len(batches.anchor_positions(s, tc.max_len, tc.loop_repeats)) for s in seqs], dtype=np.int64)
 
 
 def most_anchors(counts: np.ndarray, epochs: int, blocks: float) -> int:
@@ -167,12 +168,12 @@ def main(argv=None) -> int:
         args.target = str(ensure_default_model())
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     tokenizer = AutoTokenizer.from_pretrained(args.target)
-    seqs = td.load_sequences(pathlib.Path(args.prompts), [pathlib.Path(d) for d in args.responses.split(",")],
+    seqs = batches.load_sequences(pathlib.Path(args.prompts), [pathlib.Path(d) for d in args.responses.split(",")],
                              tokenizer, log)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval().requires_grad_(False)
     base = base_config(args)
-    counts = valid_counts(td.weighted(seqs, base.weights()), base)  # train() weighs the sequences the same way
+    counts = valid_counts(batches.weighted(seqs, base.weights()), base)  # train() weighs the sequences the same way
     anchors = args.probe_anchors
     if args.profile_steps:
         profile_steps(target, seqs, dataclasses.replace(base, anchors=anchors, epochs=1), args.device,

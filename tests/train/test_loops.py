@@ -4,7 +4,8 @@ its labels run on."""
 import numpy as np
 
 from train.loops import anchor_spans, ends_in_loop, looped_tokens, periodic_tail, stop_point
-from train.train_draft import TrainConfig, anchor_positions, epoch_batches, label_mask, sample_anchors, valid_anchors
+from train.batches import anchor_positions, epoch_batches, label_mask, sample_anchors, valid_anchors
+from train.train_draft import TrainConfig
 
 
 def test_an_answer_without_a_loop_has_no_periodic_tail():

@@ -14,9 +14,9 @@ from transformers import LlamaConfig
 
 from modeld.draft import load_draft
 from tests.dflash.tiny_models import load_hf, write_random_target
+from train.batches import epoch_batches, sample_anchors, valid_anchors, weighted
 from train.train_draft import (DraftTooLarge, TrainConfig, accept_length, block_loss, build_target_layer_ids,
-                               check_size, draft_config, epoch_batches, new_draft, paced_factor, sample_anchors,
-                               save_draft, train, valid_anchors, weighted, window_rows)
+                               check_size, draft_config, new_draft, paced_factor, save_draft, train, window_rows)
 
 TINY = dict(layers=1, block=4, window=16, taps=(1, 2), mask_token_id=63, intermediate=128, lr=3e-3, anchors=8,
             batch_anchors=128)
