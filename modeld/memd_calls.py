@@ -230,9 +230,9 @@ class MemdCalls:
     def _match_ahead(self, count: int, budget: int) -> bool:
         """Registers in memd the waiting requests this step may admit (up to `count`, while their prompts fit the
         token budget) in one MatchPrefixBatch: one round trip and one call's work in memd for a burst of arrivals
-        (on the CPU, 16 MatchPrefix calls in flight together took 4.0 ms, one batch of 16 0.85 ms: bench.memd_latency). Those memd has no
-        row for stay unmatched; True when there were such (the admission loop then stops at the first, without
-        asking memd again this step)."""
+        (on the CPU, 16 MatchPrefix calls in flight together took 4.0 ms, one batch of 16 0.85 ms:
+        bench.memd_latency). Those memd has no row for stay unmatched; True when there were such (the admission
+        loop then stops at the first, without asking memd again this step)."""
         picks = []
         for r in self.waiting:
             if len(picks) >= count or budget <= 0 or r.rid in self.releases:
