@@ -12,6 +12,7 @@ python3 -m pytest -q tests/modeld/test_forward_vs_hf.py tests/e2e/test_generate.
 python3 -m pytest -q tests/dflash/test_default_draft.py 2>&1 | tail -2  # the shipped draft, lossless (its daemons run on the CPU)
 [ "${1:-}" = suites ] && exit 0  # `device-check.sh suites`: the suites alone (about half the call), no benchmarks
 python3 -m bench.sampler_speed > "$OUT/sampler_speed.md" 2>&1; cat "$OUT/sampler_speed.md"
+python3 -m bench.memd_waits --device cuda > "$OUT/memd_waits.md" 2> "$OUT/memd_waits.log"; cat "$OUT/memd_waits.md"
 python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 > "$OUT/engine_speed.md" 2> "$OUT/engine_speed.log"
 cat "$OUT/engine_speed.md"
 # where a step's time goes, plain against DFLASH (device-busy against wall time per step; ops by device and host time)
