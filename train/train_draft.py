@@ -333,8 +333,9 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
     """Train (or continue, with `resume` and an existing `ckpt`) until the epochs are done, `time_budget`
     seconds have passed, or `max_steps` steps were taken in this call; saves `ckpt` and `out` at the end.
     `paced`: the schedule follows the clock instead of the steps: warm-up and cosine over `schedule_seconds` of
-    training (by default what earlier calls of the run trained, `State.seconds`, plus this call's `time_budget`:
-    the schedule ends annealed when this call does), the epochs going on (each a new draw of anchors) until it is
+    training (by default, or 0, what earlier calls of the run trained, `State.seconds`, plus this call's
+    `time_budget`: the schedule ends annealed when this call does, the last call of a run that ran slower or
+    faster than planned), the epochs going on (each a new draw of anchors) until it is
     spent, so that a run whose steps were timed wrong still ends annealed, on time (train.fit_budget). A paced
     run resumed from its checkpoint goes on with the schedule where the last call left it (its clock is
     State.seconds; the data position is the checkpoint's): one schedule over several device calls, each ending
@@ -384,7 +385,7 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
             save_draft(draft, config, out, tc.max_draft_mb)
 
     trained_before = state.seconds  # a resumed paced run's clock goes on from here
-    schedule = schedule_seconds if schedule_seconds is not None else trained_before + time_budget
+    schedule = schedule_seconds or trained_before + time_budget
     while state.epoch < tc.epochs or paced:
         if state.epoch not in plans:
             plans[state.epoch] = epoch_batches(seqs, tc, state.epoch)
@@ -448,8 +449,8 @@ def main(argv=None) -> int:
     p.add_argument("--time-budget", type=float, default=float("inf"), help="seconds; then save and stop")
     p.add_argument("--paced", action="store_true", help="the schedule follows the clock over --time-budget (train.fit_budget's runs)")
     p.add_argument("--schedule-seconds", type=float,
-                   help="with --paced: the schedule's training seconds over every call of the run (default: the "
-                        "earlier calls' plus this call's --time-budget: this call ends it, annealed)")
+                   help="with --paced: the schedule's training seconds over every call of the run (default, or 0: "
+                        "the earlier calls' plus this call's --time-budget: this call ends it, annealed)")
     p.add_argument("--log-json", help="write the settings, the steps and every step's loss so far here at the end")
     p.add_argument("--save-every", type=int, default=500)
     for field in dataclasses.fields(TrainConfig):

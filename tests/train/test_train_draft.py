@@ -217,6 +217,12 @@ def test_a_paced_schedule_spans_calls_through_the_checkpoint(tiny, tmp_path):
     assert two.step > one.step and two.losses[: one.step] == one.losses
     lrs = [float(line.split(" lr ")[1].split()[0]) for line in second if " lr " in line]
     assert lrs[-1] < 0.05 * tc.lr and second[-1].startswith("done:")
+    last: list[str] = []  # a third call with schedule_seconds 0: it ends the schedule with its own budget
+    _, _, three = train(target, train_set, tc, "cpu", last.append, tmp_path / "ckpt.pt", resume=True,
+                        time_budget=1.0, save_every=0, paced=True, schedule_seconds=0)
+    assert two.seconds + 1.0 <= three.seconds < two.seconds + 2.0 and three.step > two.step
+    lrs = [float(line.split(" lr ")[1].split()[0]) for line in last if " lr " in line]
+    assert lrs[-1] < 0.05 * tc.lr and last[-1].startswith("done:")
 
 
 def test_schedule_seconds_needs_a_paced_run():
