@@ -94,20 +94,14 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         label = await self._label(context, request.session_id)
         matched = await self._run(context, self.mgr.match_prefix, label, request.rid, list(request.token_ids),
                                   request.extend_to)
-        return memd_pb2.MatchPrefixResponse(
-            rid=matched.rid, row=matched.row, cached_len=matched.cached_len,
-            target_slots=matched.target_slots.tolist(), draft_slots=matched.draft_slots.tolist(),
-            extension=None if matched.extension is None else request_slots(matched.extension),
-        )
+        return match_response(matched)
 
     async def MatchPrefixBatch(self, request, context):
         await self._check(context, self.limits.check_match_batch, request)
         label = await self._label(context, request.session_id)
         matched = await self._run(context, self.mgr.match_prefix_batch, label,
                                   [(item.rid, list(item.token_ids)) for item in request.items])
-        return memd_pb2.MatchPrefixBatchResponse(matches=[memd_pb2.MatchPrefixResponse(
-            rid=m.rid, row=m.row, cached_len=m.cached_len, target_slots=m.target_slots.tolist(),
-            draft_slots=m.draft_slots.tolist()) for m in matched])
+        return memd_pb2.MatchPrefixBatchResponse(matches=[match_response(m) for m in matched])
 
     async def FlushCache(self, request, context):
         freed = await self._run(context, self.mgr.flush_cache)
@@ -204,3 +198,10 @@ def request_slots(a) -> memd_pb2.RequestSlots:
     """An allocation (memd.slots.Allocated) as the API's RequestSlots."""
     return memd_pb2.RequestSlots(rid=a.rid, row=a.row, start=a.start, target_slots=a.target_slots.tolist(),
                                  draft_slots=a.draft_slots.tolist())
+
+
+def match_response(m) -> memd_pb2.MatchPrefixResponse:
+    """A match (memd.slots.Matched) as the API's MatchPrefixResponse, with its extension when it has one."""
+    return memd_pb2.MatchPrefixResponse(
+        rid=m.rid, row=m.row, cached_len=m.cached_len, target_slots=m.target_slots.tolist(),
+        draft_slots=m.draft_slots.tolist(), extension=None if m.extension is None else request_slots(m.extension))
