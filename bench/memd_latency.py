@@ -99,15 +99,16 @@ def main() -> None:
                 if load:
                     load.start()
                     ready.wait(120)
-                try:
+                try:  # both timings under the same load (the bursts' row carries this row's GPU label)
                     times = time_calls(address, args.calls)
+                    burst_times = time_bursts(address, max(20, args.calls // 10))
                 finally:
                     if load:
                         stop.set()
                         load.join(60)
                 gpu = "none" if device == "cpu" and not torch.cuda.is_available() else "busy" if busy else "idle"
                 print(f"| {device} | {gpu} | " + " | ".join(map(quantiles, times.values())) + " |", flush=True)
-                bursts.append((device, gpu, time_bursts(address, max(20, args.calls // 10))))
+                bursts.append((device, gpu, burst_times))
     names = list(bursts[0][2])
     print("\n| memd backend | GPU | " + " | ".join(f"{name} p50 / p90 ms" for name in names) + " |")
     print("|---|---|" + "---|" * len(names))
