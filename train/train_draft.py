@@ -186,15 +186,14 @@ def block_loss(draft: DFlashDraft, target, seqs: list[dict], anchors: list[np.nd
                device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(weighted CE over the blocks, the draft's greedy predictions [A, B-1], the labels' weights [A, B-1])."""
     width = min(max(len(s["ids"]) for s in seqs), tc.max_len)
+    lengths = np.array([min(len(s["ids"]), width) for s in seqs])
     host_ids = np.zeros((len(seqs), width), dtype=np.int64)
     host_lmask = np.zeros((len(seqs), width), dtype=bool)
-    for i, s in enumerate(seqs):
-        n = min(len(s["ids"]), width)
+    for i, (s, n) in enumerate(zip(seqs, lengths)):
         host_ids[i, :n] = s["ids"][:n]
         host_lmask[i, :n] = label_mask(len(s["ids"]), s["spans"], width)[:n]
-    lengths = to_device(np.array([min(len(s["ids"]), width) for s in seqs]), device)
     ids, lmask = to_device(host_ids, device), to_device(host_lmask, device)
-    attn = (torch.arange(width, device=device) < lengths[:, None]).long()
+    attn = (torch.arange(width, device=device) < to_device(lengths, device)[:, None]).long()
     with torch.no_grad():  # the base model: hidden states without the LM head over every position
         states = target.model(ids, attention_mask=attn, output_hidden_states=True).hidden_states
         taps = torch.cat([states[i + 1] for i in draft.spec.target_layer_ids], dim=-1).float()
