@@ -5,8 +5,10 @@ the GPU idle and with the GPU kept busy by another process's small kernels (as m
 
 Each call sequence is a request's admission and release: MatchPrefix, an Alloc of 16 tokens, a Free, after a
 gRPC health check on the same channel (what any call costs: the rest is memd's own work). Prints the median and
-90th percentile of each call per configuration, in milliseconds. Then a burst of 16 arrivals registered both ways:
-16 MatchPrefix calls in flight together, against one MatchPrefixBatch. Without a GPU: the CPU backend only.
+90th percentile of each call per configuration, in milliseconds. Then a burst of 16 arrivals (time_bursts): registered
+by 16 MatchPrefix calls in flight together or by one MatchPrefixBatch, and admitted (prompts granted) by a
+MatchPrefixBatch and an Alloc or by one MatchPrefixBatch whose items ask for their prompts. Without a GPU: the CPU
+backend only.
 """
 
 import argparse
@@ -57,27 +59,38 @@ def time_calls(address: str, calls: int) -> dict[str, list[float]]:
     return times
 
 
-def time_bursts(address: str, calls: int, size: int = 16) -> dict[str, list[float]]:
-    """A burst of `size` arrivals registered: `size` MatchPrefix calls in flight together (modeld until 2026-12-04)
-    against one MatchPrefixBatch (modeld since), alternating, each burst freed before the next."""
-    times: dict[str, list[float]] = {f"{size} MatchPrefix in flight": [], f"one MatchPrefixBatch of {size}": []}
+def time_bursts(address: str, calls: int, size: int = 16, prompt: int = 40) -> dict[str, list[float]]:
+    """A burst of `size` arrivals of `prompt` tokens, four ways, alternating, each burst freed before the next:
+    registered by `size` MatchPrefix calls in flight together (modeld until fbf7067) or by one MatchPrefixBatch
+    (modeld since); admitted (registered and their prompts granted) by that batch and then an Alloc (modeld until
+    the batch carried extend_to) or by one MatchPrefixBatch whose items ask for their prompts (modeld since)."""
+    names = (f"{size} MatchPrefix in flight", f"one MatchPrefixBatch of {size}",
+             f"admitted: MatchPrefixBatch + Alloc of {size}", f"admitted: one MatchPrefixBatch granting {size}")
+    times: dict[str, list[float]] = {name: [] for name in names}
     with MemdSession(address, "bench-memd-bursts", writes_draft_kv=False) as session:
-        for i in range(calls):
-            items = [(f"b{i}-{k}", list(range(100 + k, 140 + k))) for k in range(size)]
-            t0 = time.perf_counter()
+
+        def in_flight(items):
             futures = [session.stub.MatchPrefix.future(memd_pb2.MatchPrefixRequest(
                 session_id=session.session_id, rid=rid, token_ids=ids), timeout=10) for rid, ids in items]
             for future in futures:
                 future.result()
-            t1 = time.perf_counter()
-            session.free(finishes=[rid for rid, _ in items])
-            batch = [(rid + "-batch", ids) for rid, ids in items]
-            t2 = time.perf_counter()
-            assert len(session.match_prefix_batch(batch)) == size
-            t3 = time.perf_counter()
-            session.free(finishes=[rid for rid, _ in batch])
-            for name, dt in zip(times, (t1 - t0, t3 - t2)):
-                times[name].append(dt * 1e3)
+
+        def batch_then_alloc(items):
+            matched = session.match_prefix_batch(items)
+            session.alloc(extends=[(m.rid, m.cached_len, prompt - m.cached_len) for m in matched])
+
+        def granting_batch(items):
+            matched = session.match_prefix_batch([(rid, ids, prompt) for rid, ids in items])
+            assert all(m.HasField("extension") for m in matched)
+
+        ways = (in_flight, lambda items: session.match_prefix_batch(items), batch_then_alloc, granting_batch)
+        for i in range(calls):
+            for k, (name, way) in enumerate(zip(names, ways)):
+                items = [(f"b{i}-{k}-{j}", list(range(100 + j, 100 + j + prompt))) for j in range(size)]
+                t0 = time.perf_counter()
+                way(items)
+                times[name].append((time.perf_counter() - t0) * 1e3)
+                session.free(finishes=[rid for rid, _ in items])
     return times
 
 

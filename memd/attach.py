@@ -109,10 +109,12 @@ class MemdSession:
         return self.stub.MatchPrefix(request, timeout=timeout)
 
     def match_prefix_batch(self, items, timeout: float = 10.0) -> list[memd_pb2.MatchPrefixResponse]:
-        """match_prefix for each (rid, token_ids) in one round trip (a burst of arrivals), in order: the answers of
-        the leading items; an item memd had no request row for, and those after it, are not in it (unmatched)."""
+        """match_prefix for each (rid, token_ids[, extend_to]) in one round trip (a burst of arrivals), in order: the
+        answers of the leading items; an item memd had no request row for, and those after it, are not in it
+        (unmatched). Extensions are granted in order until the first memd has no room for (none after it)."""
         request = memd_pb2.MatchPrefixBatchRequest(session_id=self.session_id, items=[
-            memd_pb2.MatchItem(rid=rid, token_ids=list(ids)) for rid, ids in items])
+            memd_pb2.MatchItem(rid=rid, token_ids=list(ids), extend_to=extend_to[0] if extend_to else 0)
+            for rid, ids, *extend_to in items])
         return list(self.stub.MatchPrefixBatch(request, timeout=timeout).matches)
 
     def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):

@@ -100,7 +100,7 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         await self._check(context, self.limits.check_match_batch, request)
         label = await self._label(context, request.session_id)
         matched = await self._run(context, self.mgr.match_prefix_batch, label,
-                                  [(item.rid, list(item.token_ids)) for item in request.items])
+                                  [(item.rid, list(item.token_ids), item.extend_to) for item in request.items])
         return memd_pb2.MatchPrefixBatchResponse(matches=[match_response(m) for m in matched])
 
     async def FlushCache(self, request, context):

@@ -144,33 +144,47 @@ class SlotManager:
         """Register request `rid` at the usable cached prefix of `tokens` and lock it there; with `extend_to` past the
         match, also extend it to [cached_len, extend_to) if there is room (else the match stands alone: an admission
         is one call either way, and a refused extension changes nothing but the match)."""
+        self._check_extend_to(extend_to)
+        matched, _ = self._match_and_extend(session, rid, tokens, extend_to)
+        return matched
+
+    def match_prefix_batch(self, session: str, items: list[tuple[str, list[int], int]]) -> list[Matched]:
+        """match_prefix for each (rid, tokens, extend_to), in order, in one call: every item is checked before
+        anything changes (a bad one refuses the call); the first item no request row is free for ends the batch (it
+        and the items after it stay unmatched, unchanged). Extensions are granted in order: from the first one there
+        is no room for, no later item of the call is extended (an arrival never takes the pages an earlier one could
+        not get). Returns the leading items' matches."""
+        held = self._requests(session)
+        rids = [rid for rid, _, _ in items]
+        if len(set(rids)) != len(rids):
+            raise InvalidArgument("a request id appears more than once in one MatchPrefixBatch")
+        for rid, tokens, extend_to in items:
+            self._check_match(held, rid, tokens)
+            self._check_extend_to(extend_to)
+        matched, extending = [], True
+        for rid, tokens, extend_to in items:
+            if not self.free_rows:
+                break
+            match, room = self._match_and_extend(session, rid, tokens, extend_to if extending else 0)
+            matched.append(match)
+            extending = extending and room
+        return matched
+
+    def _check_extend_to(self, extend_to: int) -> None:
         if not 0 <= extend_to <= self.context_len:
             raise InvalidArgument(f"extend_to {extend_to} must lie in [0, {self.context_len}] (the context)")
+
+    def _match_and_extend(self, session: str, rid: str, tokens, extend_to: int) -> tuple[Matched, bool]:
+        """The match, extended to [cached_len, extend_to) when asked and there is room; and False when an extension
+        was asked past the match and refused for room (nothing but the match changed)."""
         matched = self._match(session, rid, tokens)
         if extend_to <= matched.cached_len:
-            return matched
+            return matched, True
         try:
             extension = self.step(session, Release(), extends=[(rid, matched.cached_len, extend_to - matched.cached_len)])
         except ResourceExhausted:
-            return matched
-        return dataclasses.replace(matched, extension=extension[0])
-
-    def match_prefix_batch(self, session: str, items: list[tuple[str, list[int]]]) -> list[Matched]:
-        """match_prefix (no extension) for each (rid, tokens), in order, in one call: every item is checked before
-        anything changes (a bad one refuses the call); the first item no request row is free for ends the batch (it
-        and the items after it stay unmatched, unchanged). Returns the leading items' matches."""
-        held = self._requests(session)
-        rids = [rid for rid, _ in items]
-        if len(set(rids)) != len(rids):
-            raise InvalidArgument("a request id appears more than once in one MatchPrefixBatch")
-        for rid, tokens in items:
-            self._check_match(held, rid, tokens)
-        matched = []
-        for rid, tokens in items:
-            if not self.free_rows:
-                break
-            matched.append(self._match(session, rid, tokens))
-        return matched
+            return matched, False
+        return dataclasses.replace(matched, extension=extension[0]), True
 
     def _check_match(self, held: dict, rid: str, tokens) -> None:
         if not rid:

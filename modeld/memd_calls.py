@@ -3,6 +3,7 @@ without waiting and their answers, the MatchPrefix of waiting requests, and refu
 (a request memd refuses fails alone, never the batch; one bad release never wedges the session)."""
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -25,11 +26,12 @@ class InFlight:
 
 
 class MemdCalls:
-    """The scheduler's base: its memd session and what goes over it. `running` and `context_len` are the
-    scheduler's (modeld.scheduler)."""
+    """The scheduler's base: its memd session and what goes over it. `running`, `context_len` and
+    `_admission_end` are the scheduler's (modeld.scheduler)."""
 
     running: list[Request]
     context_len: int
+    _admission_end: Callable[[Request, int, bool], int]  # where a lone arrival's first chunk ends (0: not granted)
 
     def __init__(self, session: MemdSession, lookahead: int, async_top_ups: bool):
         self.session = session
@@ -227,22 +229,29 @@ class MemdCalls:
             got = answer.extension
             r.slots, r.slots_from, r.held = list(got.target_slots), got.start, got.start + len(got.target_slots)
 
-    def _match_ahead(self, count: int, budget: int) -> bool:
+    def _match_ahead(self, count: int, budget: int, lean: bool) -> bool:
         """Registers in memd the waiting requests this step may admit (up to `count`, while their prompts fit the
         token budget) in one MatchPrefixBatch: one round trip and one call's work in memd for a burst of arrivals
         (on the CPU, 16 MatchPrefix calls in flight together took 4.0 ms, one batch of 16 0.85 ms:
-        bench.memd_latency). Those memd has no row for stay unmatched; True when there were such (the admission
-        loop then stops at the first, without asking memd again this step)."""
-        picks = []
+        bench.memd_latency). The leading ones whose whole prompt fits the budget ask for their first chunk with the
+        match (`_admission_end`), until the first that does not or a waiting request matched earlier (its chunk is
+        asked for in the step's Alloc: FIFO for memory); when memd grants every one, the burst is admitted in that
+        one round trip. Those memd has no row for stay unmatched; True when there were such (the admission loop then
+        stops at the first, without asking memd again this step)."""
+        picks, extending = [], True
         for r in self.waiting:
             if len(picks) >= count or budget <= 0 or r.rid in self.releases:
                 break
-            if not r.in_memd:
-                picks.append(r)
+            if r.in_memd:
+                extending = False
+            else:
+                end = self._admission_end(r, budget, lean) if extending else 0
+                extending = end > 0
+                picks.append((r, end))
             budget -= r.pending
         if len(picks) < 2:
             return False  # the admission loop matches a lone request itself
-        answers = self.session.match_prefix_batch([(r.rid, r.all_ids[:-1]) for r in picks])
-        for r, answer in zip(picks, answers):
+        answers = self.session.match_prefix_batch([(r.rid, r.all_ids[:-1], end) for r, end in picks])
+        for (r, _), answer in zip(picks, answers):
             self._matched(r, answer)
         return len(answers) < len(picks)

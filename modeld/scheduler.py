@@ -7,9 +7,10 @@ waiting, the top-ups of decodes running short with the releases due (finished re
 K/V they computed, for memd's prefix cache; prompt checkpoints; out-of-window draft trims, which carry the
 computed length); memd answers while the step runs. So most steps wait for nothing (memd stays the only
 allocator: the spare slots are the request's, freed with it or given back when memory is short, the "lean"
-plan). A request is admitted from the usable cached prefix memd matches for it (MatchPrefix, the calls of a
-burst of arrivals in flight together): only the rest is prefilled. A lone arrival whose prompt fits the step,
-with no earlier admission in the step, asks memd to grant the prompt (and the lookahead) in that same call.
+plan). A request is admitted from the usable cached prefix memd matches for it (MatchPrefix; a burst of
+arrivals in one MatchPrefixBatch): only the rest is prefilled. An arrival whose prompt fits the step, with no
+earlier admission of the step asking memd after it, asks memd to grant the prompt (and the lookahead) in that same
+call, so that a lone arrival or a burst is admitted in one round trip.
 When memd answers RESOURCE_EXHAUSTED nothing changed there, and the step is planned again: first without new
 admissions and prefill chunks (they wait), then by preempting the newest running request (its slots are
 released and it is recomputed later from its prompt and the tokens it already produced, so its greedy output
@@ -182,7 +183,7 @@ class Scheduler(MemdCalls):
                     plan.append((r, take, False, self._extend_ask(r, take, lean)))
                     budget -= take
         admitted = []
-        no_rows = level == 0 and self._match_ahead(min(admit, self.max_running - len(self.running)), budget)
+        no_rows = level == 0 and self._match_ahead(min(admit, self.max_running - len(self.running)), budget, lean)
         while level == 0 and self.waiting and len(admitted) < admit and len(self.running) + len(admitted) < self.max_running and budget > 0:
             if self.waiting[0].rid in self.releases:
                 break  # preempted this step: memd frees its old slots first
@@ -197,7 +198,8 @@ class Scheduler(MemdCalls):
             admitted.append(r)
             budget -= take
         releasing = bool(self.releases or self.cache) and not self.async_top_ups  # else they go out without waiting
-        calling = lean or bool(plan) or releasing or any(r.computed + n > r.held for r, n in decodes)
+        # memd is called anyway (so top-ups join): a plan item asks for positions (not those granted with a match)
+        calling = lean or any(ask for *_, ask in plan) or releasing or any(r.computed + n > r.held for r, n in decodes)
         commits = self._outgoing_commits(lean) if calling else {}
         return [(r, n, True, self._grant(r, n, commits.get(r.rid, r.held), lean, calling)) for r, n in decodes] + plan, admitted
 

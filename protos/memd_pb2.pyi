@@ -247,12 +247,14 @@ class MatchPrefixResponse(_message.Message):
     def __init__(self, rid: _Optional[str] = ..., row: _Optional[int] = ..., cached_len: _Optional[int] = ..., target_slots: _Optional[_Iterable[int]] = ..., draft_slots: _Optional[_Iterable[int]] = ..., extension: _Optional[_Union[RequestSlots, _Mapping]] = ...) -> None: ...
 
 class MatchItem(_message.Message):
-    __slots__ = ("rid", "token_ids")
+    __slots__ = ("rid", "token_ids", "extend_to")
     RID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    EXTEND_TO_FIELD_NUMBER: _ClassVar[int]
     rid: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, rid: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    extend_to: int
+    def __init__(self, rid: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., extend_to: _Optional[int] = ...) -> None: ...
 
 class MatchPrefixBatchRequest(_message.Message):
     __slots__ = ("session_id", "items")

@@ -173,6 +173,9 @@ CASES = {
         session_id=env.session.session_id, items=[memd_pb2.MatchItem(rid=f"m{i}", token_ids=[1]) for i in range(5)])),
     "memd-match-batch-repeated-rid": lambda env: env.memd_call("MatchPrefixBatch", memd_pb2.MatchPrefixBatchRequest(
         session_id=env.session.session_id, items=[memd_pb2.MatchItem(rid="m", token_ids=[1, 2])] * 2)),
+    "memd-match-batch-extend-beyond-context": lambda env: env.memd_call("MatchPrefixBatch", memd_pb2.MatchPrefixBatchRequest(
+        session_id=env.session.session_id, items=[memd_pb2.MatchItem(rid="m", token_ids=[1, 2]),
+                                                  memd_pb2.MatchItem(rid="n", token_ids=[1], extend_to=CONTEXT + 1)])),
     "memd-translate-too-many": lambda env: env.memd_call("Translate", memd_pb2.TranslateRequest(
         target_slots=[1] * (MAX_RUNNING * CONTEXT + 1))),
     "memd-translate-without-draft": lambda env: env.memd_call("Translate", memd_pb2.TranslateRequest(target_slots=[1])),

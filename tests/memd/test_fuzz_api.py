@@ -28,7 +28,7 @@ op = st.one_of(
     st.tuples(st.just("finish"), rid, st.booleans(), tokens),
     st.tuples(st.just("checkpoint"), rid, tokens),
     st.tuples(st.just("match"), rid, tokens),
-    st.tuples(st.just("match-batch"), st.lists(st.tuples(rid, tokens), max_size=3)),
+    st.tuples(st.just("match-batch"), st.lists(st.tuples(rid, tokens, sizes), max_size=3)),
     st.tuples(st.just("translate"), st.lists(st.integers(-5, 5000), max_size=8)),
     st.tuples(st.just("flush")),
 )

@@ -366,6 +366,29 @@ def test_a_batch_of_matches_is_each_match_in_order_and_ends_where_rows_run_out(t
         assert capacity(s).running_requests == 0
 
 
+def test_a_batch_grants_first_chunks_in_order_until_one_has_no_room(tmp_path, page):
+    """MatchPrefixBatch with extend_to: each item's first chunk is granted with its match, in order; from the first
+    item memd has no room for, no later item is granted one, not even one that would fit (FIFO for memory), and each
+    is still matched. An extend_to outside the context refuses the whole call before anything changed."""
+    with memd_with(tmp_path, page, "none", max_running=4, budget=400_000) as m, session(m, "burst-grants") as s:
+        pools = s.map()
+        total = capacity(s).target.total
+        s.alloc(extends=[("big", 0, total - 4 * page)])  # four pages left
+        before = counts(capacity(s))
+        for bad in (-1, 10**6):
+            expect(IA, lambda: s.match_prefix_batch([("x", tokens(5), 2 * page), ("y", tokens(5, seed=1), bad)]))
+            assert counts(capacity(s)) == before and capacity(s).running_requests == 1
+        got = s.match_prefix_batch([("a", tokens(9), 2 * page), ("b", tokens(9, seed=1), 3 * page),
+                                    ("c", tokens(9, seed=2), page)])
+        assert [g.rid for g in got] == ["a", "b", "c"] and [g.HasField("extension") for g in got] == [True, False, False]
+        ext = got[0].extension
+        assert (ext.rid, ext.row, ext.start, len(ext.target_slots)) == ("a", got[0].row, 0, 2 * page)
+        assert pools["req_to_token"][ext.row][: 2 * page].tolist() == list(ext.target_slots)
+        cap = capacity(s)
+        assert cap.running_requests == 4 and cap.target.free == 2 * page  # b and c hold their rows, nothing more
+        assert s.alloc(extends=[("c", 0, page)]).requests[0].start == 0  # admitted later, from its match
+        s.free(finishes=["big", "a", "b", "c"])
+
 def test_bad_input_gets_the_right_code_and_changes_nothing(tmp_path, page):
     ids = tokens(100)
     with memd_with(tmp_path, page, "bounded") as m, session(m, "bad") as s, \

@@ -111,13 +111,17 @@ class FakeSession:
             extension=None if matched.extension is None else request_slots(matched.extension))
 
     def match_prefix_batch(self, items, timeout: float = 10.0):
-        """MemdSession.match_prefix_batch: one "match-batch" call, its items the `extends` (rid, cached length, 0)
-        of those memd matched."""
+        """MemdSession.match_prefix_batch: one "match-batch" call, its items the `extends` (rid, cached length,
+        positions granted with the match) of those memd matched; one that granted any is in `rounds` too."""
         call = Call("match-batch", [], [], [], [], [])
         self.matches.append(call)
-        matched = self._serve(call, self.mgr.match_prefix_batch, SESSION, [(rid, list(ids)) for rid, ids in items])
-        call.extends = [(m.rid, m.cached_len, 0) for m in matched]
-        return [memd_pb2.MatchPrefixResponse(rid=m.rid, row=m.row, cached_len=m.cached_len) for m in matched]
+        matched = self._serve(call, self.mgr.match_prefix_batch, SESSION, [(rid, list(ids), end) for rid, ids, end in items])
+        call.extends = [(m.rid, m.cached_len, 0 if m.extension is None else len(m.extension.target_slots)) for m in matched]
+        if any(m.extension is not None for m in matched):
+            self.rounds.append(call)
+        return [memd_pb2.MatchPrefixResponse(rid=m.rid, row=m.row, cached_len=m.cached_len,
+                                             extension=None if m.extension is None else request_slots(m.extension))
+                for m in matched]
 
     def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
         request = memd_pb2.AllocRequest(
@@ -328,8 +332,9 @@ def expected_outputs(max_new: int) -> list[int]:
 
 
 def admissions(calls: list[Call]) -> list[str]:
-    """Rids in the order of their (served) first prefill chunk: in an Alloc, or granted with a lone arrival's match."""
-    return [r for c in calls if c.kind in ("alloc", "match") and c.ok for r, p, _ in c.extends if p == 0]
+    """Rids in the order of their (served) first prefill chunk: in an Alloc, or granted with an arrival's match."""
+    return [r for c in calls if c.kind in ("alloc", "match", "match-batch") and c.ok for r, p, n in c.extends
+            if p == 0 and n > 0]
 
 
 # ---- 1. one memd call per step --------------------------------------------------------------
@@ -338,7 +343,10 @@ def admissions(calls: list[Call]) -> list[str]:
 def test_mixed_step_is_one_alloc_and_idle_releases_are_one_free():
     sim = Sim(pages=64, max_running=4, chunk=64, context=64)
     a, b = sim.request("a", 5, max_new=3), sim.request("b", 6, max_new=10)
-    for _ in range(3):  # a gets its 3 tokens (prefill + 2 decodes) and finishes; b keeps running
+    sim.step()  # both arrivals matched and granted their prompts in one MatchPrefixBatch: no Alloc
+    assert [c.kind for c in sim.session.matches] == ["match-batch"] and not sim.session.calls
+    assert sim.session.matches[0].extends == [("a", 0, 5), ("b", 0, 6)]  # each whole prompt
+    for _ in range(2):  # a gets its 3 tokens (prefill + 2 decodes) and finishes; b keeps running
         before = len(sim.session.calls)
         sim.step()
         assert len(sim.session.calls) == before + 1
@@ -435,8 +443,9 @@ def test_prefill_budget_is_shared_by_chunks_and_admissions_in_fifo_order():
     sim.request("x", 5, max_new=3)
     sim.request("y", 10, max_new=3)
     sim.request("z", 2, max_new=3)
-    sim.step()
-    assert sim.session.calls[-1].extends == [("x", 0, 5), ("y", 0, 3)]  # budget spent: z waits
+    sim.step()  # x's whole prompt fits the budget: granted with its match; y's first chunk, after it, in the Alloc
+    assert sim.session.matches[-1].extends == [("x", 0, 5), ("y", 0, 0)]
+    assert sim.session.calls[-1].extends == [("y", 0, 3)]  # budget spent: z waits
     assert [r.rid for r in sim.sched.waiting] == ["z"]
     sim.step()
     call = sim.session.calls[-1]
@@ -659,7 +668,7 @@ def test_preempted_request_is_not_readmitted_in_the_releasing_call(pages):
     sim.run()  # an INVALID_ARGUMENT would raise out of next_step
     assert sim.sched.preemptions > 0
     _no_rid_released_and_allocated(sim.session.calls)
-    readmitted = [rid for c in sim.session.calls if c.ok for rid, p, _ in c.extends if p == 0]
+    readmitted = admissions(sim.session.rounds)
     assert len(readmitted) > 3  # the victims did come back, in later calls
     assert all(r.output_ids == expected_outputs(14) for r in sim.done.values()) and len(sim.done) == 3
     sim.assert_all_free()
@@ -953,19 +962,35 @@ def test_a_refused_call_sent_ahead_sends_its_releases_one_by_one():
 
 
 @pytest.mark.parametrize("rows", [8, 4], ids=["rows-for-all", "rows-for-four"])
-def test_a_burst_of_arrivals_is_matched_in_one_round_trip(rows):
-    """Six requests arrive at once: one MatchPrefixBatch registers them (one round trip), and one Alloc admits
-    them. With rows for four, two stay waiting (memd has no row) and are admitted once rows are free."""
+def test_a_burst_of_arrivals_is_admitted_in_one_round_trip(rows):
+    """Six requests arrive at once: one MatchPrefixBatch registers them and grants their prompts (one round trip, no
+    Alloc). With rows for four, two stay waiting (memd has no row) and are admitted once rows are free."""
     sim = Sim(pages=128, max_running=8, chunk=64, context=64, max_requests=rows)
     for i in range(6):
         sim.request(f"r{i}", 5, max_new=4 + i)
-    sim.step()
-    assert [c.kind for c in sim.session.matches] == ["match-batch"]
-    assert [rid for rid, _, _ in sim.session.matches[0].extends] == [f"r{i}" for i in range(min(rows, 6))]
-    assert len(sim.session.calls) == 1 and len(sim.session.calls[0].extends) == min(rows, 6)
+    items, _ = sim.step()
+    assert [c.kind for c in sim.session.matches] == ["match-batch"] and not sim.session.calls
+    assert sim.session.matches[0].extends == [(f"r{i}", 0, 5) for i in range(min(rows, 6))]
+    assert [i.req.rid for i in items] == [f"r{i}" for i in range(min(rows, 6))]
     sim.run()
     assert not sim.failed
     assert {rid: r.output_ids for rid, r in sim.done.items()} == {f"r{i}": expected_outputs(4 + i) for i in range(6)}
+    sim.assert_all_free()
+
+
+def test_a_burst_is_granted_in_arrival_order_until_memd_has_no_room():
+    """Extensions with a burst's matches are FIFO for memory: r3 (two pages of 4 tokens) finds one page left, so neither it nor
+    r4 (which one page would hold) is granted with its match; both wait, matched, and are admitted in order once
+    the first finish frees pages."""
+    sim = Sim(pages=7, max_running=8, chunk=64, context=64)  # 28 tokens
+    for i, prompt in enumerate([5, 5, 5, 5, 2]):
+        sim.request(f"r{i}", prompt, max_new=2)
+    items, _ = sim.step()
+    assert sim.session.matches[0].extends == [("r0", 0, 5), ("r1", 0, 5), ("r2", 0, 5), ("r3", 0, 0), ("r4", 0, 0)]
+    assert [i.req.rid for i in items] == ["r0", "r1", "r2"]
+    sim.run()
+    assert not sim.failed and admissions(sim.session.rounds) == [f"r{i}" for i in range(5)]
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {f"r{i}": expected_outputs(2) for i in range(5)}
     sim.assert_all_free()
 
 
