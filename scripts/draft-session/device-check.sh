@@ -1,4 +1,4 @@
-# On the GPU machine after call 3 (device-setup.sh): the GPU suites with CUDA graphs on (kernels, graph replay,
+# On the GPU machine after device-setup.sh: the GPU suites with CUDA graphs on (kernels, graph replay,
 # device sampling, greedy equals HF, DFLASH on equals off) and the engine's speed against the engine-speed
 # issue's goals (tables in $OUT/engine_speed.md), then bench.step_profile at batch 1 and 16 ($OUT/profile-b*.txt;
 # about 80 s). Run it after every change to the engine's hot path. The suites' whole output: $OUT/suite-*.txt.

@@ -1,9 +1,10 @@
-# On the GPU machine: a schedule sized to SECONDS (train.fit_budget) on every answer in /tmp/gen; any further
-# arguments go to train.fit_budget (for example --layers 4 --init modeld/default_draft --lr 3e-4 to continue the
-# shipped draft; --schedule-seconds T for a run that later calls of device-train-more.sh continue on this held
-# machine); the bf16 draft comes back in parts ($OUT/draft.safetensors.part-*: cat them).
+# On the GPU machine after device-setup.sh: a schedule sized to SECONDS (train.fit_budget) on every answer in
+# /tmp/gen, with the prompts in /tmp/prompts (the part calls brought them); any further arguments go to
+# train.fit_budget (for example --layers 4 --init modeld/default_draft --lr 3e-4 to continue the shipped draft;
+# --schedule-seconds T for a run that later calls of device-train-more.sh continue on this held machine); the
+# bf16 draft comes back in parts ($OUT/draft.safetensors.part-*: cat them).
 export PYTHONPATH=/tmp/site:$PWD
-[ -d /tmp/prompts ] || { mkdir -p /tmp/prompts && cp -r .cache/train/prompts/. /tmp/prompts/; }  # no generation before
+bash scripts/draft-session/need-setup.sh "${0##*/}" || exit 1
 seconds=$1
 shift
 # A profile of a few steps first (the op table goes to $OUT/train.txt with the whole log): the blocks a second buy
