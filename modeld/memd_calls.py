@@ -230,17 +230,18 @@ class MemdCalls:
             r.slots, r.slots_from, r.held = list(got.target_slots), got.start, got.start + len(got.target_slots)
 
     def _match_ahead(self, count: int, budget: int, lean: bool) -> bool:
-        """Registers in memd the waiting requests this step may admit (up to `count`, while their prompts fit the
-        token budget) in one MatchPrefixBatch: one round trip and one call's work in memd for a burst of arrivals
-        (on the CPU, 16 MatchPrefix calls in flight together took 4.0 ms, one batch of 16 0.85 ms:
-        bench.memd_latency). The leading ones whose whole prompt fits the budget ask for their first chunk with the
-        match (`_admission_end`), until the first that does not or a waiting request matched earlier (its chunk is
-        asked for in the step's Alloc: FIFO for memory); when memd grants every one, the burst is admitted in that
-        one round trip. Those memd has no row for stay unmatched; True when there were such (the admission loop then
-        stops at the first, without asking memd again this step)."""
+        """Registers in memd the waiting requests this step may admit (up to `count`) in one MatchPrefixBatch: one
+        round trip and one call's work in memd for a burst of arrivals (on the CPU, 16 MatchPrefix calls in flight
+        together took 4.0 ms, one batch of 16 0.85 ms: bench.memd_latency). All of them, not only those whose prompts
+        fit the token budget: their cached prefixes are unknown until matched, and what is cached is not prefilled,
+        so the admission loop may admit more than the whole prompts' budget says. The leading ones whose whole prompt
+        fits the budget ask for their first chunk with the match (`_admission_end`), until the first that does not or
+        a waiting request matched earlier (its chunk is asked for in the step's Alloc: FIFO for memory); when memd
+        grants every one, the burst is admitted in that one round trip. Those memd has no row for stay unmatched;
+        True when there were such (the admission loop then stops at the first, without asking memd again)."""
         picks, extending = [], True
         for r in self.waiting:
-            if len(picks) >= count or budget <= 0 or r.rid in self.releases:
+            if len(picks) >= count or r.rid in self.releases:
                 break
             if r.in_memd:
                 extending = False

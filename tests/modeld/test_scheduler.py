@@ -443,10 +443,10 @@ def test_prefill_budget_is_shared_by_chunks_and_admissions_in_fifo_order():
     sim.request("x", 5, max_new=3)
     sim.request("y", 10, max_new=3)
     sim.request("z", 2, max_new=3)
-    sim.step()  # x's whole prompt fits the budget: granted with its match; y's first chunk, after it, in the Alloc
-    assert sim.session.matches[-1].extends == [("x", 0, 5), ("y", 0, 0)]
-    assert sim.session.calls[-1].extends == [("y", 0, 3)]  # budget spent: z waits
-    assert [r.rid for r in sim.sched.waiting] == ["z"]
+    sim.step()  # all three matched in one batch; x's whole prompt fits the budget: granted with its match
+    assert sim.session.matches[-1].extends == [("x", 0, 5), ("y", 0, 0), ("z", 0, 0)]
+    assert sim.session.calls[-1].extends == [("y", 0, 3)]  # y's first chunk, after x; budget spent: z waits, matched
+    assert [r.rid for r in sim.sched.waiting] == ["z"] and sim.sched.waiting[0].in_memd
     sim.step()
     call = sim.session.calls[-1]
     assert call.grows == [("x", 1)] and call.extends == [("y", 3, 7), ("z", 0, 1)]
