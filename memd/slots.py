@@ -145,15 +145,14 @@ class SlotManager:
         match, also extend it to [cached_len, extend_to) if there is room (else the match stands alone: an admission
         is one call either way, and a refused extension changes nothing but the match)."""
         self._check_extend_to(extend_to)
-        matched, _ = self._match_and_extend(session, rid, tokens, extend_to)
-        return matched
+        return self._extend_in_order(session, [(self._match(session, rid, tokens), extend_to)])[0]
 
     def match_prefix_batch(self, session: str, items: list[tuple[str, list[int], int]]) -> list[Matched]:
         """match_prefix for each (rid, tokens, extend_to), in order, in one call: every item is checked before
         anything changes (a bad one refuses the call); the first item no request row is free for ends the batch (it
-        and the items after it stay unmatched, unchanged). Extensions are granted in order: from the first one there
-        is no room for, no later item of the call is extended (an arrival never takes the pages an earlier one could
-        not get). Returns the leading items' matches."""
+        and the items after it stay unmatched, unchanged). The extensions follow the matches, in order: from the
+        first one there is no room for, no later item of the call is extended (an arrival never takes the pages an
+        earlier one could not get). Returns the leading items' matches."""
         held = self._requests(session)
         rids = [rid for rid, _, _ in items]
         if len(set(rids)) != len(rids):
@@ -161,30 +160,35 @@ class SlotManager:
         for rid, tokens, extend_to in items:
             self._check_match(held, rid, tokens)
             self._check_extend_to(extend_to)
-        matched, extending = [], True
+        matched = []
         for rid, tokens, extend_to in items:
             if not self.free_rows:
                 break
-            match, room = self._match_and_extend(session, rid, tokens, extend_to if extending else 0)
-            matched.append(match)
-            extending = extending and room
-        return matched
+            matched.append((self._match(session, rid, tokens), extend_to))
+        return self._extend_in_order(session, matched)
 
     def _check_extend_to(self, extend_to: int) -> None:
         if not 0 <= extend_to <= self.context_len:
             raise InvalidArgument(f"extend_to {extend_to} must lie in [0, {self.context_len}] (the context)")
 
-    def _match_and_extend(self, session: str, rid: str, tokens, extend_to: int) -> tuple[Matched, bool]:
-        """The match, extended to [cached_len, extend_to) when asked and there is room; and False when an extension
-        was asked past the match and refused for room (nothing but the match changed)."""
-        matched = self._match(session, rid, tokens)
-        if extend_to <= matched.cached_len:
-            return matched, True
+    def _extend_in_order(self, session: str, matched: list[tuple[Matched, int]]) -> list[Matched]:
+        """Each (match, extend_to) extended to [cached_len, extend_to) where that lies past the match: all in one step
+        when there is room for all, else one by one in order up to the first there is no room for (a refused step
+        changes nothing, so the matches stand alone from there on)."""
+        asks = [(m.rid, m.cached_len, end - m.cached_len) for m, end in matched if end > m.cached_len]
+        if not asks:
+            return [m for m, _ in matched]
         try:
-            extension = self.step(session, Release(), extends=[(rid, matched.cached_len, extend_to - matched.cached_len)])
-        except ResourceExhausted:
-            return matched, False
-        return dataclasses.replace(matched, extension=extension[0]), True
+            granted = self.step(session, Release(), extends=asks)
+        except ResourceExhausted:  # one by one (a lone ask was just refused: nothing to try)
+            granted = []
+            for ask in asks if len(asks) > 1 else []:
+                try:
+                    granted += self.step(session, Release(), extends=[ask])
+                except ResourceExhausted:
+                    break
+        extension = {a.rid: a for a in granted}
+        return [dataclasses.replace(m, extension=extension[m.rid]) if m.rid in extension else m for m, _ in matched]
 
     def _check_match(self, held: dict, rid: str, tokens) -> None:
         if not rid:
