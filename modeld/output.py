@@ -44,7 +44,7 @@ class OutputProcessor:
         return req.finish is not None
 
 
-def stream_events(events: queue.Queue):
+def stream_events(events: queue.SimpleQueue):
     """A request's events for its stream, ending with its "complete": every "chunk" (ids, text or None, finished)
     merged with the chunks queued behind it. A stream that keeps up with the engine sends each step's tokens as they
     come; one that lags (many requests in flight, one Python handler each) sends fewer, larger messages instead of

@@ -40,7 +40,7 @@ class Request:
     finish: Finish | None = None
     text_stream: object = None  # modeld.detokenize.TextStream of output_ids, made on the engine thread for stop strings
     sent_ids: int = 0  # output tokens already streamed
-    events: queue.Queue = field(default_factory=queue.Queue)
+    events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # C-implemented: a put per step per request
     stream: bool = True  # False: only "complete" is read (in-process bulk generation): no chunk events, no text
 
     def accept_length(self) -> float:

@@ -43,7 +43,7 @@ def generate_inproc(memd: str, jobs, tokenizer, temperatures, args, writer, stop
     cfg = ModeldConfig(device=args.device, memd=memd, target_model=args.target, speculative_algorithm="none",
                        chunked_prefill_size=args.chunked_prefill)
     built = build_engine(cfg, lambda serving: None)
-    engine, done = built.engine, queue.Queue()  # every request's "complete" (no chunks: stream=False)
+    engine, done = built.engine, queue.SimpleQueue()  # every request's "complete" (no chunks: stream=False)
     conversations: dict[str, tuple[dict, int, list, Request]] = {}  # rid -> (record, sample, answers so far, request)
     looping: set[str] = set()  # aborted by us in a repetition loop: their answers so far are kept
     rids = itertools.count()

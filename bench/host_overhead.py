@@ -1,0 +1,116 @@
+"""The engine thread's host work per step at high concurrency, apart from the model: scheduling, memd calls, input
+packing, committing the step's tokens and output processing. On the CPU with a model so small that its forward is
+cheap (bench/configs/tiny-host, dummy weights), the engine as served otherwise (memd a child process, decode
+lookahead 32, calls sent ahead); the model's forward, its logits and sampling are timed apart and taken out, so
+what is left is the Python a GPU step waits on too (on the GPU, where a decode step of the 135M model at 256
+requests computes in about a millisecond, it is most of the step).
+
+    python -m bench.host_overhead [--concurrency 64,256] [--new-tokens 64] [--prompt-tokens 32] [--rounds 3]
+
+Every request answers --new-tokens greedy tokens (ignore_eos) to random prompt ids, all submitted at once, while
+this process's main thread reads every request's stream as gRPC handlers do. Prints, per concurrency, the median
+over rounds of: steps, wall ms per step, model ms per step (forward, logits, sampling), host ms per step, and host
+microseconds per request-step.
+"""
+
+import argparse
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+import modeld.engine
+from bench.engine_speed import generate_all
+from bench.memd_process import memd_process
+from modeld.config import ModeldConfig
+from modeld.server import build_engine
+
+TINY = pathlib.Path(__file__).parent / "configs" / "tiny-host"
+
+
+class ModelTime:
+    """Wall time inside the model (forward, logits, sampling) and of whole busy steps, with the items they ran."""
+
+    def __init__(self, engine):
+        self.model = self.steps_time = 0.0
+        self.steps = self.items = 0
+        runner, undo = engine.runner, []
+        for owner, name in ((runner, "forward"), (runner.model, "logits"), (modeld.engine, "sample")):
+            undo.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, self._timed(getattr(owner, name)))
+        step, prepare = engine._step, runner.prepare
+
+        def timed_step():
+            begin = time.perf_counter()
+            busy = step()
+            if busy:
+                self.steps += 1
+                self.steps_time += time.perf_counter() - begin
+            return busy
+
+        def counted_prepare(items, *a):
+            self.items += len(items)
+            return prepare(items, *a)
+
+        engine._step, runner.prepare = timed_step, counted_prepare
+        self.undo = undo + [(engine, "_step", step), (runner, "prepare", prepare)]
+
+    def _timed(self, fn):
+        def timed(*a, **kw):
+            begin = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.model += time.perf_counter() - begin
+        return timed
+
+    def close(self) -> tuple[int, float, float, float, float]:
+        """(steps, wall ms / step, model ms / step, host ms / step, host us / request-step)."""
+        for owner, name, original in self.undo:
+            setattr(owner, name, original)
+        n = max(1, self.steps)
+        host = self.steps_time - self.model
+        return self.steps, 1e3 * self.steps_time / n, 1e3 * self.model / n, 1e3 * host / n, 1e6 * host / max(1, self.items)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.splitlines()[0])
+    p.add_argument("--concurrency", default="64,256")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, 2000, (args.prompt_tokens,), generator=gen).tolist() for _ in range(max(levels))]
+    memd_flags = ["--device", "cpu", "--target-model", str(TINY), "--page-size", "16", "--max-running-requests",
+                  str(max(levels)), "--max-total-tokens", str(max(levels) * 256), "--draft-model", "none"]
+    print(f"engine thread on the CPU, {TINY.name} (dummy weights), {args.prompt_tokens} prompt + {args.new_tokens} new "
+          f"tokens a request, greedy, median of {args.rounds} rounds\n\n| requests | steps | wall ms / step | "
+          "model ms / step | host ms / step | host us / request-step |\n|---|---|---|---|---|---|")
+    with memd_process(*memd_flags) as memd:
+        cfg = ModeldConfig(device="cpu", memd=memd, target_model=str(TINY), load_format="dummy", decode_lookahead=32,
+                           speculative_algorithm="none")
+        built = build_engine(cfg, lambda serving: None)
+        engine = built.engine
+        engine.start()
+        try:
+            generate_all(engine, prompts[:8], 8, True, "warm")
+            for level in levels:
+                rows = []
+                for k in range(args.rounds):
+                    timing = ModelTime(engine)
+                    generate_all(engine, prompts[:level], args.new_tokens, True, f"c{level}-{k}")
+                    rows.append(timing.close())
+                steps, *per_step = (statistics.median(col) for col in zip(*rows))
+                print(f"| {level} | {steps:.0f} | " + " | ".join(f"{v:.2f}" for v in per_step[:3]) + f" | {per_step[3]:.1f} |")
+        finally:
+            engine.stop()
+            built.link.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
