@@ -21,9 +21,9 @@ import time
 import torch
 
 from bench.engine_speed import generate_all
+from bench.in_process import running_engine
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
-from modeld.server import build_engine
 
 SMOLLM2_SHAPE = pathlib.Path(__file__).parent / "configs" / "smollm2-135m"
 
@@ -65,17 +65,11 @@ def main(argv=None) -> int:
     with memd_process(*memd_flags) as memd:
         cfg = ModeldConfig(device="cuda", memd=memd, target_model=args.target, load_format=args.load_format,
                            decode_lookahead=32, chunked_prefill_size=8192)
-        built = build_engine(cfg, lambda serving: None)
-        engine = built.engine
-        engine.start()
-        try:
+        with running_engine(cfg) as engine:
             generate_all(engine, prompts[:8], 8, True, "warm")
             tokens, seconds, _ = generate_all(engine, prompts, args.new_tokens, True, "plain")
             prof, times = profiled_steps(engine)
             ptokens, pseconds, _ = generate_all(engine, prompts, args.new_tokens, True, "profiled")
-        finally:
-            engine.stop()
-            built.link.close()
     print(f"GPU: {torch.cuda.get_device_name()}; target {pathlib.Path(args.target).name} ({args.load_format}); "
           f"{args.concurrency} requests x {args.prompt_tokens} prompt + {args.new_tokens} new tokens, greedy, page {args.page}")
     print(f"\nin-process engine: {tokens / seconds:.0f} tokens/s ({tokens} tokens in {seconds:.2f} s)")

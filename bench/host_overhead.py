@@ -23,9 +23,9 @@ import torch
 
 import modeld.engine
 from bench.engine_speed import generate_all
+from bench.in_process import running_engine
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
-from modeld.server import build_engine
 
 TINY = pathlib.Path(__file__).parent / "configs" / "tiny-host"
 
@@ -93,10 +93,7 @@ def main(argv=None) -> int:
     with memd_process(*memd_flags) as memd:
         cfg = ModeldConfig(device="cpu", memd=memd, target_model=str(TINY), load_format="dummy", decode_lookahead=32,
                            speculative_algorithm="none")
-        built = build_engine(cfg, lambda serving: None)
-        engine = built.engine
-        engine.start()
-        try:
+        with running_engine(cfg) as engine:
             generate_all(engine, prompts[:8], 8, True, "warm")
             for level in levels:
                 rows = []
@@ -106,9 +103,6 @@ def main(argv=None) -> int:
                     rows.append(timing.close())
                 steps, *per_step = (statistics.median(col) for col in zip(*rows))
                 print(f"| {level} | {steps:.0f} | " + " | ".join(f"{v:.2f}" for v in per_step[:3]) + f" | {per_step[3]:.1f} |")
-        finally:
-            engine.stop()
-            built.link.close()
     return 0
 
 

@@ -17,10 +17,10 @@ import sys
 import time
 
 from bench.engine_speed import generate_all, prompts_for
+from bench.in_process import running_engine
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
 from modeld.fetch_default import ensure_default_model
-from modeld.server import build_engine
 
 
 class Waits:
@@ -94,10 +94,7 @@ def main(argv=None) -> int:
           f"device {args.device}\n\n| batch | kind | waited calls / 100 steps | ms waited / 100 steps |\n|---|---|---|---|")
     with memd_process(*memd_flags) as memd:
         cfg = ModeldConfig(device=args.device, memd=memd, target_model=target, speculative_algorithm="none")
-        built = build_engine(cfg, lambda serving: None)
-        engine = built.engine
-        engine.start()
-        try:
+        with running_engine(cfg) as engine:
             generate_all(engine, prompts[:2], 8, False, "warm")
             for batch, groups in ((1, [[q] for q in prompts[: args.batch1]]), (args.concurrency, [prompts[: args.concurrency]])):
                 waits = Waits(engine)
@@ -105,9 +102,6 @@ def main(argv=None) -> int:
                     generate_all(engine, group, args.new_tokens, False, f"b{batch}-{k}")
                 for row in waits.close():
                     print(f"| {batch} | {row} |")
-        finally:
-            engine.stop()
-            built.link.close()
     return 0
 
 
