@@ -9,8 +9,8 @@ requests computes in about a millisecond, it is most of the step).
 
 Every request answers --new-tokens greedy tokens (ignore_eos) to random prompt ids, all submitted at once, while
 this process's main thread reads every request's stream as gRPC handlers do. Prints, per concurrency, the median
-over rounds of: steps, wall ms per step, model ms per step (forward, logits, sampling), host ms per step, and host
-microseconds per request-step.
+over rounds of: steps, wall ms per step, model ms per step (forward, logits, sampling), host ms per step, host
+microseconds per request-step, and the memd calls the engine sent (waited for or not).
 """
 
 import argparse
@@ -40,6 +40,11 @@ class ModelTime:
         for owner, name in ((runner, "forward"), (runner.model, "logits"), (modeld.engine, "sample")):
             undo.append((owner, name, getattr(owner, name)))
             setattr(owner, name, self._timed(getattr(owner, name)))
+        self.memd_calls = 0
+        session = engine.scheduler.session
+        for name in ("alloc", "alloc_async", "free", "match_prefix", "match_prefix_batch"):
+            undo.append((session, name, getattr(session, name)))
+            setattr(session, name, self._counted(getattr(session, name)))
         step, prepare = engine._step, runner.prepare
 
         def timed_step():
@@ -66,13 +71,20 @@ class ModelTime:
                 self.model += time.perf_counter() - begin
         return timed
 
-    def close(self) -> tuple[int, float, float, float, float]:
-        """(steps, wall ms / step, model ms / step, host ms / step, host us / request-step)."""
-        for owner, name, original in self.undo:
+    def _counted(self, fn):
+        def counted(*a, **kw):
+            self.memd_calls += 1
+            return fn(*a, **kw)
+        return counted
+
+    def close(self) -> tuple[int, float, float, float, float, int]:
+        """(steps, wall ms / step, model ms / step, host ms / step, host us / request-step, memd calls sent)."""
+        for owner, name, original in reversed(self.undo):
             setattr(owner, name, original)
         n = max(1, self.steps)
         host = self.steps_time - self.model
-        return self.steps, 1e3 * self.steps_time / n, 1e3 * self.model / n, 1e3 * host / n, 1e6 * host / max(1, self.items)
+        return (self.steps, 1e3 * self.steps_time / n, 1e3 * self.model / n, 1e3 * host / n,
+                1e6 * host / max(1, self.items), self.memd_calls)
 
 
 def main(argv=None) -> int:
@@ -89,7 +101,7 @@ def main(argv=None) -> int:
                   str(max(levels)), "--max-total-tokens", str(max(levels) * 256), "--draft-model", "none"]
     print(f"engine thread on the CPU, {TINY.name} (dummy weights), {args.prompt_tokens} prompt + {args.new_tokens} new "
           f"tokens a request, greedy, median of {args.rounds} rounds\n\n| requests | steps | wall ms / step | "
-          "model ms / step | host ms / step | host us / request-step |\n|---|---|---|---|---|---|")
+          "model ms / step | host ms / step | host us / request-step | memd calls |\n|---|---|---|---|---|---|---|")
     with memd_process(*memd_flags) as memd:
         cfg = ModeldConfig(device="cpu", memd=memd, target_model=str(TINY), load_format="dummy", decode_lookahead=32,
                            speculative_algorithm="none")
@@ -101,8 +113,9 @@ def main(argv=None) -> int:
                     timing = ModelTime(engine)
                     generate_all(engine, prompts[:level], args.new_tokens, True, f"c{level}-{k}")
                     rows.append(timing.close())
-                steps, *per_step = (statistics.median(col) for col in zip(*rows))
-                print(f"| {level} | {steps:.0f} | " + " | ".join(f"{v:.2f}" for v in per_step[:3]) + f" | {per_step[3]:.1f} |")
+                steps, *per_step, calls = (statistics.median(col) for col in zip(*rows))
+                print(f"| {level} | {steps:.0f} | " + " | ".join(f"{v:.2f}" for v in per_step[:3]) + f" | {per_step[3]:.1f} "
+                      f"| {calls:.0f} |")
     return 0
 
 

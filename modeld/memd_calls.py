@@ -153,17 +153,22 @@ class MemdCalls:
         return answer
 
     def _send_async(self, items) -> None:
-        """After a step that needed no call: the pending releases (finishes, checkpoints, trims) and the top-ups of every
-        decode whose spare is under half the lookahead go out in one Alloc, without waiting. Its answer is applied
-        before the next step that needs it (or at once if it is there)."""
+        """After a step that needed no call, once a decode's spare is under half the lookahead or releases are pending
+        (finishes, checkpoints; trims ride along): one Alloc, without waiting, with the releases and the top-ups of
+        every item of the step not at its full lookahead. Topping up all of them aligns the requests of a batch, so
+        that they come due together: one call every lookahead / 2 steps, not one a step for the few due (requests
+        admitted a few at a time come due on different steps). Its answer is applied before the next step that needs
+        it (or at once if it is there)."""
         if self.in_flight is not None:
             return
-        grows = []
+        grows, due = [], False
         for item in items:
             r, need = item.req, item.req.computed + item.num_tokens
-            if r.held - need < self.lookahead // 2 and r.held < self.context_len:
-                grows.append((r.rid, min(need + self.lookahead, self.context_len) - r.held))
-        if not (grows or self.releases or self.cache):
+            full = min(need + self.lookahead, self.context_len)
+            if r.held < full:
+                grows.append((r.rid, full - r.held))
+                due = due or r.held - need < self.lookahead // 2
+        if not (due or self.releases or self.cache):
             return  # trims alone wait: a grant comes every lookahead / 2 positions, and the trims ride on it
         sent = InFlight(None, self.releases, self.cache, self.trims)
         sent.future = self.session.alloc_async(grows=grows, trims=sorted(sent.trims.items()), finishes=sent.finishes,

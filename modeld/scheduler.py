@@ -3,9 +3,9 @@
 A step waits for memd (Alloc) at most once, and only when it must: to admit requests (their prefill chunks)
 or to grow a decode that has no slot left. With a lookahead, a decode that needs slots is granted `lookahead`
 more positions than it needs (the chunk that ends a prompt too), and a step that needs no call sends, without
-waiting, the top-ups of decodes running short with the releases due (finished requests with the tokens whose
-K/V they computed, for memd's prefix cache; prompt checkpoints; out-of-window draft trims, which carry the
-computed length); memd answers while the step runs. So most steps wait for nothing (memd stays the only
+waiting, once a decode runs short, the top-ups of the whole batch with the releases due (finished requests with
+the tokens whose K/V they computed, for memd's prefix cache; prompt checkpoints; out-of-window draft trims, which
+carry the computed length); memd answers while the step runs. So most steps wait for nothing (memd stays the only
 allocator: the spare slots are the request's, freed with it or given back when memory is short, the "lean"
 plan). A request is admitted from the usable cached prefix memd matches for it (MatchPrefix; a burst of
 arrivals in one MatchPrefixBatch): only the rest is prefilled. An arrival whose prompt fits the step, with no
