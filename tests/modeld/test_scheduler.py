@@ -926,6 +926,21 @@ def test_async_top_ups_keep_decode_steps_free_of_waiting_calls():
     sim.assert_all_free()
 
 
+def test_top_ups_sent_ahead_align_a_batch_admitted_one_request_a_step():
+    """Eight requests admitted one a step (the prefill budget holds one prompt) come due for top-ups on different
+    steps; a call sent ahead tops up every request not at its full lookahead, so from the first one on the whole
+    batch comes due together: one call with every running decode every lookahead / 2 steps (a call for the one or
+    two due, nearly every step, before), until they finish one a step."""
+    sim = Sim(pages=256, max_running=8, chunk=8, context=128, lookahead=8, async_top_ups=True)
+    for i in range(8):
+        sim.request(f"r{i}", 8, max_new=60)
+    steps = sim.run()
+    ahead = [len(c.grows) for c in sim.session.calls if c.kind == "ahead" and c.grows]
+    assert len(ahead) * 3 < steps, f"{len(ahead)} top-up calls in {steps} steps: {ahead}"
+    assert ahead.count(8) >= 8, ahead
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {f"r{i}": expected_outputs(60) for i in range(8)}
+    sim.assert_all_free()
+
 def test_with_calls_sent_ahead_a_request_waits_for_memd_only_at_its_admission():
     """The prefill chunk that ends a prompt is granted the lookahead too, and releases and prompt checkpoints ride
     on the calls sent ahead: every Alloc the engine waits for admits a request; finishes go out ahead (the last
