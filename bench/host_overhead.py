@@ -23,7 +23,7 @@ import torch
 
 import modeld.engine
 from bench.engine_speed import generate_all
-from bench.in_process import running_engine
+from bench.in_process import Patches, running_engine
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
 
@@ -31,36 +31,37 @@ TINY = pathlib.Path(__file__).parent / "configs" / "tiny-host"
 
 
 class ModelTime:
-    """Wall time inside the model (forward, logits, sampling) and of whole busy steps, with the items they ran."""
+    """Wall time inside the model (forward, logits, sampling) and of whole busy steps, with the items they ran and the
+    memd calls the engine sent."""
 
     def __init__(self, engine):
         self.model = self.steps_time = 0.0
-        self.steps = self.items = 0
-        runner, undo = engine.runner, []
+        self.steps = self.items = self.memd_calls = 0
+        self.patches = Patches()
+        runner = engine.runner
         for owner, name in ((runner, "forward"), (runner.model, "logits"), (modeld.engine, "sample")):
-            undo.append((owner, name, getattr(owner, name)))
-            setattr(owner, name, self._timed(getattr(owner, name)))
-        self.memd_calls = 0
-        session = engine.scheduler.session
+            self.patches.replace(owner, name, self._timed)
         for name in ("alloc", "alloc_async", "free", "match_prefix", "match_prefix_batch"):
-            undo.append((session, name, getattr(session, name)))
-            setattr(session, name, self._counted(getattr(session, name)))
-        step, prepare = engine._step, runner.prepare
+            self.patches.replace(engine.scheduler.session, name, self._counted)
 
-        def timed_step():
-            begin = time.perf_counter()
-            busy = step()
-            if busy:
-                self.steps += 1
-                self.steps_time += time.perf_counter() - begin
-            return busy
+        def timed_step(step):
+            def timed():
+                begin = time.perf_counter()
+                busy = step()
+                if busy:
+                    self.steps += 1
+                    self.steps_time += time.perf_counter() - begin
+                return busy
+            return timed
 
-        def counted_prepare(items, *a):
-            self.items += len(items)
-            return prepare(items, *a)
+        def counted_prepare(prepare):
+            def counted(items, *a):
+                self.items += len(items)
+                return prepare(items, *a)
+            return counted
 
-        engine._step, runner.prepare = timed_step, counted_prepare
-        self.undo = undo + [(engine, "_step", step), (runner, "prepare", prepare)]
+        self.patches.replace(engine, "_step", timed_step)
+        self.patches.replace(runner, "prepare", counted_prepare)
 
     def _timed(self, fn):
         def timed(*a, **kw):
@@ -79,8 +80,7 @@ class ModelTime:
 
     def close(self) -> tuple[int, float, float, float, float, int]:
         """(steps, wall ms / step, model ms / step, host ms / step, host us / request-step, memd calls sent)."""
-        for owner, name, original in reversed(self.undo):
-            setattr(owner, name, original)
+        self.patches.undo()
         n = max(1, self.steps)
         host = self.steps_time - self.model
         return (self.steps, 1e3 * self.steps_time / n, 1e3 * self.model / n, 1e3 * host / n,

@@ -16,3 +16,25 @@ def running_engine(cfg: ModeldConfig):
     finally:
         built.engine.stop()
         built.link.close()
+
+
+class Patches:
+    """Attributes replaced while a benchmark measures (an object's method, a module's function), put back by undo():
+    an attribute the owner did not hold itself (a method of its class) is deleted again, not left as a copy."""
+
+    def __init__(self):
+        self.replaced = []
+
+    def replace(self, owner, name: str, make) -> None:
+        """owner.name = make(the original) until undo()."""
+        original = getattr(owner, name)
+        self.replaced.append((owner, name, original, name in vars(owner)))
+        setattr(owner, name, make(original))
+
+    def undo(self) -> None:
+        for owner, name, original, own in reversed(self.replaced):
+            if own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
+        self.replaced.clear()

@@ -83,7 +83,7 @@ def time_bursts(address: str, calls: int, size: int = 16, prompt: int = 40) -> d
             matched = session.match_prefix_batch([(rid, ids, prompt) for rid, ids in items])
             assert all(m.HasField("extension") for m in matched)
 
-        ways = (in_flight, lambda items: session.match_prefix_batch(items), batch_then_alloc, granting_batch)
+        ways = (in_flight, session.match_prefix_batch, batch_then_alloc, granting_batch)
         for i in range(calls):
             for k, (name, way) in enumerate(zip(names, ways)):
                 items = [(f"b{i}-{k}-{j}", list(range(100 + j, 100 + j + prompt))) for j in range(size)]

@@ -17,7 +17,7 @@ import sys
 import time
 
 from bench.engine_speed import generate_all, prompts_for
-from bench.in_process import running_engine
+from bench.in_process import Patches, running_engine
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
 from modeld.fetch_default import ensure_default_model
@@ -29,48 +29,50 @@ class Waits:
 
     def __init__(self, engine):
         self.count, self.seconds = collections.Counter(), collections.Counter()
-        self.steps, self.undo = 0, []
-        sched, runner = engine.scheduler, engine.runner
+        self.steps, self.patches = 0, Patches()
+        sched = engine.scheduler
         for name, kind in (("alloc", "Alloc"), ("free", "Free"), ("match_prefix", "MatchPrefix"),
                            ("match_prefix_batch", "MatchPrefixBatch")):
-            self._wrap(sched.session, name, lambda *a, kind=kind: kind)
-        self._wrap(sched, "_await_answer", lambda future: None if future.done() else "Alloc sent ahead, awaited")
-        steps_ahead, step = runner.steps_ahead, engine._step
+            self.patches.replace(sched.session, name, self._timed(lambda *a, kind=kind: kind))
+        self.patches.replace(sched, "_await_answer",
+                             self._timed(lambda future: None if future.done() else "Alloc sent ahead, awaited"))
         per_step = [1]
 
-        def counted_steps(*a):
-            per_step[0] = steps_ahead(*a)
-            return per_step[0]
+        def counted_steps(steps_ahead):
+            def counted(*a):
+                per_step[0] = steps_ahead(*a)
+                return per_step[0]
+            return counted
 
-        def counted_step():
-            per_step[0] = 1
-            busy = step()
-            self.steps += per_step[0] if busy else 0
-            return busy
+        def counted_step(step):
+            def counted():
+                per_step[0] = 1
+                busy = step()
+                self.steps += per_step[0] if busy else 0
+                return busy
+            return counted
 
-        runner.steps_ahead, engine._step = counted_steps, counted_step
-        self.undo += [lambda: delattr(runner, "steps_ahead"), lambda: delattr(engine, "_step")]
+        self.patches.replace(engine.runner, "steps_ahead", counted_steps)
+        self.patches.replace(engine, "_step", counted_step)
 
-    def _wrap(self, owner, name, kind_of):
-        original = getattr(owner, name)
-
-        def timed(*a, **kw):
-            kind = kind_of(*a)
-            begin = time.perf_counter()
-            try:
-                return original(*a, **kw)
-            finally:
-                if kind:
-                    self.count[kind] += 1
-                    self.seconds[kind] += time.perf_counter() - begin
-
-        setattr(owner, name, timed)
-        self.undo.append(lambda: setattr(owner, name, original))
+    def _timed(self, kind_of):
+        """A wrapper maker: times each call of the original under kind_of(its arguments) (None: not counted)."""
+        def make(original):
+            def timed(*a, **kw):
+                kind = kind_of(*a)
+                begin = time.perf_counter()
+                try:
+                    return original(*a, **kw)
+                finally:
+                    if kind:
+                        self.count[kind] += 1
+                        self.seconds[kind] += time.perf_counter() - begin
+            return timed
+        return make
 
     def close(self) -> list[str]:
         """Undoes the wrapping; the table rows: kind, calls and milliseconds per 100 decode steps."""
-        for undo in reversed(self.undo):
-            undo()
+        self.patches.undo()
         per = 100 / max(1, self.steps)
         return [f"{kind} | {n * per:.1f} | {self.seconds[kind] * 1e3 * per:.2f}" for kind, n in sorted(self.count.items())]
 
