@@ -180,9 +180,9 @@ class SlotManager:
             return [m for m, _ in matched]
         try:
             granted = self.step(session, Release(), extends=asks)
-        except ResourceExhausted:  # one by one (a lone ask was just refused: nothing to try)
+        except ResourceExhausted:  # one by one, in order (a refused step changes nothing: asking again is safe)
             granted = []
-            for ask in asks if len(asks) > 1 else []:
+            for ask in asks:
                 try:
                     granted += self.step(session, Release(), extends=[ask])
                 except ResourceExhausted:
