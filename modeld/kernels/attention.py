@@ -36,6 +36,35 @@ def paged_attention_torch(q, k_cache, v_cache, req_to_token, rows, q_starts, q_l
     return out
 
 
+DECODE_GATHER_LIMIT = 1 << 24  # elements of the gathered keys a batched CPU decode may hold (64 MiB in fp32)
+
+
+def decode_attention_torch(q, k_cache, v_cache, req_to_token, rows, q_starts, kv_lens, sm_scale, window=None,
+                           mapping=None, out=None):
+    """`paged_attention_torch` for a step whose every request has one query, batched over the requests: keys
+    0 .. max(kv_lens)-1 of every request gathered at once, the ones a query may not see masked out of the scores
+    and zeroed in the values (so rows never written, NaN, read nothing)."""
+    out = torch.empty_like(q) if out is None else out
+    batch, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    span = int(kv_lens.max())
+    key_pos = torch.arange(span, device=q.device)[None, :]
+    query_pos = q_starts.long()[:, None]
+    visible = (key_pos <= query_pos) & (key_pos < kv_lens.long()[:, None])
+    if window is not None:
+        visible &= key_pos > query_pos - window
+    slots = req_to_token[rows.long(), :span].long()
+    if mapping is not None:
+        slots = mapping[slots].long()
+    k = k_cache[slots].float()  # [batch, span, kv_heads, head_dim]
+    v = v_cache[slots].float().masked_fill(~visible[:, :, None, None], 0.0)
+    grouped = q.float().view(batch, kv_heads, q_heads // kv_heads, head_dim)  # head h reads kv head h // group
+    scores = torch.einsum("bhgd,bkhd->bhgk", grouped, k) * sm_scale
+    probs = scores.masked_fill(~visible[:, None, None, :], float("-inf")).softmax(dim=-1)
+    out.copy_(torch.einsum("bhgk,bkhd->bhgd", probs, v).reshape(batch, q_heads, head_dim))
+    return out
+
+
 @triton.jit
 def _paged_attention_kernel(
     q, k_cache, v_cache, out, req_to_token, mapping,
@@ -153,6 +182,12 @@ def paged_attention(q, k_cache, v_cache, req_to_token, rows, q_starts, q_lens, k
     qo_indptr ([B], request b's first row of q; the exclusive cumsum of q_lens) may be given once per forward
     instead of being computed per layer; the torch reference walks q in order and does not need it.
     """
-    fn = paged_attention_triton if q.is_cuda else paged_attention_torch
+    if q.is_cuda:
+        fn = paged_attention_triton
+    elif bool((q_lens == 1).all()) and q.shape[0] * int(kv_lens.max()) * k_cache[0].numel() <= DECODE_GATHER_LIMIT:
+        return decode_attention_torch(q, k_cache, v_cache, req_to_token, rows, q_starts, kv_lens, sm_scale,
+                                      window=window, mapping=mapping, out=out)  # every q_len is 1: a decode step
+    else:
+        fn = paged_attention_torch
     return fn(q, k_cache, v_cache, req_to_token, rows, q_starts, q_lens, kv_lens, sm_scale,
               window=window, mapping=mapping, out=out, qo_indptr=qo_indptr)

@@ -13,7 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modeld.kernels.attention import paged_attention, paged_attention_torch, paged_attention_triton
+from modeld.kernels.attention import (
+    decode_attention_torch,
+    paged_attention,
+    paged_attention_torch,
+    paged_attention_triton,
+)
 
 LAYER = 1
 
@@ -37,6 +42,8 @@ class Case:
 CASES = {
     "decode": Case([0, 36, 69], [1, 1, 1], page_size=1, group=1, kv_heads=3, head_dim=16),
     "decode_window_gqa": Case([4, 69, 129], [1, 1, 1], page_size=64, group=3, kv_heads=1, head_dim=80, window=16),
+    "decode_draft_window": Case([40, 3, 92], [1, 1, 1], page_size=16, group=3, kv_heads=1, head_dim=16, window=16,
+                                translated=True),
     "extend_mixed_gqa": Case([0, 50, 80], [19, 5, 1], page_size=64, group=3, kv_heads=2, head_dim=64),
     "extend_window": Case([0, 60], [19, 7], page_size=1, group=1, kv_heads=3, head_dim=16, window=8),
     "draft_window_p1": Case([92, 40], [8, 1], page_size=1, group=3, kv_heads=1, head_dim=16, window=16,
@@ -144,3 +151,23 @@ def test_reference_matches_dense_sdpa(name):
     case = CASES[name]
     args = build(case, torch.float32, "cpu", poison=False)
     torch.testing.assert_close(paged_attention(**args), dense_attention(args, case), atol=1e-5, rtol=1e-5)
+
+
+DECODE_CASES = [name for name, case in CASES.items() if set(case.q_lens) == {1}]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", DECODE_CASES)
+def test_batched_cpu_decode_matches_reference(name, dtype):
+    """The CPU's decode path (one query a request, every request in one pass) in the poisoned layout: only visible
+    keys are read (a NaN row read anywhere would spread), every output row is written, and it equals the
+    per-request reference; paged_attention on the CPU gives the same for such a step."""
+    args = build(CASES[name], dtype, "cpu")
+    expected = paged_attention_torch(**{**args, "out": None})
+    batched = {name: args[name] for name in ("q", "k_cache", "v_cache", "req_to_token", "rows", "q_starts", "kv_lens",
+                                             "sm_scale", "window", "mapping", "out")}
+    result = decode_attention_torch(**batched)
+    assert result is args["out"] and result.isfinite().all()
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(result, expected, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(paged_attention(**{**args, "out": None}), expected, atol=tolerance, rtol=tolerance)

@@ -1,0 +1,142 @@
+"""Tokens/s through modeld's gRPC streams at high concurrency, side by side with the same engine in this process (no
+gRPC): what the serving front (Generate handlers, detokenization, one message per chunk) costs on top of the engine.
+
+    python -m bench.grpc_streams [--concurrency 64,256] [--new-tokens 64] [--prompt-tokens 32] [--rounds 3]
+        [--device cpu]
+
+A model so small that the forward is cheap (bench/configs/tiny-host, dummy weights) with the default model's
+tokenizer, so handlers make text as they do for real; memd and modeld child processes, modeld as served (decode
+lookahead 32). Every request answers --new-tokens greedy tokens (ignore_eos) to random prompt ids, all sent at once
+from an asyncio client (client.aio) in this process. Rounds alternate between the daemons and the in-process engine
+(whose streams this process's main thread reads, as bench.host_overhead does). Prints per concurrency the median
+over rounds of both tokens/s, their ratio, and modeld's CPU seconds per 1,000 tokens (all its threads).
+"""
+
+import argparse
+import asyncio
+import contextlib
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from bench.engine_speed import generate_all
+from bench.in_process import running_engine
+from bench.memd_process import memd_process
+from client.aio import AsyncClient
+from memd.sockets import reachable
+from modeld.config import ModeldConfig
+from modeld.fetch_default import ensure_default_model
+
+TINY = pathlib.Path(__file__).parent / "configs" / "tiny-host"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def tiny_model_with_tokenizer(folder: pathlib.Path) -> pathlib.Path:
+    """tiny-host's config beside the default model's tokenizer (the tiny vocabulary's ids are real tokens)."""
+    source = pathlib.Path(ensure_default_model())
+    shutil.copy(TINY / "config.json", folder / "config.json")
+    for name in TOKENIZER_FILES:
+        if (source / name).exists():
+            shutil.copy(source / name, folder / name)
+    return folder
+
+
+@contextlib.contextmanager
+def modeld_process(folder: pathlib.Path, memd: str, device: str):
+    """Yields modeld's address and pid once it answers."""
+    address = f"unix://{folder / 'modeld.sock'}"
+    with open(folder / "modeld.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "modeld", "--device", device, "--memd", memd, "--listen", address,
+                                 "--target-model", str(folder), "--load-format", "dummy", "--speculative-algorithm",
+                                 "none", "--decode-lookahead", "32"], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while not reachable(address):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"modeld did not start:\n{(folder / 'modeld.log').read_text()}")
+                time.sleep(0.1)
+            yield address, proc.pid
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def stream_all(address: str, prompts: list[list[int]], new_tokens: int) -> int:
+    """Every prompt streamed at once through modeld; the tokens generated."""
+    async with AsyncClient(address, timeout=600) as c:
+        await c.health()
+
+        async def one(ids):
+            count = 0
+            async with c.stream(input_ids=ids, max_new_tokens=new_tokens, temperature=0, ignore_eos=True) as handle:
+                async for chunk in handle:
+                    count += len(chunk.token_ids)
+            assert count == new_tokens == len(handle.result.output_ids), (count, handle.result.output_ids)
+            return count
+
+        return sum(await asyncio.gather(*(one(ids) for ids in prompts)))
+
+
+def through_grpc(address: str, pid: int, prompts, new_tokens: int) -> tuple[float, float]:
+    """(tokens/s, modeld CPU seconds per 1,000 tokens)."""
+    cpu, begin = cpu_seconds(pid), time.perf_counter()
+    tokens = asyncio.run(stream_all(address, prompts, new_tokens))
+    seconds = time.perf_counter() - begin
+    return tokens / seconds, 1e3 * (cpu_seconds(pid) - cpu) / tokens
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.grpc_streams", description=__doc__.splitlines()[0])
+    p.add_argument("--concurrency", default="64,256")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    args = p.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, 2000, (args.prompt_tokens,), generator=gen).tolist() for _ in range(max(levels))]
+    memd_flags = ["--device", args.device, "--target-model", str(TINY), "--page-size", "16", "--max-running-requests",
+                  str(max(levels)), "--max-total-tokens", str(max(levels) * 256), "--draft-model", "none"]
+    print(f"{TINY.name} (dummy weights) with the default model's tokenizer on the {args.device}, {args.prompt_tokens} "
+          f"prompt + {args.new_tokens} new tokens a request, greedy, median of {args.rounds} rounds\n\n"
+          "| requests | through gRPC tok/s | in-process tok/s | gRPC / in-process | modeld CPU s / 1K tokens |\n"
+          "|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp, memd_process(*memd_flags) as memd:
+        folder = tiny_model_with_tokenizer(pathlib.Path(tmp))
+        cfg = ModeldConfig(device=args.device, memd=memd, target_model=str(folder), load_format="dummy",
+                           decode_lookahead=32, speculative_algorithm="none")
+        results = {level: ([], [], []) for level in levels}
+        for k in range(args.rounds):
+            with modeld_process(folder, memd, args.device) as (address, pid):
+                asyncio.run(stream_all(address, prompts[:8], 8))  # warm-up
+                for level in levels:
+                    rate, cpu = through_grpc(address, pid, prompts[:level], args.new_tokens)
+                    results[level][0].append(rate)
+                    results[level][2].append(cpu)
+            with running_engine(cfg) as engine:
+                generate_all(engine, prompts[:8], 8, True, f"warm-{k}")
+                for level in levels:
+                    tokens, seconds, _ = generate_all(engine, prompts[:level], args.new_tokens, True, f"c{level}-{k}")
+                    results[level][1].append(tokens / seconds)
+        for level, (grpc_rates, local_rates, cpus) in results.items():
+            g, local = statistics.median(grpc_rates), statistics.median(local_rates)
+            print(f"| {level} | {g:.0f} | {local:.0f} | {g / local:.2f} | {statistics.median(cpus):.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
