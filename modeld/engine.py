@@ -1,11 +1,14 @@
 """The engine thread: schedule a step, run it (modeld.runner: inputs -> forward; modeld.dflash: draft, acceptance,
 draft K/V), sample, hand the tokens to output processing (modeld.output: stop rules, streaming), finish. One thread
-owns all request state; gRPC handlers talk to it through `submit` / `abort` and each request's queue."""
+owns all request state; gRPC handlers talk to it through `submit` / `abort` and each request's queue. After each
+pass it hands the requests whose queues got events to `listener` (one call a pass: modeld's asyncio front wakes
+their streams with one hop to its loop)."""
 
 import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from itertools import accumulate
 
 import grpc
@@ -40,6 +43,8 @@ class Engine:
         self.live: dict[str, Request] = {}  # ids from submit() to completion, for the gRPC threads
         self.live_lock = threading.Lock()
         self.stopped = threading.Event()
+        self.listener: Callable[[list[Request]], None] | None = None
+        self.delivered: list[Request] = []  # requests given events in this pass, for the listener
         self.thread = threading.Thread(target=self._loop, name="modeld-engine", daemon=True)
 
     # ---- called from gRPC threads -------------------------------------------------------
@@ -79,6 +84,7 @@ class Engine:
             while not self.stopped.is_set():
                 if self.link.lost:  # memd is gone: its lease freed our slots; fail what runs, wait for memd
                     self._fail_all("UNAVAILABLE", "memd is unreachable", memd_alive=False)
+                    self._deliver()
                     self.link.reattach(self.stopped)
                     continue
                 self._drain_inbox()
@@ -92,14 +98,21 @@ class Engine:
                     log.exception("engine step failed")
                     self._fail_all("INTERNAL", f"engine step failed: {exc}", memd_alive=True)
                     busy = False
+                self._deliver()
                 if not busy:
                     self.wake.wait(0.5)
                     self.wake.clear()
             self._fail_all("UNAVAILABLE", "modeld is shutting down", memd_alive=True)
+            self._deliver()
         except BaseException:
             log.critical("the engine thread stopped", exc_info=True)
             self.link.on_health(False)  # never die silently: health turns NOT_SERVING
             raise
+
+    def _deliver(self) -> None:
+        if self.delivered and self.listener is not None:
+            self.listener(self.delivered)
+        self.delivered = []
 
     def _drain_inbox(self) -> None:
         while True:
@@ -135,6 +148,8 @@ class Engine:
         for item, tokens, per_step in committed:
             before = len(item.req.output_ids)
             finished = bool(tokens) and self.output.append(item.req, tokens)
+            if tokens and item.req.stream:
+                self.delivered.append(item.req)
             if item.verify:
                 self._count_verifies(item.req, per_step, len(item.req.output_ids) - before)
             elif self.dflash is not None and before:  # a decode that verified nothing (the prompt's token is not one)
@@ -226,6 +241,7 @@ class Engine:
         with self.live_lock:
             self.live.pop(req.rid, None)
         req.events.put(("complete", req))
+        self.delivered.append(req)
 
     def _fail_all(self, code: str, message: str, memd_alive: bool) -> None:
         for req in list(self.requests.values()):

@@ -1,6 +1,6 @@
 """Output processing: a step's sampled tokens join a request's output; stop rules (EOS, stop tokens, stop strings,
 max_new_tokens, the context) end it; new tokens are streamed to its gRPC handler as ("chunk", ids, text, finished)
-events, which it sends, merged with the chunks queued behind them, as one message (`stream_events`). The engine
+events, which it sends, merged with the chunks queued behind them, as one message (`take_events`). The engine
 thread detokenizes only requests with stop strings (their text decides when they stop; `text` is then their new
 text); for any other request `text` is None and its handler makes the text from the ids (modeld.detokenize)."""
 
@@ -44,29 +44,23 @@ class OutputProcessor:
         return req.finish is not None
 
 
-def stream_events(events: queue.SimpleQueue):
-    """A request's events for its stream, ending with its "complete": every "chunk" (ids, text or None, finished)
-    merged with the chunks queued behind it. A stream that keeps up with the engine sends each step's tokens as they
-    come; one that lags (many requests in flight, one Python handler each) sends fewer, larger messages instead of
-    falling behind."""
-    while True:
-        kind, *payload = events.get()
+def take_events(events: queue.SimpleQueue) -> tuple[tuple[list[int], str | None, bool] | None, bool]:
+    """Everything queued for a request's stream, without waiting: its chunks merged into one (ids, text or None,
+    finished), or None without a chunk; and whether its "complete" (always the last event) came. A stream that
+    keeps up gets each step's tokens as they come; one that lags (hundreds of requests in flight) sends fewer,
+    larger messages instead of falling behind."""
+    merged, complete = None, False
+    while not complete:
+        try:
+            kind, *payload = events.get_nowait()
+        except queue.Empty:
+            break
         if kind != "chunk":
-            yield kind, payload
-            return
-        ids, text, finished = list(payload[0]), payload[1], payload[2]
-        after = None
-        while after is None:
-            try:
-                after = events.get_nowait()
-            except queue.Empty:
-                break
-            if after[0] == "chunk":
-                ids += after[1]
-                text = None if text is None else text + after[2]
-                finished = after[3]
-                after = None
-        yield "chunk", (ids, text, finished)
-        if after is not None:
-            yield after[0], list(after[1:])
-            return
+            complete = True
+        elif merged is None:
+            merged = (list(payload[0]), payload[1], payload[2])
+        else:
+            ids, text, _ = merged
+            ids += payload[0]
+            merged = (ids, None if text is None else text + payload[1], payload[2])
+    return merged, complete

@@ -42,6 +42,7 @@ class Request:
     sent_ids: int = 0  # output tokens already streamed
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # C-implemented: a put per step per request
     stream: bool = True  # False: only "complete" is read (in-process bulk generation): no chunk events, no text
+    wakeup: object = None  # its gRPC handler's asyncio.Event, set on the handler's loop once events are queued
 
     def accept_length(self) -> float:
         """Tokens per DFLASH verify step, bonus included: completion tokens / verify steps as SGLang reports it,

@@ -1,11 +1,10 @@
 """modeld's process: attach to memd, load the target, serve Generate; stop cleanly on SIGTERM/SIGINT/SIGHUP."""
 
+import asyncio
 import logging
 import os
 import signal
 import sys
-import threading
-from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
@@ -13,7 +12,7 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from memd.parse_guard import ParseGuard
+from memd.parse_guard import AsyncParseGuard
 from memd.plan import ConfigError
 from memd.sockets import listen
 from modeld.config import ModeldConfig, config_from_args
@@ -162,41 +161,49 @@ def layout_info(layout) -> dict:
 
 
 def serve(cfg: ModeldConfig) -> int:
-    health_servicer = health.HealthServicer()
+    return asyncio.run(_serve(cfg))
 
-    def set_health(serving: bool) -> None:
+
+async def _serve(cfg: ModeldConfig) -> int:
+    """The gRPC server (grpc.aio: every handler on this loop) and the engine thread, until a stop signal."""
+    loop = asyncio.get_running_loop()
+    health_servicer = health.aio.HealthServicer()
+
+    async def set_statuses(serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE_NAME):
-            health_servicer.set(name, status)
+            await health_servicer.set(name, status)
+
+    def set_health(serving: bool) -> None:  # from any thread (memd's watcher, the engine)
+        asyncio.run_coroutine_threadsafe(set_statuses(serving), loop)
 
     built = build_engine(cfg, set_health)
     engine, link, layout = built.engine, built.link, built.link.layout
-    service = ModeldService(engine, built.tokenizer, built.vocab_size, cfg.device, built.info, link)
+    service = ModeldService(engine, built.tokenizer, built.vocab_size, cfg.device, built.info, link, loop)
     streams = StreamLimit(f"/{SERVICE_NAME}/Generate", cfg.max_open_streams or 4 * layout.max_running_requests)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=streams.pool_size()),
-                         interceptors=[ParseGuard(), streams], options=SERVER_OPTIONS)
+    server = grpc.aio.server(interceptors=[AsyncParseGuard(), streams], options=SERVER_OPTIONS)
     modeld_pb2_grpc.add_ModeldServicer_to_server(service, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    stop = threading.Event()
+    stop = asyncio.Event()
     for sig in STOP_SIGNALS:  # before the socket exists: from here every stop goes through the clean-up below
-        signal.signal(sig, lambda *_: stop.set())
+        loop.add_signal_handler(sig, stop.set)
     port, sock = listen(server, cfg.listen)
     try:
-        server.start()
+        await server.start()
         engine.start()
         if cfg.metrics_port is not None:
             start_metrics(cfg.metrics_host, cfg.metrics_port, engine)
-        set_health(True)
+        await set_statuses(True)
         link.start_watching()
         bound = cfg.listen if sock else f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
         log.info("modeld ready: listening on %s (%s, %s, memd %s)", bound, cfg.device, built.info["dtype"], cfg.memd)
-        stop.wait()
+        await stop.wait()
         log.info("modeld shutting down")
         link.closing = True
-        set_health(False)
-        server.stop(grace=5).wait()
-        engine.stop()
+        await set_statuses(False)
+        await server.stop(grace=5)
+        await asyncio.to_thread(engine.stop)  # its last pass fails what still runs
         link.close()
     finally:
         if sock is not None:

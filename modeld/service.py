@@ -1,5 +1,10 @@
-"""modeld's gRPC servicer: Generate (server streaming), Abort, GetInfo, Capacity."""
+"""modeld's gRPC servicer on grpc.aio: Generate (server streaming), Abort, GetInfo, Capacity.
 
+Every handler runs on the server's one asyncio loop, beside the engine thread: no thread per stream. The engine
+hands over the requests whose queues got events once per pass (`wake`, one hop to the loop); each stream then takes
+what is queued, makes its text and sends it as one message."""
+
+import asyncio
 import uuid
 
 import grpc
@@ -8,7 +13,7 @@ from modeld.detokenize import TextStream
 from modeld.engine import Engine, make_generator
 from modeld.limits import check_request_id, check_stops, check_text_size, text_bytes_per_token
 from modeld.memd_link import MemdLink
-from modeld.output import stream_events
+from modeld.output import take_events
 from modeld.request import Request
 from modeld.sampling import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
 from protos import memd_pb2, modeld_pb2, modeld_pb2_grpc
@@ -18,8 +23,11 @@ FINISH_REASONS = {"stop": modeld_pb2.STOP, "length": modeld_pb2.LENGTH, "abort":
 
 
 class ModeldService(modeld_pb2_grpc.ModeldServicer):
-    def __init__(self, engine: Engine, tokenizer, vocab_size: int, device: str, info: dict, link: MemdLink):
+    def __init__(self, engine: Engine, tokenizer, vocab_size: int, device: str, info: dict, link: MemdLink,
+                 loop: asyncio.AbstractEventLoop):
         self.engine = engine
+        self.loop = loop
+        engine.listener = self.wake
         self.tokenizer = tokenizer
         self.text_bytes_per_token = text_bytes_per_token(tokenizer) if tokenizer is not None else 0
         self.vocab_size = vocab_size
@@ -27,29 +35,47 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         self.info = info
         self.link = link
 
-    def Generate(self, request, context):
+    def wake(self, requests: list[Request]) -> None:
+        """Called by the engine thread after a pass: sets the events of those requests' streams, on the loop."""
+        try:
+            self.loop.call_soon_threadsafe(wake_streams, requests)
+        except RuntimeError:  # the loop has closed (shutdown): no stream is left to wake
+            pass
+
+    async def Generate(self, request, context):
         try:
             req = self._build(request)
         except InvalidRequest as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if self.link.lost:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "memd is unreachable")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is unreachable")
+        req.wakeup = asyncio.Event()
         if not self.engine.submit(req):
-            context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request id {req.rid!r} is already running")
-        # A client that goes away (cancel, deadline, crash) aborts its request and frees its slots.
-        context.add_callback(lambda: req.finish is None and self.engine.abort(req.rid))
-        # The text of a request without stop strings is made here, in this handler's thread, off the engine's step.
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request id {req.rid!r} is already running")
+        try:
+            async for response in self._responses(req, context):
+                yield response
+        finally:
+            if req.finish is None:  # the client went away (cancel, deadline, crash): the abort frees its slots
+                self.engine.abort(req.rid)
+
+    async def _responses(self, req: Request, context):
+        # The text of a request without stop strings is made here, on the loop, off the engine's thread.
         own_text = None if req.params.stop else TextStream(self.tokenizer, [])
-        for kind, payload in stream_events(req.events):
-            if kind == "chunk":
-                ids, text, finished = payload
+        while True:
+            await req.wakeup.wait()
+            req.wakeup.clear()
+            chunk, complete = take_events(req.events)
+            if chunk is not None:
+                ids, text, finished = chunk
                 if own_text is not None:
                     text = own_text.add(ids, finished)
                 yield modeld_pb2.GenerateResponse(request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=ids, text=text))
+            if not complete:
                 continue
             finish = req.finish
             if finish.error_code:
-                context.abort(getattr(grpc.StatusCode, finish.error_code), finish.error)
+                await context.abort(getattr(grpc.StatusCode, finish.error_code), finish.error)
             tail = own_text.take(finished=True)[0] if own_text is not None else ""
             if tail:  # a request that ended without a finishing chunk (an abort): its held-back text
                 yield modeld_pb2.GenerateResponse(request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=[], text=tail))
@@ -144,27 +170,33 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         if bad is not None:
             raise InvalidRequest(f"{field}: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
 
-    def Abort(self, request, context):
+    async def Abort(self, request, context):
         try:
             check_request_id(request.request_id)
         except InvalidRequest as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return modeld_pb2.AbortResponse(found=self.engine.abort(request.request_id))
 
-    def GetInfo(self, request, context):
+    async def GetInfo(self, request, context):
         running, waiting = self.engine.counts()
         return modeld_pb2.GetInfoResponse(**self.info, **self.engine.spec, running_requests=running,
                                           waiting_requests=waiting)
 
-    def Capacity(self, request, context):
+    async def Capacity(self, request, context):
         if self.link.lost:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "memd is unreachable")
-        try:
-            memd = self.link.session.stub.Capacity(memd_pb2.CapacityRequest(), timeout=5)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is unreachable")
+        try:  # memd's channel is a blocking one: the call waits in a worker thread, not on the loop
+            memd = await asyncio.to_thread(self.link.session.stub.Capacity, memd_pb2.CapacityRequest(), timeout=5)
         except grpc.RpcError as exc:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"memd: {exc.details()}")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"memd: {exc.details()}")
         running, waiting = self.engine.counts()
         return modeld_pb2.CapacityResponse(memd=memd, running_requests=running, waiting_requests=waiting)
+
+
+def wake_streams(requests: list[Request]) -> None:
+    for req in requests:
+        if req.wakeup is not None:
+            req.wakeup.set()
 
 
 def eos_token_ids(tokenizer, hf_config, model_dir: str) -> set[int]:

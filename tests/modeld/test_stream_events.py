@@ -1,49 +1,56 @@
-"""A stream sends the chunks queued behind one as one message: nothing lost, nothing reordered, the complete
-event last; a stream that keeps up sends each chunk as it comes. A request nobody streams (in-process bulk
+"""A stream sends the chunks queued for it as one message: nothing lost, nothing reordered, the complete event
+last; a stream that keeps up sends each chunk as it comes. A request nobody streams (in-process bulk
 generation) finishes exactly as a streamed one, without detokenisation (unless a stop string needs it) and
 without chunk events."""
 
 import queue
 import threading
 
-from modeld.output import stream_events
+from modeld.output import take_events
 
 
-def events_of(*items) -> queue.Queue:
-    q = queue.Queue()
+def events_of(*items) -> queue.SimpleQueue:
+    q = queue.SimpleQueue()
     for item in items:
         q.put(item)
     return q
 
 
-def test_queued_chunks_go_out_as_one_then_the_complete():
+def test_queued_chunks_go_out_as_one_with_the_complete():
     q = events_of(("chunk", [1], "a", False), ("chunk", [2, 3], "bc", False), ("chunk", [], "d", True), ("complete", "req"))
-    assert list(stream_events(q)) == [("chunk", ([1, 2, 3], "abcd", True)), ("complete", ["req"])]
+    assert take_events(q) == (([1, 2, 3], "abcd", True), True)
     assert q.empty()
 
 
 def test_chunks_without_text_merge_their_ids_and_keep_the_last_finished_flag():
-    q = events_of(("chunk", [1], None, False), ("chunk", [2, 3], None, True), ("complete", "req"))
-    assert list(stream_events(q)) == [("chunk", ([1, 2, 3], None, True)), ("complete", ["req"])]
+    q = events_of(("chunk", [1], None, False), ("chunk", [2, 3], None, True))
+    assert take_events(q) == (([1, 2, 3], None, True), False)
 
 
-def test_a_complete_with_nothing_before_it():
-    assert list(stream_events(events_of(("complete", "req")))) == [("complete", ["req"])]
+def test_a_complete_with_nothing_before_it_and_an_empty_queue():
+    assert take_events(events_of(("complete", "req"))) == (None, True)
+    assert take_events(queue.SimpleQueue()) == (None, False)
+
+
+def test_the_merged_chunk_does_not_alias_the_engines_list():
+    first = [1]
+    q = events_of(("chunk", first, None, False), ("chunk", [2], None, False))
+    assert take_events(q) == (([1, 2], None, False), False)
+    assert first == [1]  # the engine's own list (a request's output slice) is left as it was
 
 
 def test_a_stream_that_keeps_up_gets_each_chunk_as_it_comes():
-    q = queue.Queue()
-    stream = stream_events(q)
+    q = queue.SimpleQueue()
     q.put(("chunk", [1], "a", False))
-    assert next(stream) == ("chunk", ([1], "a", False))  # nothing queued behind it: sent alone, at once
+    assert take_events(q) == (([1], "a", False), False)  # nothing queued behind it: sent alone, at once
     q.put(("chunk", [2], "b", True))
-    assert next(stream) == ("chunk", ([2], "b", True))
+    assert take_events(q) == (([2], "b", True), False)
     q.put(("complete", "req"))
-    assert list(stream) == [("complete", ["req"])]
+    assert take_events(q) == (None, True)
 
 
 def test_every_token_arrives_in_order_while_the_engine_keeps_producing():
-    q = queue.Queue()
+    q = queue.SimpleQueue()
     total = 5000
 
     def engine():
@@ -53,13 +60,16 @@ def test_every_token_arrives_in_order_while_the_engine_keeps_producing():
 
     producer = threading.Thread(target=engine)
     producer.start()
-    out = list(stream_events(q))
+    chunks, complete = [], False
+    while not complete:
+        chunk, complete = take_events(q)
+        if chunk is not None:
+            chunks.append(chunk)
     producer.join()
-    chunks = [payload for kind, payload in out if kind == "chunk"]
     assert [t for ids, _, _ in chunks for t in ids] == list(range(total))
     assert "".join(text for _, text, _ in chunks) == "".join(f"{i}," for i in range(total))
     assert [finished for _, _, finished in chunks][-1] and not any(finished for _, _, finished in chunks[:-1])
-    assert out[-1] == ("complete", ["req"]) and len(chunks) <= total
+    assert len(chunks) <= total and q.empty()
 
 
 class CountingTokenizer:
