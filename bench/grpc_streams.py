@@ -2,14 +2,14 @@
 gRPC): what the serving front (Generate handlers, detokenization, one message per chunk) costs on top of the engine.
 
     python -m bench.grpc_streams [--concurrency 64,256] [--new-tokens 64] [--prompt-tokens 32] [--rounds 3]
-        [--device cpu]
+        [--device cpu] [--target bench/configs/tiny-host]
 
-A model so small that the forward is cheap (bench/configs/tiny-host, dummy weights) with the default model's
-tokenizer, so handlers make text as they do for real; memd and modeld child processes, modeld as served (decode
+A model so small that the forward is cheap (bench/configs/tiny-host, dummy weights; on the GPU --target
+bench/configs/smollm2-135m gives the default model's shape) with the default model's tokenizer, so handlers make text as they do for real; memd and modeld child processes, modeld as served (decode
 lookahead 32). Every request answers --new-tokens greedy tokens (ignore_eos) to random prompt ids, all sent at once
 from an asyncio client (client.aio) in this process. Rounds alternate between the daemons and the in-process engine
 (whose streams this process's main thread reads, as bench.host_overhead does). Prints per concurrency the median
-over rounds of both tokens/s, their ratio, and modeld's CPU seconds per 1,000 tokens (all its threads).
+over rounds of both tokens/s, their ratio, and modeld's CPU seconds per 1,000 tokens (all its processes and threads).
 """
 
 import argparse
@@ -38,10 +38,10 @@ TINY = pathlib.Path(__file__).parent / "configs" / "tiny-host"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def tiny_model_with_tokenizer(folder: pathlib.Path) -> pathlib.Path:
-    """tiny-host's config beside the default model's tokenizer (the tiny vocabulary's ids are real tokens)."""
+def model_with_tokenizer(config: pathlib.Path, folder: pathlib.Path) -> pathlib.Path:
+    """A model's config.json beside the default model's tokenizer (the small vocabulary's ids are real tokens)."""
     source = pathlib.Path(ensure_default_model())
-    shutil.copy(TINY / "config.json", folder / "config.json")
+    shutil.copy(config / "config.json", folder / "config.json")
     for name in TOKENIZER_FILES:
         if (source / name).exists():
             shutil.copy(source / name, folder / name)
@@ -69,9 +69,10 @@ def modeld_process(folder: pathlib.Path, memd: str, device: str):
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, all its threads."""
+    """User + system CPU time of a process and its live children (modeld's engine process), all their threads."""
     fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(cpu_seconds(int(c)) for c in children)
 
 
 async def stream_all(address: str, prompts: list[list[int]], new_tokens: int) -> int:
@@ -105,18 +106,19 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--target", default=str(TINY), help="a folder with a config.json (dummy weights)")
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 2000, (args.prompt_tokens,), generator=gen).tolist() for _ in range(max(levels))]
-    memd_flags = ["--device", args.device, "--target-model", str(TINY), "--page-size", "16", "--max-running-requests",
+    memd_flags = ["--device", args.device, "--target-model", args.target, "--page-size", "16", "--max-running-requests",
                   str(max(levels)), "--max-total-tokens", str(max(levels) * 256), "--draft-model", "none"]
-    print(f"{TINY.name} (dummy weights) with the default model's tokenizer on the {args.device}, {args.prompt_tokens} "
+    print(f"{pathlib.Path(args.target).name} (dummy weights) with the default model's tokenizer on the {args.device}, {args.prompt_tokens} "
           f"prompt + {args.new_tokens} new tokens a request, greedy, median of {args.rounds} rounds\n\n"
           "| requests | through gRPC tok/s | in-process tok/s | gRPC / in-process | modeld CPU s / 1K tokens |\n"
           "|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp, memd_process(*memd_flags) as memd:
-        folder = tiny_model_with_tokenizer(pathlib.Path(tmp))
+        folder = model_with_tokenizer(pathlib.Path(args.target), pathlib.Path(tmp))
         cfg = ModeldConfig(device=args.device, memd=memd, target_model=str(folder), load_format="dummy",
                            decode_lookahead=32, speculative_algorithm="none")
         results = {level: ([], [], []) for level in levels}

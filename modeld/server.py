@@ -1,4 +1,5 @@
-"""modeld's process: attach to memd, load the target, serve Generate; stop cleanly on SIGTERM/SIGINT/SIGHUP."""
+"""modeld: the gRPC front (this process) and the engine (its own process, modeld.engine_process: attach to memd, load
+the target, run steps); `build_engine` wires the engine wherever it runs. Stops cleanly on SIGTERM/SIGINT/SIGHUP."""
 
 import asyncio
 import logging
@@ -20,11 +21,11 @@ from modeld.cuda_graph import GraphRunner
 from modeld.dflash import DflashWorker
 from modeld.draft import DraftError, load_draft
 from modeld.engine import Engine
+from modeld.engine_client import EngineClient
 from modeld.fingerprint import model_fingerprint
 from modeld.limits import MAX_REQUEST_BYTES
 from modeld.loader import load_target
 from modeld.memd_link import MemdLink, StartupError
-from modeld.metrics import start_metrics
 from modeld.packed_inputs import FIELDS
 from modeld.runner import ModelRunner
 from modeld.scheduler import Scheduler
@@ -165,7 +166,7 @@ def serve(cfg: ModeldConfig) -> int:
 
 
 async def _serve(cfg: ModeldConfig) -> int:
-    """The gRPC server (grpc.aio: every handler on this loop) and the engine thread, until a stop signal."""
+    """The gRPC front (grpc.aio: every handler on this loop) over the engine process, until a stop signal."""
     loop = asyncio.get_running_loop()
     health_servicer = health.aio.HealthServicer()
 
@@ -174,13 +175,10 @@ async def _serve(cfg: ModeldConfig) -> int:
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, status)
 
-    def set_health(serving: bool) -> None:  # from any thread (memd's watcher, the engine)
-        asyncio.run_coroutine_threadsafe(set_statuses(serving), loop)
-
-    built = build_engine(cfg, set_health)
-    engine, link, layout = built.engine, built.link, built.link.layout
-    service = ModeldService(engine, built.tokenizer, built.vocab_size, cfg.device, built.info, link, loop)
-    streams = StreamLimit(f"/{SERVICE_NAME}/Generate", cfg.max_open_streams or 4 * layout.max_running_requests)
+    engine = EngineClient(cfg, lambda serving: loop.create_task(set_statuses(serving)))  # blocks until it serves
+    engine.attach(loop)
+    service = ModeldService(engine, cfg.memd)
+    streams = StreamLimit(f"/{SERVICE_NAME}/Generate", cfg.max_open_streams or 4 * engine.info["max_running_requests"])
     server = grpc.aio.server(interceptors=[AsyncParseGuard(), streams], options=SERVER_OPTIONS)
     modeld_pb2_grpc.add_ModeldServicer_to_server(service, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -191,21 +189,15 @@ async def _serve(cfg: ModeldConfig) -> int:
     port, sock = listen(server, cfg.listen)
     try:
         await server.start()
-        engine.start()
-        if cfg.metrics_port is not None:
-            start_metrics(cfg.metrics_host, cfg.metrics_port, engine)
-        await set_statuses(True)
-        link.start_watching()
+        await set_statuses(not engine.memd_lost)
         bound = cfg.listen if sock else f"{cfg.listen.rsplit(':', 1)[0]}:{port}"
-        log.info("modeld ready: listening on %s (%s, %s, memd %s)", bound, cfg.device, built.info["dtype"], cfg.memd)
+        log.info("modeld ready: listening on %s (%s, %s, memd %s)", bound, cfg.device, engine.info["dtype"], cfg.memd)
         await stop.wait()
         log.info("modeld shutting down")
-        link.closing = True
         await set_statuses(False)
         await server.stop(grace=5)
-        await asyncio.to_thread(engine.stop)  # its last pass fails what still runs
-        link.close()
     finally:
+        await asyncio.to_thread(engine.stop)  # the engine fails what still runs and closes memd's session
         if sock is not None:
             sock.unlink(missing_ok=True)
     log.info("modeld stopped")

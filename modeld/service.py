@@ -1,7 +1,7 @@
 """modeld's gRPC servicer on grpc.aio: Generate (server streaming), Abort, GetInfo, Capacity.
 
-Every handler runs on the server's one asyncio loop, beside the engine thread: no thread per stream. The engine
-hands over the requests whose queues got events once per pass (`wake`, one hop to the loop); each stream then takes
+Every handler runs on the front's one asyncio loop, no thread per stream; the engine runs in its own process
+(modeld.engine_client). What the engine sends for a request goes into its queue and wakes its stream, which takes
 what is queued, makes its text and sends it as one message."""
 
 import asyncio
@@ -10,45 +10,32 @@ import uuid
 import grpc
 
 from modeld.detokenize import TextStream
-from modeld.engine import Engine, make_generator
+from modeld.engine_client import ENGINE_GONE, EngineClient
 from modeld.limits import check_request_id, check_stops, check_text_size, text_bytes_per_token
-from modeld.memd_link import MemdLink
 from modeld.output import take_events
 from modeld.request import Request
 from modeld.sampling import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
-from protos import memd_pb2, modeld_pb2, modeld_pb2_grpc
+from protos import memd_pb2, memd_pb2_grpc, modeld_pb2, modeld_pb2_grpc
 
 CHAT_ROLES = ("system", "user", "assistant")
 FINISH_REASONS = {"stop": modeld_pb2.STOP, "length": modeld_pb2.LENGTH, "abort": modeld_pb2.ABORT}
 
 
 class ModeldService(modeld_pb2_grpc.ModeldServicer):
-    def __init__(self, engine: Engine, tokenizer, vocab_size: int, device: str, info: dict, link: MemdLink,
-                 loop: asyncio.AbstractEventLoop):
+    def __init__(self, engine: EngineClient, memd: str):
+        """memd: its address (Capacity asks it, with a channel of this loop)."""
         self.engine = engine
-        self.loop = loop
-        engine.listener = self.wake
-        self.tokenizer = tokenizer
-        self.text_bytes_per_token = text_bytes_per_token(tokenizer) if tokenizer is not None else 0
-        self.vocab_size = vocab_size
-        self.device = device
-        self.info = info
-        self.link = link
-
-    def wake(self, requests: list[Request]) -> None:
-        """Called by the engine thread after a pass: sets the events of those requests' streams, on the loop."""
-        try:
-            self.loop.call_soon_threadsafe(wake_streams, requests)
-        except RuntimeError:  # the loop has closed (shutdown): no stream is left to wake
-            pass
+        self.tokenizer = engine.tokenizer
+        self.text_bytes_per_token = text_bytes_per_token(self.tokenizer) if self.tokenizer is not None else 0
+        self.vocab_size = engine.vocab_size
+        self.memd = memd_pb2_grpc.MemdStub(grpc.aio.insecure_channel(memd))
 
     async def Generate(self, request, context):
         try:
             req = self._build(request)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if self.link.lost:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is unreachable")
+        await self._check_serving(context)
         req.wakeup = asyncio.Event()
         if not self.engine.submit(req):
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request id {req.rid!r} is already running")
@@ -60,8 +47,10 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
                 self.engine.abort(req.rid)
 
     async def _responses(self, req: Request, context):
-        # The text of a request without stop strings is made here, on the loop, off the engine's thread.
+        # The text of a request without stop strings is made here, in the front, off the engine's process; that of
+        # one with stop strings comes from the engine (its text decides when it stops).
         own_text = None if req.params.stop else TextStream(self.tokenizer, [])
+        engine_text = ""
         while True:
             await req.wakeup.wait()
             req.wakeup.clear()
@@ -70,6 +59,8 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
                 ids, text, finished = chunk
                 if own_text is not None:
                     text = own_text.add(ids, finished)
+                else:
+                    engine_text += text
                 yield modeld_pb2.GenerateResponse(request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=ids, text=text))
             if not complete:
                 continue
@@ -79,9 +70,15 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             tail = own_text.take(finished=True)[0] if own_text is not None else ""
             if tail:  # a request that ended without a finishing chunk (an abort): its held-back text
                 yield modeld_pb2.GenerateResponse(request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=[], text=tail))
-            text = own_text.sent if own_text is not None else req.engine_text
+            text = own_text.sent if own_text is not None else engine_text
             yield modeld_pb2.GenerateResponse(request_id=req.rid, complete=self._complete(req, text))
             return
+
+    async def _check_serving(self, context) -> None:
+        if self.engine.gone:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, ENGINE_GONE)
+        if self.engine.memd_lost:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is unreachable")
 
     def _complete(self, req: Request, text: str) -> modeld_pb2.GenerateComplete:
         completion = len(req.output_ids)
@@ -117,15 +114,14 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             ignore_eos=s.ignore_eos,
         )
         self._check_vocabulary("stop_token_ids", params.stop_token_ids)
-        context_len = self.engine.output.context_len  # memd's, again after a re-attach
+        context_len = self.engine.context_len  # memd's, again after a re-attach
         prompt = self._prompt_ids(request, context_len)
         if len(prompt) + params.max_new_tokens > context_len:
             raise InvalidRequest(
                 f"prompt ({len(prompt)} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds the context of {context_len}"
             )
         rid = request.request_id or uuid.uuid4().hex
-        generator = None if params.greedy else make_generator(params.seed, self.device)
-        return Request(rid=rid, prompt_ids=prompt, params=params, generator=generator)
+        return Request(rid=rid, prompt_ids=prompt, params=params)  # the engine process makes its generator
 
     def _prompt_ids(self, request, context_len: int) -> list[int]:
         if request.HasField("input_ids"):
@@ -178,25 +174,17 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         return modeld_pb2.AbortResponse(found=self.engine.abort(request.request_id))
 
     async def GetInfo(self, request, context):
-        running, waiting = self.engine.counts()
-        return modeld_pb2.GetInfoResponse(**self.info, **self.engine.spec, running_requests=running,
-                                          waiting_requests=waiting)
+        running, waiting, spec = await self.engine.counts_and_spec()
+        return modeld_pb2.GetInfoResponse(**self.engine.info, **spec, running_requests=running, waiting_requests=waiting)
 
     async def Capacity(self, request, context):
-        if self.link.lost:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is unreachable")
-        try:  # memd's channel is a blocking one: the call waits in a worker thread, not on the loop
-            memd = await asyncio.to_thread(self.link.session.stub.Capacity, memd_pb2.CapacityRequest(), timeout=5)
+        await self._check_serving(context)
+        try:
+            memd = await self.memd.Capacity(memd_pb2.CapacityRequest(), timeout=5)
         except grpc.RpcError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"memd: {exc.details()}")
-        running, waiting = self.engine.counts()
+        running, waiting, _ = await self.engine.counts_and_spec()
         return modeld_pb2.CapacityResponse(memd=memd, running_requests=running, waiting_requests=waiting)
-
-
-def wake_streams(requests: list[Request]) -> None:
-    for req in requests:
-        if req.wakeup is not None:
-            req.wakeup.set()
 
 
 def eos_token_ids(tokenizer, hf_config, model_dir: str) -> set[int]:

@@ -1,0 +1,127 @@
+"""The engine's own process: memd's session, the model, the scheduler and the engine thread, apart from the gRPC
+front (modeld.engine_client), so that the front's Python (streams, detokenization, one message per chunk) never
+competes with a step for the same interpreter lock.
+
+The two talk over one duplex pipe of pickled tuples:
+    front -> engine   ("add", rid, prompt_ids, params)   ("abort", rid)   ("query", qid)   ("stop",)
+    engine -> front   ("ready", info, vocab_size, context_len, tokenizer)   ("failed", message)
+                      ("out", [(rid, chunk or None, final or None), ...])  one message per engine pass
+                      ("health", serving)   ("limits", info, context_len)   ("reply", qid, (running, waiting, spec))
+A chunk is (ids, text or None, finished), the request's events of the pass merged; `final` (its last pass) holds
+what the complete message needs. The process ignores stop signals (the front stops it with "stop", and a front that
+is gone ends the pipe: EOF stops it too); stopping fails what still runs and closes memd's session."""
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+from memd.plan import ConfigError
+from modeld.config import ModeldConfig
+from modeld.draft import DraftError
+from modeld.engine import make_generator
+from modeld.memd_link import StartupError
+from modeld.metrics import start_metrics
+from modeld.output import take_events
+from modeld.request import Request
+
+STARTUP_ERRORS = (StartupError, ConfigError, DraftError, FileNotFoundError, ValueError)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+log = logging.getLogger("modeld")
+
+
+def final_of(req: Request) -> dict:
+    """What the front's complete message needs of a finished request."""
+    f = req.finish
+    return dict(reason=f.reason, matched_stop=f.matched_stop, error_code=f.error_code, error=f.error,
+                output_ids=req.output_ids, cached_tokens=req.cached_tokens, spec_verify_ct=req.spec_verify_ct,
+                unverified_tokens=req.unverified_tokens)
+
+
+def outcomes(requests: list[Request]) -> list[tuple]:
+    """Each request's events of this pass (a request listed twice gives nothing the second time)."""
+    out = []
+    for req in requests:
+        chunk, complete = take_events(req.events)
+        if chunk is not None or complete:
+            out.append((req.rid, chunk, final_of(req) if complete else None))
+    return out
+
+
+def engine_main(cfg: ModeldConfig, conn) -> None:
+    """The engine process's body (multiprocessing, spawned by the front). It leaves with os._exit once it has
+    stopped: letting the interpreter finalise gRPC's channels while their C-core threads wind down sometimes aborts
+    the process ("terminate called without an active exception"), seen after a re-attach to memd."""
+    try:
+        run_engine(cfg, conn)
+    finally:
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def run_engine(cfg: ModeldConfig, conn) -> None:
+    from modeld.server import build_engine  # the process imports torch and the model code; the front need not
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    logging.basicConfig(level=cfg.log_level, format="%(asctime)s modeld %(levelname)s %(message)s", stream=sys.stderr)
+    lock = threading.Lock()  # the engine thread, memd's watcher and this thread all send
+
+    def send(message) -> None:
+        with lock:
+            conn.send(message)
+
+    try:
+        built = build_engine(cfg, lambda serving: send(("health", serving)))
+    except STARTUP_ERRORS as exc:
+        send(("failed", str(exc)))
+        return
+    engine, link = built.engine, built.link
+    link.rebinders.append(lambda session, pools: send(("limits", dict(built.info), engine.output.context_len)))
+    engine.listener = lambda requests: send(("out", outcomes(requests)))
+    if cfg.metrics_port is not None:
+        try:
+            start_metrics(cfg.metrics_host, cfg.metrics_port, engine)
+        except OSError as exc:
+            link.close()
+            send(("failed", f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: {exc}"))
+            return
+    engine.start()
+    link.start_watching()
+    send(("ready", dict(built.info), built.vocab_size, engine.output.context_len, built.tokenizer))
+    try:
+        serve_front(cfg, conn, engine, send)
+    finally:
+        link.closing = True
+        engine.stop()  # its last pass fails what still runs and hands it to the front
+        link.close()
+
+
+def serve_front(cfg: ModeldConfig, conn, engine, send) -> None:
+    """The front's commands, until "stop", the end of the pipe, or the end of the engine thread (then this process
+    exits, and the front fails what was open and turns NOT_SERVING)."""
+    while True:
+        try:
+            if not conn.poll(1.0):
+                if not engine.thread.is_alive():
+                    log.critical("the engine thread has stopped: the engine process exits")
+                    return
+                continue
+            command = conn.recv()
+        except (EOFError, OSError):
+            log.info("the gRPC front is gone: the engine stops")
+            return
+        kind = command[0]
+        if kind == "add":
+            _, rid, prompt_ids, params = command
+            generator = None if params.greedy else make_generator(params.seed, cfg.device)
+            engine.submit(Request(rid=rid, prompt_ids=prompt_ids, params=params, generator=generator))
+        elif kind == "abort":
+            engine.abort(command[1])
+        elif kind == "query":
+            running, waiting = engine.counts()
+            send(("reply", command[1], (running, waiting, dict(engine.spec))))
+        elif kind == "stop":
+            return
