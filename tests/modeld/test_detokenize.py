@@ -3,7 +3,7 @@ multi-byte characters split across tokens, and no step decodes more than a short
 
 import random
 
-from modeld.detokenize import TextStream
+from modeld.detokenize import TextStream, plain_decoder
 
 SAMPLES = ["Hello, world! The café serves crème brûlée. 東京は大きい都市です。 🙂🚀 naïve résumé",
            "def f(x):\n    return x ** 2  # ∑ of squares\n", "Ünïcödé ✓ and emoji 👩‍🔬 in one line"]
@@ -51,3 +51,34 @@ def test_stop_string_is_cut_and_never_streamed_in_part(tokenizer):
     text, finish = stream(tokenizer, ids, stop=["STOP"])
     assert finish is not None and finish.matched_stop == "STOP"
     assert text == "The answer is 42. "
+
+
+def test_the_backend_alone_decodes_as_the_tokenizer_does(tokenizer):
+    """The default (fast) tokenizer cleans up no spaces, so its Rust backend decodes the streamed windows without
+    the Python around it: the same text as decode(), special tokens skipped, for any window of a chat."""
+    assert tokenizer.is_fast and tokenizer.clean_up_tokenization_spaces is False
+    decode = plain_decoder(tokenizer)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": " ".join(SAMPLES)}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=False)
+    rng = random.Random(1)
+    for _ in range(200):
+        start = rng.randrange(len(ids))
+        window = ids[start:start + rng.randint(1, 8)]
+        assert decode(window) == tokenizer.decode(window, skip_special_tokens=True)
+
+
+def test_a_tokenizer_that_may_clean_up_spaces_decodes_through_its_own_decode(tokenizer):
+    """The backend is used alone only when the tokenizer says it cleans up nothing; otherwise (or when it does not
+    say) its own decode() runs, whatever that does."""
+
+    class Cleaning:
+        backend_tokenizer = tokenizer.backend_tokenizer
+        clean_up_tokenization_spaces = True
+
+        def decode(self, ids, skip_special_tokens):
+            return "decode() " + tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    ids = tokenizer("Yes , it is .")["input_ids"]
+    assert plain_decoder(Cleaning())(ids) == "decode() Yes , it is ."
+    del Cleaning.clean_up_tokenization_spaces
+    assert plain_decoder(Cleaning())(ids) == "decode() Yes , it is ."
