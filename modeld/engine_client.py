@@ -3,12 +3,16 @@ abort requests, ask for its counts, and turn what it sends into each request's e
 
 Requests live here as modeld.request.Request objects too: the engine's chunks go into their `events` queue and
 wake their stream (`wakeup`); the engine's last word on one (`final`) fills in its finish and output before the
-"complete" event. Every method runs on the loop's thread."""
+"complete" event. Every method runs on the loop's thread, which never waits on the pipe: what goes to the engine is
+written by a thread of its own (`_write`), so the loop always reads what the engine sends, and an engine blocked on
+a full pipe to the front is always drained (two processes each writing into a full pipe would wait for ever)."""
 
 import asyncio
 import itertools
 import logging
 import multiprocessing
+import queue
+import threading
 from collections.abc import Callable
 
 from modeld.config import ModeldConfig
@@ -48,6 +52,8 @@ class EngineClient:
                 raise StartupError(message[1])
             self._handle(message)  # memd's health, already
         _, self.info, self.vocab_size, self.context_len, self.tokenizer = message
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # commands for the engine, in order
+        threading.Thread(target=self._write, name="modeld-engine-writer", daemon=True).start()
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """From now on the engine's messages are read on `loop`."""
@@ -61,14 +67,14 @@ class EngineClient:
         if req.rid in self.requests:
             return False
         self.requests[req.rid] = req
-        self.conn.send(("add", req.rid, req.prompt_ids, req.params))
+        self.outbox.put(("add", req.rid, req.prompt_ids, req.params))
         return True
 
     def abort(self, rid: str) -> bool:
         """Abort a submitted request; False if unknown (never submitted, or already complete)."""
         if rid not in self.requests or self.gone:
             return False
-        self.conn.send(("abort", rid))
+        self.outbox.put(("abort", rid))
         return True
 
     async def counts_and_spec(self) -> tuple[int, int, dict]:
@@ -77,22 +83,28 @@ class EngineClient:
             return 0, 0, {}
         qid = next(self.query_ids)
         self.replies[qid] = self.loop.create_future()
-        self.conn.send(("query", qid))
+        self.outbox.put(("query", qid))
         return await self.replies[qid]
 
     def stop(self, timeout: float = 60) -> None:
         """Ask the engine to stop (it fails what still runs) and wait for its process; blocking."""
         self.stopping = True
-        if not self.gone:
-            try:
-                self.conn.send(("stop",))
-            except OSError:
-                pass
+        self.outbox.put(("stop",))
         self.process.join(timeout)
         if self.process.is_alive():
             log.error("the engine process did not stop in %.0f s: killed", timeout)
             self.process.kill()
             self.process.join()
+
+    def _write(self) -> None:
+        while True:
+            command = self.outbox.get()
+            try:
+                self.conn.send(command)
+            except OSError:  # the engine is gone: the reader fails what was open
+                return
+            if command[0] == "stop":
+                return
 
     # ---- the engine's messages ----------------------------------------------------------------
     def _read(self) -> None:
