@@ -53,20 +53,24 @@ def engine_main(cfg: ModeldConfig, conn) -> None:
     """The engine process's body (multiprocessing, spawned by the front). It leaves with os._exit once it has
     stopped: letting the interpreter finalise gRPC's channels while their C-core threads wind down sometimes aborts
     the process ("terminate called without an active exception"), seen after a re-attach to memd."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    logging.basicConfig(level=cfg.log_level, format="%(asctime)s modeld %(levelname)s %(message)s", stream=sys.stderr)
+    code = 0
     try:
         run_engine(cfg, conn)
+    except BaseException:
+        log.exception("the engine process failed")
+        code = 1
     finally:
         logging.shutdown()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(code)
 
 
 def run_engine(cfg: ModeldConfig, conn) -> None:
     from modeld.server import build_engine  # the process imports torch and the model code; the front need not
 
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    logging.basicConfig(level=cfg.log_level, format="%(asctime)s modeld %(levelname)s %(message)s", stream=sys.stderr)
     lock = threading.Lock()  # the engine thread, memd's watcher and this thread all send
 
     def send(message) -> None:
@@ -77,6 +81,10 @@ def run_engine(cfg: ModeldConfig, conn) -> None:
         built = build_engine(cfg, lambda serving: send(("health", serving)))
     except STARTUP_ERRORS as exc:
         send(("failed", str(exc)))
+        return
+    except Exception as exc:  # a bug, or the device (out of memory, say): its traceback goes to the log
+        log.exception("the engine could not start")
+        send(("failed", f"the engine could not start: {type(exc).__name__}: {exc}"))
         return
     engine, link = built.engine, built.link
     link.rebinders.append(lambda session, pools: send(("limits", dict(built.info), engine.output.context_len)))
