@@ -67,7 +67,7 @@ class EngineClient:
         if req.rid in self.requests:
             return False
         self.requests[req.rid] = req
-        self.outbox.put(("add", req.rid, req.prompt_ids, req.params))
+        self.outbox.put(("add", req.rid, req.prompt_ids, req.params, req.arrived))
         return True
 
     def abort(self, rid: str) -> bool:

@@ -3,7 +3,7 @@ front (modeld.engine_client), so that the front's Python (streams, detokenizatio
 competes with a step for the same interpreter lock.
 
 The two talk over one duplex pipe of pickled tuples:
-    front -> engine   ("add", rid, prompt_ids, params)   ("abort", rid)   ("query", qid)   ("stop",)
+    front -> engine   ("add", rid, prompt_ids, params, arrived)   ("abort", rid)   ("query", qid)   ("stop",)
     engine -> front   ("ready", info, vocab_size, context_len, tokenizer)   ("failed", message)
                       ("out", [(rid, chunk or None, final or None), ...])  one message per engine pass
                       ("health", serving)   ("limits", info, context_len)   ("reply", qid, (running, waiting, spec))
@@ -123,9 +123,10 @@ def serve_front(cfg: ModeldConfig, conn, engine, send) -> None:
             return
         kind = command[0]
         if kind == "add":
-            _, rid, prompt_ids, params = command
+            # arrived: the front's perf_counter, a clock both processes share (CLOCK_MONOTONIC), for the latencies
+            _, rid, prompt_ids, params, arrived = command
             generator = None if params.greedy else make_generator(params.seed, cfg.device)
-            engine.submit(Request(rid=rid, prompt_ids=prompt_ids, params=params, generator=generator))
+            engine.submit(Request(rid=rid, prompt_ids=prompt_ids, params=params, generator=generator, arrived=arrived))
         elif kind == "abort":
             engine.abort(command[1])
         elif kind == "query":
