@@ -1,8 +1,8 @@
 """The engine thread: schedule a step, run it (modeld.runner: inputs -> forward; modeld.dflash: draft, acceptance,
 draft K/V), sample, hand the tokens to output processing (modeld.output: stop rules, streaming), finish. One thread
-owns all request state; gRPC handlers talk to it through `submit` / `abort` and each request's queue. After each
-pass it hands the requests whose queues got events to `listener` (one call a pass: modeld's asyncio front wakes
-their streams with one hop to its loop)."""
+owns all request state; other threads talk to it through `submit` / `abort` and each request's queue. After each
+pass it hands the requests whose queues got events to `listener` (one call a pass: in modeld's engine process, one
+message to the gRPC front)."""
 
 import logging
 import queue

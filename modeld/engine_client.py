@@ -2,8 +2,8 @@
 abort requests, ask for its counts, and turn what it sends into each request's events on the front's asyncio loop.
 
 Requests live here as modeld.request.Request objects too: the engine's chunks go into their `events` queue and
-wake their stream (`wakeup`); the engine's last word on one (`final`) fills in its finish and output before the
-"complete" event. Every method runs on the loop's thread, which never waits on the pipe: what goes to the engine is
+wake their stream (`wakeup`); the engine's last word on one (`final`: Request attributes by name) fills in its
+finish and output before the "complete" event. Every method runs on the loop's thread, which never waits on the pipe: what goes to the engine is
 written by a thread of its own (`_write`), so the loop always reads what the engine sends, and an engine blocked on
 a full pipe to the front is always drained (two processes each writing into a full pipe would wait for ever)."""
 
@@ -135,11 +135,9 @@ class EngineClient:
             return
         if chunk is not None:
             req.events.put(("chunk", *chunk))
-        if final is not None:
-            req.finish = Finish(final["reason"], final["matched_stop"], final["error_code"], final["error"])
-            req.output_ids = final["output_ids"]
-            req.cached_tokens, req.spec_verify_ct = final["cached_tokens"], final["spec_verify_ct"]
-            req.unverified_tokens = final["unverified_tokens"]
+        if final is not None:  # Request attributes by name (engine_process.final_of), `finish` among them
+            for name, value in final.items():
+                setattr(req, name, value)
             del self.requests[rid]
             req.events.put(("complete", req))
         if req.wakeup is not None:
@@ -154,9 +152,7 @@ class EngineClient:
         if not self.stopping:
             log.critical("%s unasked", ENGINE_GONE)
         for rid in list(self.requests):
-            self._deliver(rid, None, dict(reason="abort", matched_stop="", error_code="UNAVAILABLE", error=ENGINE_GONE,
-                                          output_ids=self.requests[rid].output_ids, cached_tokens=0, spec_verify_ct=0,
-                                          unverified_tokens=0))
+            self._deliver(rid, None, dict(finish=Finish("abort", error_code="UNAVAILABLE", error=ENGINE_GONE)))
         for future in self.replies.values():
             if not future.done():
                 future.set_result((0, 0, {}))

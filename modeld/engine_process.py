@@ -32,11 +32,9 @@ log = logging.getLogger("modeld")
 
 
 def final_of(req: Request) -> dict:
-    """What the front's complete message needs of a finished request."""
-    f = req.finish
-    return dict(reason=f.reason, matched_stop=f.matched_stop, error_code=f.error_code, error=f.error,
-                output_ids=req.output_ids, cached_tokens=req.cached_tokens, spec_verify_ct=req.spec_verify_ct,
-                unverified_tokens=req.unverified_tokens)
+    """What the front's complete message needs of a finished request: Request attributes by name."""
+    return dict(finish=req.finish, output_ids=req.output_ids, cached_tokens=req.cached_tokens,
+                spec_verify_ct=req.spec_verify_ct, unverified_tokens=req.unverified_tokens)
 
 
 def outcomes(requests: list[Request]) -> list[tuple]:
