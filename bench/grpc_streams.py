@@ -14,27 +14,21 @@ over rounds of both tokens/s, their ratio, and modeld's CPU seconds per 1,000 to
 
 import argparse
 import asyncio
-import contextlib
 import os
 import pathlib
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-import torch
-
 from bench.engine_speed import generate_all
+from bench.host_overhead import TINY, many_requests_memd_flags, random_prompts
 from bench.in_process import running_engine
-from bench.memd_process import memd_process
 from client.aio import AsyncClient
-from memd.sockets import reachable
 from modeld.config import ModeldConfig
 from modeld.fetch_default import ensure_default_model
-
-TINY = pathlib.Path(__file__).parent / "configs" / "tiny-host"
+from train.stack import run_memd, run_modeld
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -46,26 +40,6 @@ def model_with_tokenizer(config: pathlib.Path, folder: pathlib.Path) -> pathlib.
         if (source / name).exists():
             shutil.copy(source / name, folder / name)
     return folder
-
-
-@contextlib.contextmanager
-def modeld_process(folder: pathlib.Path, memd: str, device: str):
-    """Yields modeld's address and pid once it answers."""
-    address = f"unix://{folder / 'modeld.sock'}"
-    with open(folder / "modeld.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "modeld", "--device", device, "--memd", memd, "--listen", address,
-                                 "--target-model", str(folder), "--load-format", "dummy", "--speculative-algorithm",
-                                 "none", "--decode-lookahead", "32"], stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 120
-            while not reachable(address):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"modeld did not start:\n{(folder / 'modeld.log').read_text()}")
-                time.sleep(0.1)
-            yield address, proc.pid
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -109,24 +83,23 @@ def main(argv=None) -> int:
     p.add_argument("--target", default=str(TINY), help="a folder with a config.json (dummy weights)")
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, 2000, (args.prompt_tokens,), generator=gen).tolist() for _ in range(max(levels))]
-    memd_flags = ["--device", args.device, "--target-model", args.target, "--page-size", "16", "--max-running-requests",
-                  str(max(levels)), "--max-total-tokens", str(max(levels) * 256), "--draft-model", "none"]
+    prompts = random_prompts(max(levels), args.prompt_tokens)
     print(f"{pathlib.Path(args.target).name} (dummy weights) with the default model's tokenizer on the {args.device}, {args.prompt_tokens} "
           f"prompt + {args.new_tokens} new tokens a request, greedy, median of {args.rounds} rounds\n\n"
           "| requests | through gRPC tok/s | in-process tok/s | gRPC / in-process | modeld CPU s / 1K tokens |\n"
           "|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp, memd_process(*memd_flags) as memd:
+    with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp, \
+            run_memd(args.target, *many_requests_memd_flags(max(levels)), device=args.device) as memd:
         folder = model_with_tokenizer(pathlib.Path(args.target), pathlib.Path(tmp))
-        cfg = ModeldConfig(device=args.device, memd=memd, target_model=str(folder), load_format="dummy",
+        cfg = ModeldConfig(device=args.device, memd=memd.address, target_model=str(folder), load_format="dummy",
                            decode_lookahead=32, speculative_algorithm="none")
         results = {level: ([], [], []) for level in levels}
         for k in range(args.rounds):
-            with modeld_process(folder, memd, args.device) as (address, pid):
-                asyncio.run(stream_all(address, prompts[:8], 8))  # warm-up
+            with run_modeld(memd, "--target-model", str(folder), "--load-format", "dummy", "--speculative-algorithm",
+                            "none", "--decode-lookahead", "32", device=args.device) as modeld:
+                asyncio.run(stream_all(modeld.address, prompts[:8], 8))  # warm-up
                 for level in levels:
-                    rate, cpu = through_grpc(address, pid, prompts[:level], args.new_tokens)
+                    rate, cpu = through_grpc(modeld.address, modeld.proc.pid, prompts[:level], args.new_tokens)
                     results[level][0].append(rate)
                     results[level][2].append(cpu)
             with running_engine(cfg) as engine:

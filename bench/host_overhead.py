@@ -30,6 +30,18 @@ from modeld.config import ModeldConfig
 TINY = pathlib.Path(__file__).parent / "configs" / "tiny-host"
 
 
+def random_prompts(count: int, tokens: int) -> list[list[int]]:
+    """count prompts of random ids (seeded: every run and every benchmark that uses them gets the same)."""
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(100, 2000, (tokens,), generator=gen).tolist() for _ in range(count)]
+
+
+def many_requests_memd_flags(requests: int) -> list[str]:
+    """memd's pool flags for `requests` requests of up to 256 tokens at once (page 16, no draft)."""
+    return ["--page-size", "16", "--max-running-requests", str(requests), "--max-total-tokens", str(requests * 256),
+            "--draft-model", "none"]
+
+
 class ModelTime:
     """Wall time inside the model (forward, logits, sampling) and of whole busy steps, with the items they ran and the
     memd calls the engine sent."""
@@ -95,14 +107,11 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, 2000, (args.prompt_tokens,), generator=gen).tolist() for _ in range(max(levels))]
-    memd_flags = ["--device", "cpu", "--target-model", str(TINY), "--page-size", "16", "--max-running-requests",
-                  str(max(levels)), "--max-total-tokens", str(max(levels) * 256), "--draft-model", "none"]
+    prompts = random_prompts(max(levels), args.prompt_tokens)
     print(f"engine thread on the CPU, {TINY.name} (dummy weights), {args.prompt_tokens} prompt + {args.new_tokens} new "
           f"tokens a request, greedy, median of {args.rounds} rounds\n\n| requests | steps | wall ms / step | "
           "model ms / step | host ms / step | host us / request-step | memd calls |\n|---|---|---|---|---|---|---|")
-    with memd_process(*memd_flags) as memd:
+    with memd_process("--device", "cpu", "--target-model", str(TINY), *many_requests_memd_flags(max(levels))) as memd:
         cfg = ModeldConfig(device="cpu", memd=memd, target_model=str(TINY), load_format="dummy", decode_lookahead=32,
                            speculative_algorithm="none")
         with running_engine(cfg) as engine:
