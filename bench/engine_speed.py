@@ -5,7 +5,7 @@ configurations, requests that sample (temperature 0.8) at batch 1 and 16. The gr
 step (or DFLASH verify step) per replay, and again with up to 4 per replay (modeld's default, --steps-per-replay).
 
     python -m bench.engine_speed [--target DIR] [--load-format dummy] [--draft DIR|none] [--new-tokens 128]
-        [--concurrency 16,64] [--rounds 3] [--page 16] [--ratio 0.25] [--skip-hf]
+        [--concurrency 16,64] [--rounds 3] [--page 16] [--ratio 0.25] [--skip-hf] [--variants 1,2,...]
 
 One memd (a child process, on the GPU, with a bounded draft pool when there is a draft) serves every modeld
 configuration in turn; each modeld runs in this process (its engine thread, no gRPC), so the breakdown can time
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+import modeld.decode_chain
 import modeld.engine
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
@@ -62,6 +63,10 @@ VARIANTS = [
     Variant("modeld DFLASH graphs + lookahead 96, 4 steps a replay", graphs=True, lookahead=96, dflash=True, steps=4),
     Variant("modeld DFLASH as served by default (4 steps a replay, speculation off from 16 running)", graphs=True,
             lookahead=32, dflash=True, steps=4, speculate_below=16),
+    # the same one step at a time: how a batch too large to speculate decoded until plain decodes with a draft's
+    # context ran several steps as a chain (modeld.decode_chain)
+    Variant("modeld DFLASH as served, one step at a time", graphs=True, lookahead=32, dflash=True, steps=1,
+            speculate_below=16),
 ]
 
 
@@ -151,6 +156,7 @@ class Breakdown:
         self._wrap(sched.session, "match_prefix", "memd")
         self._wrap(sched, "_await_answer", "memd", waited=lambda future: not future.done())  # a call sent ahead
         self._wrap(modeld.engine, "sample", "sampling")
+        self._wrap(modeld.decode_chain, "sample", "sampling")
         step = engine._step
 
         def timed_step():
@@ -336,6 +342,8 @@ def main(argv=None) -> int:
     p.add_argument("--ratio", type=float, default=0.25)
     p.add_argument("--window", type=int, default=256)
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--variants", help="comma-separated indexes into VARIANTS to run (default: all; 1, the ratios' "
+                                      "reference, always runs): " + "; ".join(f"{i}: {v.name}" for i, v in enumerate(VARIANTS)))
     p.add_argument("--json", help="write the rows here too")
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -349,8 +357,9 @@ def main(argv=None) -> int:
     hf = None if args.skip_hf else hf_generate(args, prompts, ignore_eos=dummy)
     rows = []
     with memd_process(*memd_args(args.target, draft, args)) as memd:
-        for v in VARIANTS:
-            if v.dflash and draft is None:
+        chosen = set(range(len(VARIANTS))) if args.variants is None else {1, *map(int, args.variants.split(","))}
+        for i, v in enumerate(VARIANTS):
+            if (v.dflash and draft is None) or i not in chosen:
                 continue
             rows.append(run_variant(v, memd, args, prompts, ignore_eos=dummy))
             print(json.dumps(rows[-1]), flush=True)

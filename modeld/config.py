@@ -22,7 +22,7 @@ class ModeldConfig:
     chunked_prefill_size: int = 512
     decode_lookahead: int = 32  # decode positions memd grants ahead of need, so most steps make no memd call
     disable_cuda_graph: bool = False  # CUDA graphs of decode and verify steps (on CUDA only)
-    steps_per_replay: int = 4  # greedy decode steps (DFLASH: verify steps) one graph replay may run back to back
+    steps_per_replay: int = 4  # decode (greedy DFLASH: verify) steps a graph replay, or a chain of them, runs back to back
     speculative_disable_by_batch_size: int = 16  # DFLASH verifies only while fewer requests run (0: always)
     max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
     connect_timeout: float = 60.0
@@ -85,9 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-cuda-graph", action="store_true",
                    help="run every step eagerly (default on CUDA: decode and DFLASH verify steps replay CUDA graphs)")
     p.add_argument("--steps-per-replay", type=int, default=4,
-                   help="greedy decode steps (with DFLASH: verify steps) one CUDA graph replay may run back to back, "
-                        "each fed the last; a batch runs them when its every request holds the slots they reach "
-                        "(the decode lookahead). Tokens then stream in groups of that many steps; 1: one step a replay")
+                   help="decode steps (greedy DFLASH: verify steps) run back to back, each fed the last, before "
+                        "their tokens reach the host: in one CUDA graph replay for greedy batches, as a chain of "
+                        "one-step replays for requests that sample and for a target's plain decodes with a draft; a "
+                        "batch of 16 or more runs them when its every request holds the slots they reach (the decode "
+                        "lookahead). Tokens then stream in groups of that many steps; 1: one step at a time")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for memd at start")
     add_metrics_arguments(p)
     p.add_argument("--log-level", default="INFO")

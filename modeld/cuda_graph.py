@@ -76,14 +76,19 @@ class GraphRunner:
         return None if bucket is None else (bucket, q_lens[0])
 
     def steps_for(self, shape: tuple[int, int], requests: int, spare: int) -> int:
-        """Steps one replay runs for a greedy batch of `requests` in this (bucket, q) whose every request holds at
-        least `spare` positions beyond what it computed: the most with a graph whose k steps reach no further
-        (k * q <= spare); 1 for a batch smaller than `several_from`."""
+        """Steps one engine step runs for a batch of `requests` in this (bucket, q) whose every request holds at
+        least `spare` positions beyond what it computed: the most whose k steps reach no further (k * q <= spare),
+        for verify steps only with a graph of k greedy cycles (decode steps without a fused graph of k run as a
+        chain of one-step replays: modeld.decode_chain); 1 for a batch smaller than `several_from`."""
         bucket, q = shape
         if requests < self.several_from:
             return 1
-        graphs = self.decode_steps if q == 1 else self.cycle_graphs
-        return max([k for k in self.repeats if k * q <= spare and (bucket, k) in graphs], default=1)
+        fused = (lambda k: True) if q == 1 else (lambda k: (bucket, k) in self.cycle_graphs)
+        return max([k for k in self.repeats if k * q <= spare and fused(k)], default=1)
+
+    def has_decode_steps(self, bucket: int, k: int) -> bool:
+        """Whether one graph runs k greedy decode steps of this bucket (captured without DFLASH's taps only)."""
+        return (bucket, k) in self.decode_steps
 
     def load(self, host: np.ndarray) -> torch.Tensor:
         """Copies a step's packed inputs [fields, width] into the static array; returns the array. The staging

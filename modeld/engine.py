@@ -15,6 +15,7 @@ import grpc
 import torch
 
 from modeld import metrics
+from modeld.decode_chain import decode_chain
 from modeld.dflash import DflashWorker
 from modeld.memd_link import MemdLink
 from modeld.output import OutputProcessor
@@ -160,20 +161,26 @@ class Engine:
 
     def _run(self, items: list[StepItem]) -> list[tuple[StepItem, list[int], list[int]]]:
         """Draft (DFLASH), one target forward, sampling, acceptance: the tokens each item commits. Everything
-        stays on the device until one copy of the step's sampled tokens (and accepted lengths) to the host. A greedy
-        batch whose requests hold the slots may run several such steps in one graph replay (steps_ahead)."""
+        stays on the device until one copy of the step's sampled tokens (and accepted lengths) to the host. A batch
+        whose requests hold the slots may run several such steps before that copy (steps_ahead): greedy verify steps
+        and greedy decode steps in one graph replay, other decode steps as a chain of replays (decode_chain)."""
         inputs = self.runner.prepare(items)
         verify = inputs.verify
         greedy = all(item.req.params.greedy for item in items)
-        k = self.runner.steps_ahead(items, inputs) if greedy else 1
+        k = self.runner.steps_ahead(items, inputs)
         cycles = self.dflash.replay_greedy_cycles(inputs, k) if verify and greedy else None
         if cycles is not None:  # whole verify steps in one graph: per step, its tokens, then its committed lengths
             block, width = self.dflash.block, inputs.graph[0] * self.dflash.block
             host = cycles.tolist()
             return self._commit_tokens(items, [[row[i * block : i * block + row[width + i]] for row in host]
                                                for i in range(len(items))])
-        if k > 1:  # greedy decode steps in one graph: the argmax of each
-            host = self.runner.replay_decode_steps(inputs, k).tolist()
+        if k > 1 and not verify:  # decode steps back to back: one graph of k greedy steps, else a chain of replays
+            if greedy and self.runner.has_decode_steps(inputs, k):
+                steps = self.runner.replay_decode_steps(inputs, k)
+            else:
+                steps = decode_chain(self.runner, self.dflash, inputs, [item.req.params for item in items],
+                                     [item.req.generator for item in items], k)
+            host = steps.tolist()
             return self._commit_tokens(items, [[[row[i]] for row in host] for i in range(len(items))])
         drafts = self.dflash.propose_into(inputs, max(items[i].req.computed for i in verify)) if verify else None
         out = self.runner.forward(inputs)

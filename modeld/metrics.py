@@ -33,7 +33,8 @@ E2E = Histogram("modeld:e2e_request_latency_seconds", "From arrival to the end o
 STEP = Histogram("modeld:step_duration_seconds", "One engine step: schedule, forward, sample, output",
                  buckets=STEP_BUCKETS)
 STEPS_PER_REPLAY = Histogram("modeld:steps_per_replay",
-                             "Decode (or DFLASH verify) steps one engine step ran in one graph replay",
+                             "Decode (or DFLASH verify) steps one engine step ran before its tokens reached the host "
+                             "(one graph replay, or a chain of one-step replays)",
                              buckets=(1, 2, 4, 8, 16, 32))
 ACCEPT_LENGTH = Histogram("modeld:spec_decode_accept_length",
                           "DFLASH tokens per verify step of a finished request (bonus included)",

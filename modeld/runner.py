@@ -21,6 +21,7 @@ class StepInputs:
     draft_at: torch.Tensor  # [V * (block - 1)]: where the verify items' drafts go in input_ids
     verify: list[int]  # indexes of the verify items
     graph: tuple[int, int] | None  # (bucket, tokens per request) when a captured graph runs the step
+    packed: torch.Tensor  # [fields, width] on the device: the batch's tensors are views of its rows
 
     def verify_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The verify items' req_to_token rows, first new positions and last committed tokens, on the device."""
@@ -123,15 +124,21 @@ class ModelRunner:
             q_lens=dev[LENS, :n_batch], kv_lens=dev[KV_LENS, :n_batch], req_to_token=self.req_to_token,
             qo_indptr=dev[INDPTR, :n_batch],
         )
-        return StepInputs(batch, offsets, n_tok, dev[DRAFT_AT, : len(draft_at)], verify, graph)
+        return StepInputs(batch, offsets, n_tok, dev[DRAFT_AT, : len(draft_at)], verify, graph, dev)
 
     def steps_ahead(self, items: list[StepItem], inputs: StepInputs) -> int:
-        """Steps one replay may run for this batch of greedy requests: 1, or more when the step replays a graph, every
-        item samples its next token (a decode or verify, or the last token of a prompt) and every request holds the
-        positions the steps can reach (modeld.step_advance's invariant)."""
+        """Steps one engine step may run for this batch: 1, or more when the step replays a graph, every item samples
+        its next token (a decode or verify, or the last token of a prompt) and every request holds the positions the
+        steps can reach (modeld.step_advance's invariant). Verify steps run several only as greedy cycles."""
         if inputs.graph is None or any(item.num_tokens != item.req.pending and not item.verify for item in items):
             return 1
+        if inputs.verify and not all(item.req.params.greedy for item in items):
+            return 1
         return self.graphs.steps_for(inputs.graph, len(items), min(item.req.held - item.req.computed for item in items))
+
+    def has_decode_steps(self, inputs: StepInputs, k: int) -> bool:
+        """Whether one graph runs k greedy decode steps of the prepared batch."""
+        return inputs.graph is not None and self.graphs.has_decode_steps(inputs.graph[0], k)
 
     def replay_decode_steps(self, inputs: StepInputs, k: int) -> torch.Tensor:
         """k greedy decode steps of the prepared batch in one replay: the argmax of each [k, bucket]."""

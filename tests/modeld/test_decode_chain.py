@@ -1,0 +1,121 @@
+"""Decode steps chained on the device (modeld.decode_chain: each step's inputs made from the one before, one copy of
+the tokens at the end) against the same steps one at a time, each packed on the host, from the same pools and
+generators: the same tokens per step (greedy and seeded sampled requests in one batch), the same target K/V and,
+with a DFLASH draft, the same draft context K/V. On the CPU the forward is eager; on the GPU it replays the one-step
+graph of a padded bucket, and the padding request writes nothing."""
+
+import pathlib
+
+import pytest
+import torch
+
+from modeld.cuda_graph import GraphRunner
+from modeld.decode_chain import decode_chain
+from modeld.dflash import DflashWorker
+from modeld.draft import load_draft
+from modeld.engine import make_generator
+from modeld.loader import load_target
+from modeld.packed_inputs import FIELDS
+from modeld.request import Request
+from modeld.runner import ModelRunner
+from modeld.sampling import SamplingParams
+from modeld.scheduler import StepItem
+from tests.modeld.paged import PagedPools
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TARGET = ROOT / "bench" / "configs" / "smollm2-135m"
+DRAFT = ROOT / "modeld" / "default_draft"
+STEPS = 4
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=gpu)])
+def setup(request, tmp_path_factory):
+    device = request.param
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    folder = tmp_path_factory.mktemp("draft")
+    (folder / "config.json").write_text((DRAFT / "config.json").read_text())  # dummy weights from the config
+    model, _, cfg = load_target(str(TARGET), str(dtype).removeprefix("torch."), device, load_format="dummy")
+    draft = load_draft(str(folder), cfg, dtype, device, dummy=True)
+    pools = PagedPools(cfg, pages=64, page_size=16, max_requests=8, dtype=dtype)
+    rows = pools.kv.shape[2]
+    bound = {
+        "target_kv": pools.kv.to(device).nan_to_num_(0.0), "req_to_token": pools.req_to_token.to(device),
+        "draft_kv": torch.zeros((draft.config.num_hidden_layers, 2, rows, draft.config.num_key_value_heads,
+                                 draft.config.head_dim), dtype=dtype, device=device),
+        "target_to_draft": torch.arange(rows, dtype=torch.int32, device=device),  # slot s <-> draft slot s (0: none)
+    }
+    pools.kv, pools.req_to_token = bound["target_kv"], bound["req_to_token"]
+    worker = DflashWorker(draft, model, bound)
+    graphs = None
+    if device == "cuda":  # one-step graphs only for the draft's taps: a chain serves several steps
+        graphs = GraphRunner(8, (1, worker.block), FIELDS, "cuda", steps_per_replay=STEPS, several_from=1)
+    runner = ModelRunner(model, bound, device, taps=worker.taps, graphs=graphs)
+    if graphs is not None:
+        worker.use_graphs(graphs)
+    return device, model, cfg, pools, bound, worker, runner
+
+
+def prefilled(setup, rows, lengths, params):
+    """Requests whose prompts went through the target, leaving draft K/V, each holding STEPS positions ahead."""
+    device, model, cfg, pools, bound, worker, runner = setup
+    gen = torch.Generator().manual_seed(5)
+    reqs = []
+    for row, n, p in zip(rows, lengths, params):
+        req = Request(rid=f"r{row}", prompt_ids=torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist(), params=p)
+        req.row = row
+        inputs = runner.prepare([StepItem(req, n, row, pools.grow(row, n))])
+        out = runner.forward(inputs)
+        worker.after_forward(inputs, out, None, None)
+        req.output_ids.append(int(model.logits(out.hidden[-1:]).argmax()))
+        req.computed = n
+        pools.grow(row, STEPS)  # memd's grant: the positions the steps reach, in req_to_token
+        req.held = n + STEPS
+        reqs.append(req)
+    return reqs
+
+
+def decode_items(reqs, pools):
+    return [StepItem(r, 1, r.row, pools.req_to_token[r.row, r.computed : r.computed + 1].tolist()) for r in reqs]
+
+
+@pytest.mark.parametrize("with_draft", [True, False], ids=["draft-context", "plain"])
+def test_chained_steps_equal_steps_one_at_a_time(setup, with_draft):
+    device, model, cfg, pools, bound, worker, runner = setup
+    sampled = SamplingParams(temperature=0.8, top_p=0.95)
+    params = [SamplingParams(temperature=0), sampled, SamplingParams(temperature=1.0, top_k=20)]
+    first = 1 if with_draft else 4
+    reqs = prefilled(setup, rows=(first, first + 1, first + 2), lengths=(20, 37, 9), params=params)
+    seeds = (None, 11, 12)
+
+    def generators():
+        return [None if s is None else make_generator(s, device) for s in seeds]
+
+    dflash = worker if with_draft else None
+    before = {k: bound[k].clone() for k in ("target_kv", "draft_kv")}
+    inputs = runner.prepare(decode_items(reqs, pools))
+    if device == "cuda":
+        assert inputs.graph == (4, 1), "3 requests padded into the bucket of 4"
+        assert runner.steps_ahead(decode_items(reqs, pools), inputs) == STEPS
+        assert not runner.has_decode_steps(inputs, STEPS), "a target with taps has no fused graph of k steps"
+    chained = decode_chain(runner, dflash, inputs, params, generators(), STEPS).T.tolist()
+    after = {k: bound[k].clone() for k in before}
+    for k in before:
+        bound[k].copy_(before[k])  # in place: the graphs hold these addresses
+    gens, single = generators(), [[] for _ in reqs]
+    for _ in range(STEPS):
+        inputs = runner.prepare(decode_items(reqs, pools))
+        tokens = decode_chain(runner, dflash, inputs, params, gens, 1)[0].tolist()
+        for r, t, out in zip(reqs, tokens, single):
+            r.computed += 1
+            r.output_ids.append(t)
+            out.append(t)
+    assert chained == single
+    for k in after:
+        assert torch.equal(bound[k], after[k]), f"{k} after the chain differs from the steps one at a time"
+    if with_draft:
+        assert not torch.equal(bound["draft_kv"], before["draft_kv"]), "the steps wrote no draft context"
+    else:
+        assert torch.equal(bound["draft_kv"], before["draft_kv"]), "a chain without a draft wrote draft K/V"
+    assert bound["draft_kv"][:, :, 0].eq(0).all() and bound["target_kv"][:, :, 0].eq(0).all(), \
+        "something wrote the sink slot (a padding request writes nothing)"
