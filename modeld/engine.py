@@ -45,6 +45,9 @@ class Engine:
         self.live_lock = threading.Lock()
         self.stopped = threading.Event()
         self.listener: Callable[[list[Request]], None] | None = None
+        # called on the engine thread if it stops unasked (a bug past every handler): never die silently. In-process,
+        # health turns NOT_SERVING; modeld's engine process tells the front instead (modeld.engine_process).
+        self.on_death: Callable[[], None] = lambda: self.link.on_health(False)
         self.delivered: list[Request] = []  # requests given events in this pass, for the listener
         self.thread = threading.Thread(target=self._loop, name="modeld-engine", daemon=True)
 
@@ -107,7 +110,7 @@ class Engine:
             self._deliver()
         except BaseException:
             log.critical("the engine thread stopped", exc_info=True)
-            self.link.on_health(False)  # never die silently: health turns NOT_SERVING
+            self.on_death()
             raise
 
     def _deliver(self) -> None:

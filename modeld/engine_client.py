@@ -119,6 +119,8 @@ class EngineClient:
         if kind == "out":
             for rid, chunk, final in message[1]:
                 self._deliver(rid, chunk, final)
+        elif kind == "dead":  # the engine thread stopped unasked: its process exits within a second
+            self._engine_gone()
         elif kind == "health":
             self.memd_lost = not message[1]
             self.on_health(message[1])

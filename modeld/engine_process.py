@@ -7,6 +7,7 @@ The two talk over one duplex pipe of pickled tuples:
     engine -> front   ("ready", info, vocab_size, context_len, tokenizer)   ("failed", message)
                       ("out", [(rid, chunk or None, final or None), ...])  one message per engine pass
                       ("health", serving)   ("limits", info, context_len)   ("reply", qid, (running, waiting, spec))
+                      ("dead",)  the engine thread stopped unasked (the process exits within a second)
 A chunk is (ids, text or None, finished), the request's events of the pass merged; `final` (its last pass) holds
 what the complete message needs. The process ignores stop signals (the front stops it with "stop", and a front that
 is gone ends the pipe: EOF stops it too); stopping fails what still runs and closes memd's session."""
@@ -87,6 +88,7 @@ def run_engine(cfg: ModeldConfig, conn) -> None:
     engine, link = built.engine, built.link
     link.rebinders.append(lambda session, pools: send(("limits", dict(built.info), engine.output.context_len)))
     engine.listener = lambda requests: send(("out", outcomes(requests)))
+    engine.on_death = lambda: send(("dead",))  # the front fails what is open at once; this process exits after
     if cfg.metrics_port is not None:
         try:
             start_metrics(cfg.metrics_host, cfg.metrics_port, engine)
