@@ -2,14 +2,15 @@
 gRPC): what the serving front (Generate handlers, detokenization, one message per chunk) costs on top of the engine.
 
     python -m bench.grpc_streams [--concurrency 64,256] [--new-tokens 64] [--prompt-tokens 32] [--rounds 3]
-        [--device cpu] [--target bench/configs/tiny-host]
+        [--device cpu] [--target bench/configs/tiny-host] [--stream-intervals 1,4]
 
 A model so small that the forward is cheap (bench/configs/tiny-host, dummy weights; on the GPU --target
 bench/configs/smollm2-135m gives the default model's shape) with the default model's tokenizer, so handlers make text as they do for real; memd and modeld child processes, modeld as served (decode
 lookahead 32). Every request answers --new-tokens greedy tokens (ignore_eos) to random prompt ids, all sent at once
 from an asyncio client (client.aio) in this process. Rounds alternate between the daemons and the in-process engine
 (whose streams this process's main thread reads, as bench.host_overhead does). Prints per concurrency the median
-over rounds of both tokens/s, their ratio, and modeld's CPU seconds per 1,000 tokens (all its processes and threads).
+over rounds of both tokens/s, their ratio, and modeld's CPU seconds per 1,000 tokens (all its processes and threads);
+with several --stream-intervals, a modeld for each runs in every round (the in-process engine reads every token).
 """
 
 import argparse
@@ -81,35 +82,40 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--target", default=str(TINY), help="a folder with a config.json (dummy weights)")
+    p.add_argument("--stream-intervals", default="1", help="modeld's --stream-interval values to run, side by side")
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
+    intervals = [int(i) for i in args.stream_intervals.split(",")]
     prompts = random_prompts(max(levels), args.prompt_tokens)
     print(f"{pathlib.Path(args.target).name} (dummy weights) with the default model's tokenizer on the {args.device}, {args.prompt_tokens} "
           f"prompt + {args.new_tokens} new tokens a request, greedy, median of {args.rounds} rounds\n\n"
-          "| requests | through gRPC tok/s | in-process tok/s | gRPC / in-process | modeld CPU s / 1K tokens |\n"
-          "|---|---|---|---|---|")
+          "| requests | stream interval | through gRPC tok/s | in-process tok/s | gRPC / in-process | modeld CPU s / 1K tokens |\n"
+          "|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp, \
             run_memd(args.target, *many_requests_memd_flags(max(levels)), device=args.device) as memd:
         folder = model_with_tokenizer(pathlib.Path(args.target), pathlib.Path(tmp))
         cfg = ModeldConfig(device=args.device, memd=memd.address, target_model=str(folder), load_format="dummy",
                            decode_lookahead=32, speculative_algorithm="none")
-        results = {level: ([], [], []) for level in levels}
+        grpc_rates = {(level, i): ([], []) for level in levels for i in intervals}  # tokens/s, CPU s per 1K tokens
+        local_rates = {level: [] for level in levels}
         for k in range(args.rounds):
-            with run_modeld(memd, "--target-model", str(folder), "--load-format", "dummy", "--speculative-algorithm",
-                            "none", "--decode-lookahead", "32", device=args.device) as modeld:
-                asyncio.run(stream_all(modeld.address, prompts[:8], 8))  # warm-up
-                for level in levels:
-                    rate, cpu = through_grpc(modeld.address, modeld.proc.pid, prompts[:level], args.new_tokens)
-                    results[level][0].append(rate)
-                    results[level][2].append(cpu)
+            for interval in intervals:
+                with run_modeld(memd, "--target-model", str(folder), "--load-format", "dummy", "--speculative-algorithm",
+                                "none", "--decode-lookahead", "32", "--stream-interval", str(interval),
+                                device=args.device) as modeld:
+                    asyncio.run(stream_all(modeld.address, prompts[:8], 8))  # warm-up
+                    for level in levels:
+                        rate, cpu = through_grpc(modeld.address, modeld.proc.pid, prompts[:level], args.new_tokens)
+                        grpc_rates[(level, interval)][0].append(rate)
+                        grpc_rates[(level, interval)][1].append(cpu)
             with running_engine(cfg) as engine:
                 generate_all(engine, prompts[:8], 8, True, f"warm-{k}")
                 for level in levels:
                     tokens, seconds, _ = generate_all(engine, prompts[:level], args.new_tokens, True, f"c{level}-{k}")
-                    results[level][1].append(tokens / seconds)
-        for level, (grpc_rates, local_rates, cpus) in results.items():
-            g, local = statistics.median(grpc_rates), statistics.median(local_rates)
-            print(f"| {level} | {g:.0f} | {local:.0f} | {g / local:.2f} | {statistics.median(cpus):.3f} |")
+                    local_rates[level].append(tokens / seconds)
+        for (level, interval), (rates, cpus) in grpc_rates.items():
+            g, local = statistics.median(rates), statistics.median(local_rates[level])
+            print(f"| {level} | {interval} | {g:.0f} | {local:.0f} | {g / local:.2f} | {statistics.median(cpus):.3f} |")
     return 0
 
 

@@ -25,6 +25,7 @@ class ModeldConfig:
     steps_per_replay: int = 4  # decode (greedy DFLASH: verify) steps a graph replay, or a chain of them, runs back to back
     speculative_disable_by_batch_size: int = 16  # DFLASH verifies only while fewer requests run (0: always)
     max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
+    stream_interval: int = 1  # new tokens a stream's chunk waits for (the last goes when the request ends)
     connect_timeout: float = 60.0
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no metrics endpoint
@@ -49,6 +50,8 @@ class ModeldConfig:
             raise ValueError("--steps-per-replay must be >= 1")
         if self.speculative_disable_by_batch_size < 0:
             raise ValueError("--speculative-disable-by-batch-size must be >= 0")
+        if self.stream_interval < 1:
+            raise ValueError("--stream-interval must be >= 1")
         if self.max_open_streams is not None and self.max_open_streams < 1:
             raise ValueError("--max-open-streams must be >= 1")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
@@ -82,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-open-streams", type=int,
                    help="open Generate streams at once; more are refused with RESOURCE_EXHAUSTED "
                         "(default: 4 x memd's --max-running-requests)")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="new tokens a stream's chunk waits for before it is sent (a request's last chunk goes when it "
+                        "ends): larger values send fewer, larger messages, for more tokens/s over many streams at "
+                        "the cost of coarser streaming (default 1: every step's tokens as they come)")
     p.add_argument("--disable-cuda-graph", action="store_true",
                    help="run every step eagerly (default on CUDA: decode and DFLASH verify steps replay CUDA graphs)")
     p.add_argument("--steps-per-replay", type=int, default=4,
@@ -125,6 +132,7 @@ def config_from_args(argv=None) -> ModeldConfig:
         disable_cuda_graph=args.disable_cuda_graph,
         steps_per_replay=args.steps_per_replay,
         max_open_streams=args.max_open_streams,
+        stream_interval=args.stream_interval,
         connect_timeout=args.connect_timeout,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,

@@ -29,7 +29,7 @@ log = logging.getLogger("modeld")
 
 class Engine:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer, eos_ids: set[int], context_len: int,
-                 link: MemdLink, dflash: DflashWorker | None = None, trim_draft: bool = False):
+                 link: MemdLink, dflash: DflashWorker | None = None, trim_draft: bool = False, stream_interval: int = 1):
         self.runner = runner
         self.link = link
         self.dflash = dflash
@@ -37,7 +37,7 @@ class Engine:
         self.spec = {"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
         self.verifies_by_accepted = [0] * (dflash.block if dflash is not None else 0)  # [a]: verifies accepting a drafts
         self.scheduler = scheduler
-        self.output = OutputProcessor(tokenizer, eos_ids, context_len)
+        self.output = OutputProcessor(tokenizer, eos_ids, context_len, stream_interval)
         self.inbox: queue.Queue = queue.Queue()
         self.wake = threading.Event()
         self.requests: dict[str, Request] = {}  # the engine thread's own view
@@ -245,6 +245,7 @@ class Engine:
             self.verifies_by_accepted[n - 1] += 1
 
     def _complete(self, req: Request) -> None:
+        self.output.flush(req)  # an aborted request's tokens held back by the stream interval
         metrics.request_done(req)
         self.scheduler.remove(req)
         self.requests.pop(req.rid, None)

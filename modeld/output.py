@@ -1,6 +1,7 @@
 """Output processing: a step's sampled tokens join a request's output; stop rules (EOS, stop tokens, stop strings,
 max_new_tokens, the context) end it; new tokens are streamed to its gRPC handler as ("chunk", ids, text, finished)
-events, which it sends, merged with the chunks queued behind them, as one message (`take_events`). The engine
+events, which it sends, merged with the chunks queued behind them, as one message (`take_events`); with a stream
+interval above 1, a chunk waits until it holds that many new tokens (or the request ends). The engine
 thread detokenizes only requests with stop strings (their text decides when they stop; `text` is then their new
 text); for any other request `text` is None and its handler makes the text from the ids (modeld.detokenize)."""
 
@@ -11,10 +12,11 @@ from modeld.request import Finish, Request
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, eos_ids: set[int], context_len: int):
+    def __init__(self, tokenizer, eos_ids: set[int], context_len: int, stream_interval: int = 1):
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.context_len = context_len
+        self.stream_interval = stream_interval  # new tokens a chunk waits for (a finished request's last goes at once)
 
     def append(self, req: Request, tokens: list[int]) -> bool:
         """Commits tokens to the output, stopping at the first that finishes the request, and streams what is
@@ -30,18 +32,25 @@ class OutputProcessor:
                 req.finish = Finish("length")
             if req.finish is not None:
                 break
-        text = None
         if p.stop:  # the text decides: detokenized here
             if req.text_stream is None:
                 req.text_stream = TextStream(self.tokenizer, req.output_ids, p.stop)
             text, stop = req.text_stream.take(req.finish is not None)
+            req.unsent_text += text
             if stop is not None:
                 req.finish = stop
+        if req.finish is not None or len(req.output_ids) - req.sent_ids >= self.stream_interval:
+            self.flush(req)
+        return req.finish is not None
+
+    def flush(self, req: Request) -> None:
+        """Streams what the request has not streamed yet (its new ids; with stop strings, their text) as one chunk,
+        finished when the request is."""
         new_ids = req.output_ids[req.sent_ids :]
+        text = req.unsent_text if req.params.stop else None
         if req.stream and (text or new_ids):
             req.events.put(("chunk", new_ids, text, req.finish is not None))
-        req.sent_ids = len(req.output_ids)
-        return req.finish is not None
+        req.sent_ids, req.unsent_text = len(req.output_ids), ""
 
 
 def take_events(events: queue.SimpleQueue) -> tuple[tuple[list[int], str | None, bool] | None, bool]:

@@ -40,6 +40,7 @@ class Request:
     finish: Finish | None = None
     text_stream: object = None  # modeld.detokenize.TextStream of output_ids, made on the engine thread for stop strings
     sent_ids: int = 0  # output tokens already streamed
+    unsent_text: str = ""  # with stop strings: text of output tokens not streamed yet (the stream interval)
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # C-implemented: a put per step per request
     stream: bool = True  # False: only "complete" is read (in-process bulk generation): no chunk events, no text
     wakeup: object = None  # its gRPC handler's asyncio.Event, set on the handler's loop once events are queued

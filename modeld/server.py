@@ -114,7 +114,8 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     if worker is not None:
         link.rebinders.append(lambda session, pools: worker.bind(pools))
     engine = Engine(runner, scheduler, tokenizer, eos_token_ids(tokenizer, hf_config, cfg.target_model),
-                    limits.context_len, link, dflash=worker, trim_draft=limits.trim_draft)
+                    limits.context_len, link, dflash=worker, trim_draft=limits.trim_draft,
+                    stream_interval=cfg.stream_interval)
     info = dict(
         target_model=cfg.target_model, draft_model=cfg.draft_model or "", dtype=dtype, device=cfg.device,
         speculative_algorithm=cfg.speculative_algorithm, block_size=worker.block if worker else 0,

@@ -47,6 +47,13 @@ def test_steps_per_replay():
         config_from_args([*ADDRESSES, "--device", "cpu", "--steps-per-replay", "0"])
 
 
+def test_stream_interval():
+    assert config_from_args([*ADDRESSES, "--device", "cpu"]).stream_interval == 1
+    assert config_from_args([*ADDRESSES, "--device", "cpu", "--stream-interval", "8"]).stream_interval == 8
+    with pytest.raises(ValueError, match="--stream-interval must be >= 1"):
+        config_from_args([*ADDRESSES, "--device", "cpu", "--stream-interval", "0"])
+
+
 def test_speculation_off_from_a_batch_size():
     assert config_from_args([*ADDRESSES, "--device", "cpu"]).speculative_disable_by_batch_size == 16
     flags = [*ADDRESSES, "--device", "cpu", "--speculative-disable-by-batch-size"]

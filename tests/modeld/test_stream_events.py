@@ -83,13 +83,13 @@ class CountingTokenizer:
         return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
-def run_output(tokenizer, ids, stream: bool, stop=(), eos=frozenset({2}), max_new=64):
+def run_output(tokenizer, ids, stream: bool, stop=(), eos=frozenset({2}), max_new=64, interval=1):
     from modeld.output import OutputProcessor
     from modeld.request import Request
     from modeld.sampling import SamplingParams
 
     req = Request(rid="r", prompt_ids=[1], params=SamplingParams(max_new_tokens=max_new, stop=tuple(stop)), stream=stream)
-    out = OutputProcessor(tokenizer, set(eos), context_len=4096)
+    out = OutputProcessor(tokenizer, set(eos), context_len=4096, stream_interval=interval)
     for token in ids:
         if out.append(req, [token]):
             break
@@ -132,3 +132,33 @@ def test_the_engine_thread_detokenizes_only_requests_with_stop_strings(tokenizer
     counting = CountingTokenizer(tokenizer)  # a stop string: the engine thread must read the text
     _, chunks = run_output(counting, ids, True, stop=["zzz"], eos=frozenset(), max_new=len(ids))
     assert counting.calls > 0 and "".join(text for _, _, text, _ in chunks) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_a_stream_interval_sends_chunks_of_that_many_tokens_and_the_rest_at_the_end(tokenizer):
+    ids = tokenizer("Hello, the café in 東京 serves 🙂 crème brûlée, and nothing after this.")["input_ids"]
+    _, chunks = run_output(tokenizer, ids, True, eos=frozenset(), max_new=len(ids), interval=4)
+    assert [len(new_ids) for _, new_ids, _, _ in chunks] == [4] * (len(ids) // 4) + ([len(ids) % 4] if len(ids) % 4 else [])
+    assert [t for _, new_ids, _, _ in chunks for t in new_ids] == ids
+    assert chunks[-1][3] and not any(finished for *_, finished in chunks[:-1])
+    # with a stop string the engine thread's text is held back with its tokens, and all of it reaches the stream
+    req, chunks = run_output(tokenizer, ids, True, stop=["nothing"], eos=frozenset(), max_new=len(ids), interval=4)
+    assert req.finish.matched_stop == "nothing"
+    assert all(len(new_ids) == 4 for _, new_ids, _, _ in chunks[:-1]) and chunks[-1][3]
+    streamed = "".join(text for _, _, text, _ in chunks)
+    assert streamed == tokenizer.decode(req.output_ids, skip_special_tokens=True).split("nothing")[0]
+
+
+def test_an_aborted_request_gets_the_tokens_its_stream_interval_held_back(tokenizer):
+    from modeld.output import OutputProcessor
+    from modeld.request import Finish, Request
+    from modeld.sampling import SamplingParams
+
+    req = Request(rid="r", prompt_ids=[1], params=SamplingParams(max_new_tokens=64), stream=True)
+    out = OutputProcessor(tokenizer, set(), context_len=4096, stream_interval=8)
+    assert not out.append(req, [5, 6, 7])
+    assert req.events.empty(), "a chunk went before the interval filled"
+    req.finish = Finish("abort")
+    out.flush(req)
+    assert req.events.get_nowait() == ("chunk", [5, 6, 7], None, True)
+    out.flush(req)
+    assert req.events.empty(), "the held-back tokens were sent twice"
