@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-import modeld.decode_chain
 import modeld.engine
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
@@ -135,6 +134,7 @@ class Breakdown:
         self.current_calls = 0
         self.memd_idle = 0.0  # memd time of idle passes (releases flushed after the last step): no step's time
         self.memd_calls = 0  # calls the engine waited for
+        self.inside = False  # within a call timed whole (a decode chain): its parts are not timed apart
         self.undo = []
         runner, sched = engine.runner, engine.scheduler
         self._wrap(runner, "prepare", "forward")
@@ -156,7 +156,9 @@ class Breakdown:
         self._wrap(sched.session, "match_prefix", "memd")
         self._wrap(sched, "_await_answer", "memd", waited=lambda future: not future.done())  # a call sent ahead
         self._wrap(modeld.engine, "sample", "sampling")
-        self._wrap(modeld.decode_chain, "sample", "sampling")
+        # a chain of decode steps (sampling, the draft's context) counts as forward, timed whole: a synchronise
+        # inside it would stop the host from running ahead of the device, which is what a chain is for
+        self._wrap(modeld.engine, "decode_chain", "forward", whole=True)
         step = engine._step
 
         def timed_step():
@@ -176,13 +178,19 @@ class Breakdown:
         engine._step = timed_step
         self.undo.append(lambda: delattr(engine, "_step"))
 
-    def _wrap(self, owner, name, phase, waited=lambda *a: True):
+    def _wrap(self, owner, name, phase, waited=lambda *a: True, whole=False):
         original = getattr(owner, name)
 
         def timed(*a, **kw):
+            if self.inside:  # a part of a call timed whole
+                return original(*a, **kw)
             begin = time.perf_counter()
             self.current_calls += phase == "memd" and waited(*a)
-            out = original(*a, **kw)
+            self.inside = whole
+            try:
+                out = original(*a, **kw)
+            finally:
+                self.inside = False
             torch.cuda.synchronize()
             self.current[phase] += time.perf_counter() - begin
             return out
