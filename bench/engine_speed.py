@@ -32,7 +32,8 @@ from modeld.sampling import SamplingParams
 from modeld.server import build_engine
 
 SAMPLED_TEMPERATURE, SAMPLED_TOP_P = 0.8, 0.95  # the requests that sample (DFLASH's split path, not the greedy cycle)
-H200_BANDWIDTH = 4.8e12  # bytes/s, the datasheet's HBM3e figure (a device copy here measured about 4.3e12)
+# bytes/s, the datasheets' HBM figures by card name (an H200's device copy measured about 4.3e12); MBU is "-" on others
+BANDWIDTH = {"H200": 4.8e12, "H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12}
 CHAT = [
     "What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
     "Explain recursion to a child in two sentences.", "Why is the sky blue?", "Name a famous painting and its painter.",
@@ -51,6 +52,7 @@ class Variant:
     dflash: bool
     steps: int = 1  # decode (verify) steps a replay may run
     speculate_below: int = 0  # DFLASH verifies only while fewer requests run (0: always)
+    several_from: int = 16  # the smallest batch that runs several steps a replay (modeld's SEVERAL_STEPS_FROM_BATCH)
 
 
 VARIANTS = [
@@ -66,7 +68,22 @@ VARIANTS = [
     # context ran several steps as a chain (modeld.decode_chain)
     Variant("modeld DFLASH as served, one step at a time", graphs=True, lookahead=32, dflash=True, steps=1,
             speculate_below=16),
+    # several steps a replay at every batch size: fewer host gaps between a large model's steps at batch 1
+    Variant("modeld graphs + lookahead, 4 steps a replay from batch 1", graphs=True, lookahead=32, dflash=False,
+            steps=4, several_from=1),
 ]
+
+
+def bandwidth() -> float | None:
+    """The card's datasheet memory bandwidth (bytes/s), or None for a card not in BANDWIDTH."""
+    name = torch.cuda.get_device_name()
+    return next((bw for key, bw in BANDWIDTH.items() if key in name), None)
+
+
+def mbu(weight_bytes: int, steps_per_second: float) -> str:
+    """Model bandwidth utilisation: the weights read per second over the card's bandwidth."""
+    peak = bandwidth()
+    return "-" if peak is None else f"{weight_bytes * steps_per_second / peak:.0%}"
 
 
 def memd_args(target: str, draft: str | None, args) -> list[str]:
@@ -240,6 +257,8 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
                        steps_per_replay=v.steps, speculative_disable_by_batch_size=v.speculate_below)
     built = build_engine(cfg, lambda serving: None)
     engine = built.engine
+    if engine.runner.graphs is not None:
+        engine.runner.graphs.several_from = v.several_from
     engine.start()
     try:
         generate_all(engine, prompts[:2], 8, True, "warm")
@@ -307,6 +326,11 @@ def report(rows: list[dict], hf: float | None, args) -> str:
         xhf = f"{r['bs1'] / hf:.2f}" if hf else "-"
         lines.append(f"| {r['name']} | {accept} | {r['bs1']:.1f} | {xhf} | {r['bs1'] / plain['bs1']:.2f} | " + " | ".join(
             f"{r[f'c{c}']:.1f} | {r[f'c{c}'] / plain[f'c{c}']:.2f}" for c in cs) + " |")
+    peak = bandwidth()
+    lines += ["", f"MBU at batch 1 from its tokens/s (prompts' prefills and admissions included; the weights a step reads, "
+              f"{rows[0]['weight_bytes'] / 1e9:.2f} GB, over the datasheet's "
+              f"{'-' if peak is None else f'{peak / 1e12:.2f} TB/s'}): " + "; ".join(
+                  f"{r['name']} {mbu(r['weight_bytes'], r['bs1'])}" for r in rows if not r["accept"])]
     lines += ["", "Per-step breakdown (ms per decode step: a replay of k steps counts k, a DFLASH verify step one;"
               " separate runs that synchronise after each phase; memd between steps: the releases flushed on idle"
               " passes, per step, in no step's time):", "",
@@ -316,10 +340,10 @@ def report(rows: list[dict], hf: float | None, args) -> str:
     for r in rows:
         for c in (1, 16):
             b = r[f"breakdown{c}"]
-            mbu = f"{r['weight_bytes'] / (b['step'] / 1000) / H200_BANDWIDTH:.0%}" if c == 1 and not r["accept"] else "-"
+            step_mbu = mbu(r["weight_bytes"], 1000 / b["step"]) if c == 1 and not r["accept"] else "-"
             lines.append(f"| {r['name']} | {c} | {b['step']:.2f} | {b['forward']:.2f} | {b['draft']:.2f} | "
                          f"{b['sampling']:.2f} | {b['memd']:.3f} | {b['host']:.2f} | {b['memd'] / b['step']:.1%} | "
-                         f"{b['memd_calls_per_100_steps']:.1f} | {b['memd_idle']:.3f} | {mbu} |")
+                         f"{b['memd_calls_per_100_steps']:.1f} | {b['memd_idle']:.3f} | {step_mbu} |")
     lines += ["", f"Sampled requests (temperature {SAMPLED_TEMPERATURE}, top-p {SAMPLED_TOP_P}, seeded), same run:", "",
               "| config | accept length, batch 1 | batch 1 tok/s | x plain | accept length, 16 | 16 concurrent tok/s | x plain |",
               "|---|---|---|---|---|---|---|"]
