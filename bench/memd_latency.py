@@ -4,7 +4,8 @@ the GPU idle and with the GPU kept busy by another process's small kernels (as m
     python -m bench.memd_latency [--target bench/configs/llama3-8b] [--calls 200]
 
 Each call sequence is a request's admission and release: MatchPrefix, an Alloc of 16 tokens, a Free, after a
-gRPC health check on the same channel (what any call costs: the rest is memd's own work). Prints the median and
+gRPC health check on the same channel (what any call costs: the rest is memd's own work); as unary RPCs, then the
+same over the session's Calls stream (what modeld sends since the stream came). Prints the median and
 90th percentile of each call per configuration, in milliseconds. Then a burst of 16 arrivals (time_bursts): registered
 by 16 MatchPrefix calls in flight together or by one MatchPrefixBatch, and admitted (prompts granted) by a
 MatchPrefixBatch and an Alloc or by one MatchPrefixBatch whose items ask for their prompts. Without a GPU: the CPU
@@ -23,7 +24,8 @@ from bench.memd_process import memd_process
 from memd.attach import MemdSession
 from protos import memd_pb2
 
-CALLS = ("Health check (gRPC alone)", "MatchPrefix", "Alloc", "Free")
+CALLS = ("Health check (gRPC alone)", "MatchPrefix", "Alloc", "Free", "MatchPrefix, stream", "Alloc, stream",
+         "Free, stream")
 
 
 def keep_gpu_busy(ready, stop) -> None:
@@ -45,17 +47,28 @@ def time_calls(address: str, calls: int) -> dict[str, list[float]]:
         health = health_pb2_grpc.HealthStub(session.channel)
         for i in range(calls):
             rid = f"r{i}"
-            t = time.perf_counter()
+            t = [time.perf_counter()]
             health.Check(health_pb2.HealthCheckRequest())
-            t0 = time.perf_counter()
-            matched = session.match_prefix(rid, list(range(100, 116)))
-            t1 = time.perf_counter()
-            session.alloc(extends=[(rid, matched.cached_len, 16 - matched.cached_len)])
-            t2 = time.perf_counter()
-            session.free(finishes=[rid])
-            t3 = time.perf_counter()
-            for name, dt in zip(times, (t0 - t, t1 - t0, t2 - t1, t3 - t2)):
-                times[name].append(dt * 1e3)
+            t.append(time.perf_counter())
+            for sid, stub in ((session.session_id, session.stub), (None, None)):  # unary RPCs, then the Calls stream
+                ids = list(range(100, 116))
+                matched = (stub.MatchPrefix(memd_pb2.MatchPrefixRequest(session_id=sid, rid=rid, token_ids=ids)) if stub
+                           else session.match_prefix(rid, ids))
+                t.append(time.perf_counter())
+                grant = [(rid, matched.cached_len, 16 - matched.cached_len)]
+                if stub:
+                    stub.Alloc(memd_pb2.AllocRequest(session_id=sid, extends=[memd_pb2.ExtendOp(
+                        rid=r, prefix_len=p, num_tokens=n) for r, p, n in grant]))
+                else:
+                    session.alloc(extends=grant)
+                t.append(time.perf_counter())
+                if stub:
+                    stub.Free(memd_pb2.FreeRequest(session_id=sid, finish=[rid]))
+                else:
+                    session.free(finishes=[rid])
+                t.append(time.perf_counter())
+            for name, begin, end in zip(times, t, t[1:]):
+                times[name].append((end - begin) * 1e3)
     return times
 
 

@@ -13,6 +13,7 @@ import threading
 import grpc
 import torch
 
+from memd.calls_client import CallStream
 from memd.segments import open_segment
 from memd.sockets import CHANNEL_OPTIONS
 from protos import memd_pb2, memd_pb2_grpc
@@ -76,6 +77,7 @@ class MemdSession:
             self.channel.close()
             raise
         self.stub = memd_pb2_grpc.MemdStub(self.channel)
+        self.calls = CallStream(self.stub.Calls)  # Alloc, Free and the matches: over one stream, not a unary RPC each
         attach = memd_pb2.AttachRequest(client_name=client_name, writes_draft_kv=writes_draft_kv,
                                         model_fingerprint=model_fingerprint)
         self._events = self.stub.Attach(attach)
@@ -106,7 +108,7 @@ class MemdSession:
         `extension` (when there was room) grants [cached_len, extend_to) too."""
         request = memd_pb2.MatchPrefixRequest(session_id=self.session_id, rid=rid, token_ids=list(token_ids),
                                               extend_to=extend_to)
-        return self.stub.MatchPrefix(request, timeout=timeout)
+        return self.calls.submit("match_prefix", request, timeout).result()
 
     def match_prefix_batch(self, items, timeout: float = 10.0) -> list[memd_pb2.MatchPrefixResponse]:
         """match_prefix for each (rid, token_ids[, extend_to]) in one round trip (a burst of arrivals), in order: the
@@ -115,7 +117,7 @@ class MemdSession:
         request = memd_pb2.MatchPrefixBatchRequest(session_id=self.session_id, items=[
             memd_pb2.MatchItem(rid=rid, token_ids=list(ids), extend_to=extend_to[0] if extend_to else 0)
             for rid, ids, *extend_to in items])
-        return list(self.stub.MatchPrefixBatch(request, timeout=timeout).matches)
+        return list(self.calls.submit("match_prefix_batch", request, timeout).result().matches)
 
     def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
         """One scheduler step: the releases (commits [(rid, length)], trims [rid or (rid, length)], finishes [rid], cache
@@ -126,20 +128,19 @@ class MemdSession:
             extends=[memd_pb2.ExtendOp(rid=r, prefix_len=p, num_tokens=n) for r, p, n in extends],
             grows=[memd_pb2.GrowOp(rid=r, num_tokens=n) for r, n in grows],
         )
-        return self.stub.Alloc(request, timeout=timeout)
+        return self.calls.submit("alloc", request, timeout).result()
 
     def alloc_async(self, grows=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
-        """Grows [(rid, n)] with releases (trims, finishes, cache as in alloc), sent without waiting: a future whose
-        result() is the AllocResponse (or raises its grpc.RpcError). The caller sends nothing else on the session
-        until it has the result."""
+        """Grows [(rid, n)] with releases (trims, finishes, cache as in alloc), sent without waiting: an answer whose
+        done() says whether memd answered and whose result() is the AllocResponse (or raises its grpc.RpcError)."""
         request = memd_pb2.AllocRequest(session_id=self.session_id, release=self._release((), trims, finishes, cache),
                                         grows=[memd_pb2.GrowOp(rid=r, num_tokens=n) for r, n in grows])
-        return self.stub.Alloc.future(request, timeout=timeout)
+        return self.calls.submit("alloc", request, timeout)
 
     def free(self, commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
         """Releases alone; `cache` [(rid, token_ids)]: finished requests whose first len(token_ids)
         positions go into the prefix cache (each rid also in `finishes`)."""
-        return self.stub.Free(self._release(commits, trims, finishes, cache), timeout=timeout)
+        return self.calls.submit("free", self._release(commits, trims, finishes, cache), timeout).result()
 
     def flush_cache(self, timeout: float = 10.0) -> memd_pb2.FlushCacheResponse:
         """Drop every cached prefix (FAILED_PRECONDITION while any session holds a request)."""
@@ -157,6 +158,7 @@ class MemdSession:
     def close(self) -> None:
         """End the lease; memd frees what this session held."""
         self._events.cancel()
+        self.calls.close()
         self._watcher.join(timeout=5)  # no thread may still be inside the stream when the channel goes
         self.channel.close()
 

@@ -19,17 +19,26 @@ log = logging.getLogger("memd")
 SCRAPE_TIMEOUT = 2.0
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
-RPC_DURATION = Histogram("memd:rpc_duration_seconds", "Time to answer one unary RPC (count: the calls)",
+RPC_DURATION = Histogram("memd:rpc_duration_seconds", "Time to answer one call, a unary RPC or a call of a "
+                         "Calls stream (count: the calls)",
                          ["method"], buckets=LATENCY_BUCKETS)
-RPC_ERRORS = Counter("memd:rpc_errors_total", "Unary RPCs answered with an error, by gRPC status",
+RPC_ERRORS = Counter("memd:rpc_errors_total", "Calls answered with an error, by gRPC status",
                      ["method", "code"])
 EVICTED_TOKENS = Counter("memd:prefix_cache_evicted_tokens_total",
                          "Cached tokens evicted to make room for an allocation, per side (target: the prefix and its "
                          "draft KV; draft: the draft KV only)", ["side"])
 
 
+def observe_rpc(method: str, seconds: float, code: grpc.StatusCode | None) -> None:
+    """One answered call: a unary RPC, or a call of a Calls stream (counted under its own method's name)."""
+    RPC_DURATION.labels(method).observe(seconds)
+    if code not in (None, grpc.StatusCode.OK):
+        RPC_ERRORS.labels(method, code.name).inc()
+
+
 class RpcTimer(grpc.aio.ServerInterceptor):
-    """Times every unary RPC and counts its error codes (Attach, a stream that lasts a session, is left out)."""
+    """Times every unary RPC and counts its error codes (Attach, a stream that lasts a session, is left out; a Calls
+    stream times its calls itself, through MemdService.observe)."""
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -43,10 +52,7 @@ class RpcTimer(grpc.aio.ServerInterceptor):
             try:
                 return await inner(request, context)
             finally:
-                RPC_DURATION.labels(method).observe(time.perf_counter() - start)
-                code = context.code()
-                if code not in (None, grpc.StatusCode.OK):
-                    RPC_ERRORS.labels(method, code.name).inc()
+                observe_rpc(method, time.perf_counter() - start, context.code())
 
         return grpc.unary_unary_rpc_method_handler(timed, handler.request_deserializer, handler.response_serializer)
 

@@ -1,7 +1,7 @@
 """A request that does not parse (a string that is not UTF-8, a corrupt message) is refused with INVALID_ARGUMENT and
 the parser's reason, instead of gRPC's INTERNAL "Exception deserializing request!". The interceptors (ParseGuard for a
-sync server, AsyncParseGuard for grpc.aio) parse each unary request themselves, so a handler only ever sees requests
-that parsed."""
+sync server, AsyncParseGuard for grpc.aio) parse each request themselves, so a handler of a single request only ever
+sees one that parsed; a handler of a request stream sees an Unparsable in its place."""
 
 import inspect
 
@@ -27,9 +27,15 @@ def tolerant(parse):
 
 
 def _guarded(handler, unary, streaming):
-    """handler with a tolerant parser and a behaviour that refuses what did not parse (unary requests only)."""
-    if handler is None or handler.request_streaming or handler.request_deserializer is None:
+    """handler with a tolerant parser and a behaviour that refuses what did not parse. A stream of requests (memd's
+    Calls) gets the tolerant parser alone: its handler meets an Unparsable among the requests and ends the stream."""
+    if handler is None or handler.request_deserializer is None:
         return handler
+    if handler.request_streaming:
+        if not handler.response_streaming:
+            return handler
+        return grpc.stream_stream_rpc_method_handler(handler.stream_stream, tolerant(handler.request_deserializer),
+                                                     handler.response_serializer)
     if handler.response_streaming:
         return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream),
                                                     tolerant(handler.request_deserializer), handler.response_serializer)

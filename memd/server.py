@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from memd.buffers import CudaBuffers, ShmBuffers
 from memd.config import MemdConfig, config_from_args
 from memd.limits import max_request_bytes
-from memd.metrics import RpcTimer, start_metrics
+from memd.metrics import RpcTimer, observe_rpc, start_metrics
 from memd.parse_guard import AsyncParseGuard
 from memd.plan import ConfigError, PoolPlan, log_plan, make_plan
 from memd.pools import build_pools
@@ -93,6 +93,8 @@ async def serve(cfg: MemdConfig, plan: PoolPlan, stop_signals: StopSignals) -> i
         timer = [RpcTimer()] if cfg.metrics_port is not None else []
         server = grpc.aio.server(interceptors=[AsyncParseGuard(), *timer], options=server_options(plan))
         service = MemdService(mgr, buffers, layout, cfg.strict, fatal)
+        if cfg.metrics_port is not None:
+            service.observe = observe_rpc
         memd_pb2_grpc.add_MemdServicer_to_server(service, server)
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

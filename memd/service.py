@@ -11,6 +11,7 @@ import grpc
 import numpy as np
 
 from memd.buffers import SharedBuffers
+from memd.call_stream import answer_calls
 from memd.errors import InvariantViolation, MemdError
 from memd.invariants import check_structure
 from memd.limits import CallLimits, check_attach
@@ -33,6 +34,7 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         self.shutdown_reason = ""
         self.sessions = SessionTable()
         self.limits = CallLimits(max_ops=mgr.max_requests, max_slots=mgr.max_requests * mgr.context_len)
+        self.observe = None  # with metrics on: observe(method, seconds, code) for each call of a Calls stream
 
     # ---- sessions -------------------------------------------------------------------
     async def Attach(self, request, context):
@@ -102,6 +104,11 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         matched = await self._run(context, self.mgr.match_prefix_batch, label,
                                   [(item.rid, list(item.token_ids), item.extend_to) for item in request.items])
         return memd_pb2.MatchPrefixBatchResponse(matches=[match_response(m) for m in matched])
+
+    async def Calls(self, request_iterator, context):
+        """Alloc, Free, MatchPrefix and MatchPrefixBatch calls over one stream (memd.call_stream)."""
+        async for answer in answer_calls(self, request_iterator, context, self.observe):
+            yield answer
 
     async def FlushCache(self, request, context):
         freed = await self._run(context, self.mgr.flush_cache)

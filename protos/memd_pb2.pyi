@@ -359,3 +359,41 @@ class CapacityResponse(_message.Message):
     epoch: int
     session_holdings: _containers.RepeatedCompositeFieldContainer[SessionHolding]
     def __init__(self, target: _Optional[_Union[PoolCapacity, _Mapping]] = ..., draft: _Optional[_Union[PoolCapacity, _Mapping]] = ..., has_draft: _Optional[bool] = ..., draft_kv_ratio: _Optional[float] = ..., draft_window: _Optional[int] = ..., page_size: _Optional[int] = ..., request_cap: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., sessions: _Optional[int] = ..., context_len: _Optional[int] = ..., epoch: _Optional[int] = ..., session_holdings: _Optional[_Iterable[_Union[SessionHolding, _Mapping]]] = ...) -> None: ...
+
+class Call(_message.Message):
+    __slots__ = ("seq", "alloc", "free", "match_prefix", "match_prefix_batch")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ALLOC_FIELD_NUMBER: _ClassVar[int]
+    FREE_FIELD_NUMBER: _ClassVar[int]
+    MATCH_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    MATCH_PREFIX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    alloc: AllocRequest
+    free: FreeRequest
+    match_prefix: MatchPrefixRequest
+    match_prefix_batch: MatchPrefixBatchRequest
+    def __init__(self, seq: _Optional[int] = ..., alloc: _Optional[_Union[AllocRequest, _Mapping]] = ..., free: _Optional[_Union[FreeRequest, _Mapping]] = ..., match_prefix: _Optional[_Union[MatchPrefixRequest, _Mapping]] = ..., match_prefix_batch: _Optional[_Union[MatchPrefixBatchRequest, _Mapping]] = ...) -> None: ...
+
+class CallError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CallAnswer(_message.Message):
+    __slots__ = ("seq", "alloc", "free", "match_prefix", "match_prefix_batch", "error")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ALLOC_FIELD_NUMBER: _ClassVar[int]
+    FREE_FIELD_NUMBER: _ClassVar[int]
+    MATCH_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    MATCH_PREFIX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    alloc: AllocResponse
+    free: FreeResponse
+    match_prefix: MatchPrefixResponse
+    match_prefix_batch: MatchPrefixBatchResponse
+    error: CallError
+    def __init__(self, seq: _Optional[int] = ..., alloc: _Optional[_Union[AllocResponse, _Mapping]] = ..., free: _Optional[_Union[FreeResponse, _Mapping]] = ..., match_prefix: _Optional[_Union[MatchPrefixResponse, _Mapping]] = ..., match_prefix_batch: _Optional[_Union[MatchPrefixBatchResponse, _Mapping]] = ..., error: _Optional[_Union[CallError, _Mapping]] = ...) -> None: ...

@@ -39,6 +39,11 @@ class MemdStub:
                 request_serializer=protos_dot_memd__pb2.AttachRequest.SerializeToString,
                 response_deserializer=protos_dot_memd__pb2.SessionEvent.FromString,
                 _registered_method=True)
+        self.Calls = channel.stream_stream(
+                '/memd.v1.Memd/Calls',
+                request_serializer=protos_dot_memd__pb2.Call.SerializeToString,
+                response_deserializer=protos_dot_memd__pb2.CallAnswer.FromString,
+                _registered_method=True)
         self.Alloc = channel.unary_unary(
                 '/memd.v1.Memd/Alloc',
                 request_serializer=protos_dot_memd__pb2.AllocRequest.SerializeToString,
@@ -80,6 +85,12 @@ class MemdServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Attach(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Calls(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -134,6 +145,11 @@ def add_MemdServicer_to_server(servicer, server):
                     servicer.Attach,
                     request_deserializer=protos_dot_memd__pb2.AttachRequest.FromString,
                     response_serializer=protos_dot_memd__pb2.SessionEvent.SerializeToString,
+            ),
+            'Calls': grpc.stream_stream_rpc_method_handler(
+                    servicer.Calls,
+                    request_deserializer=protos_dot_memd__pb2.Call.FromString,
+                    response_serializer=protos_dot_memd__pb2.CallAnswer.SerializeToString,
             ),
             'Alloc': grpc.unary_unary_rpc_method_handler(
                     servicer.Alloc,
@@ -198,6 +214,33 @@ class Memd:
             '/memd.v1.Memd/Attach',
             protos_dot_memd__pb2.AttachRequest.SerializeToString,
             protos_dot_memd__pb2.SessionEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Calls(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/memd.v1.Memd/Calls',
+            protos_dot_memd__pb2.Call.SerializeToString,
+            protos_dot_memd__pb2.CallAnswer.FromString,
             options,
             channel_credentials,
             insecure,
