@@ -3,7 +3,19 @@
 # issue's goals (tables in $OUT/engine_speed.md), then bench.step_profile at batch 1 and 16 ($OUT/profile-b*.txt;
 # about 80 s). Run it after every change to the engine's hot path. The suites' whole output: $OUT/suite-*.txt.
 # With the argument `suites`, the tests alone (a session that trains a draft and changed the hot path only a little).
+# With the argument `dummy`, on a bare machine (carry .whl only: no model parts, no set-up), what needs no real
+# weights: memd's round trip on the CUDA backend (GPU idle and busy, unary and over the Calls stream) and the 8B
+# geometry's engine speed and MBU (plain; 4 steps a replay from batch 1; DFLASH with the random 8B-shaped draft).
 export PYTHONPATH=/tmp/site:$PWD
+if [ "${1:-}" = dummy ]; then
+    pip install -q --target /tmp/site .whl/*.whl > /dev/null 2>&1
+    python3 -m bench.memd_latency --calls 300 > "$OUT/memd_latency.md" 2> "$OUT/memd_latency.log"; cat "$OUT/memd_latency.md"
+    python3 -m bench.engine_speed --target bench/configs/llama3-8b --draft bench/configs/llama3-8b-draft \
+        --load-format dummy --concurrency 16 --batch1 2 --new-tokens 256 --skip-hf --variants 1,2,3,5,7 \
+        > "$OUT/engine_speed_8b.md" 2> "$OUT/engine_speed_8b.log"
+    grep -v '^{' "$OUT/engine_speed_8b.md"
+    exit 0
+fi
 python3 -m pytest -q tests/kernels tests/modeld/test_cuda_graph.py tests/modeld/test_device_sampling.py \
     tests/dflash/test_dummy_draft.py tests/dflash/test_draft_serving.py tests/dflash/test_greedy_cycle_gpu.py \
     tests/dflash/test_draft_attention.py tests/modeld/test_decode_chain.py > "$OUT/suite-kernels.txt" 2>&1; tail -3 "$OUT/suite-kernels.txt"
