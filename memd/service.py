@@ -35,6 +35,7 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         self.sessions = SessionTable()
         self.limits = CallLimits(max_ops=mgr.max_requests, max_slots=mgr.max_requests * mgr.context_len)
         self.observe = None  # with metrics on: observe(method, seconds, code) for each call of a Calls stream
+        self.call_streams: set[asyncio.Task] = set()  # the tasks serving open Calls streams
 
     # ---- sessions -------------------------------------------------------------------
     async def Attach(self, request, context):
@@ -74,6 +75,8 @@ class MemdService(memd_pb2_grpc.MemdServicer):
     def notify_shutdown(self, reason: str) -> None:
         self.shutdown_reason = reason
         self.shutting_down.set()
+        for task in self.call_streams:  # each ends with UNAVAILABLE (Calls)
+            task.cancel()
 
     # ---- allocation -----------------------------------------------------------------
     async def Alloc(self, request, context):
@@ -106,9 +109,21 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         return memd_pb2.MatchPrefixBatchResponse(matches=[match_response(m) for m in matched])
 
     async def Calls(self, request_iterator, context):
-        """Alloc, Free, MatchPrefix and MatchPrefixBatch calls over one stream (memd.call_stream)."""
-        async for answer in answer_calls(self, request_iterator, context, self.observe):
-            yield answer
+        """Alloc, Free, MatchPrefix and MatchPrefixBatch calls over one stream (memd.call_stream). A shutdown ends
+        every open stream with UNAVAILABLE at once (the server's grace would otherwise wait for them)."""
+        if self.shutting_down.is_set():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is shutting down")
+        task = asyncio.current_task()
+        self.call_streams.add(task)
+        try:
+            async for answer in answer_calls(self, request_iterator, context, self.observe):
+                yield answer
+        except asyncio.CancelledError:
+            if not self.shutting_down.is_set():
+                raise
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is shutting down")
+        finally:
+            self.call_streams.discard(task)
 
     async def FlushCache(self, request, context):
         freed = await self._run(context, self.mgr.flush_cache)

@@ -157,3 +157,16 @@ def test_the_streams_calls_are_counted_under_their_own_method(memd):
     after = samples()
     assert after[allocs] - before.get(allocs, 0) == 2
     assert after[refused] - before.get(refused, 0) == 1
+
+
+def test_a_shutdown_ends_an_open_stream_with_unavailable_at_once(tmp_path):
+    with run_memd(tiny_target(tmp_path / "t"), *memd_args(budget=400_000, max_running=4, chunk=16),
+                  check_free=False) as m:
+        with MemdSession(m.address, "open") as s:
+            s.alloc(extends=[("r", 0, 4)])
+            stream = s.calls.stream
+            m.proc.send_signal(signal.SIGTERM)
+            stream.reader.join(timeout=10)
+            assert stream.ended.code() == grpc.StatusCode.UNAVAILABLE
+            assert stream.ended.details() == "memd is shutting down", "ended by memd, not by the server's grace"
+            assert m.proc.wait(timeout=10) == 0
