@@ -28,8 +28,8 @@ from modeld.detokenize import TextStream
 from modeld.engine import make_generator
 from modeld.fetch_default import ensure_default_model
 from modeld.request import Request
-from modeld.sampling import SamplingParams
-from modeld.server import build_engine
+from modeld.sampling_params import SamplingParams
+from modeld.engine_build import build_engine
 
 SAMPLED_TEMPERATURE, SAMPLED_TOP_P = 0.8, 0.95  # the requests that sample (DFLASH's split path, not the greedy cycle)
 # bytes/s, the datasheets' HBM figures by card name (an H200's device copy measured about 4.3e12); MBU is "-" on others

@@ -11,7 +11,8 @@ import time
 
 import torch
 
-from modeld.sampling import SamplingParams, sample
+from modeld.sampling import sample
+from modeld.sampling_params import SamplingParams
 
 SHAPES = [(1, 1), (16, 1), (64, 1), (1, 16), (16, 16), (64, 16)]  # (requests, rows per request)
 

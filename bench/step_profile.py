@@ -22,7 +22,7 @@ from bench.engine_speed import prompts_for, submit_requests
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
 from modeld.fetch_default import ensure_default_model
-from modeld.server import build_engine
+from modeld.engine_build import build_engine
 
 DEFAULT_DRAFT = "modeld/default_draft"
 HOST_OR_COPY = ("aten::", "cuda", "cuLaunch", "Memcpy", "Memset")  # profiler keys of host calls and copies

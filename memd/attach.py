@@ -1,4 +1,4 @@
-"""Client side of memd: open a session (a lease) and map memd's buffers into torch tensors.
+"""Client side of memd: open a session (a lease), make its calls, and map memd's buffers into torch tensors.
 
     with MemdSession("unix:///run/memd.sock", "modeld") as session:
         pools = session.map()            # name -> torch.Tensor, no copy
@@ -11,49 +11,10 @@ frees everything the session held.
 import threading
 
 import grpc
-import torch
 
 from memd.calls_client import CallStream
-from memd.segments import open_segment
 from memd.sockets import CHANNEL_OPTIONS
 from protos import memd_pb2, memd_pb2_grpc
-
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "int32": torch.int32}
-
-
-def map_buffer(desc: memd_pb2.BufferDesc) -> torch.Tensor:
-    """A zero-copy torch view of one shared buffer described by memd; SegmentError for a missing or short segment."""
-    dtype = TORCH_DTYPES[desc.dtype]
-    element = torch.empty((), dtype=dtype).element_size()
-    if desc.backend == "shm":  # the segment must exist at its full size: a client never creates one
-        flat = torch.frombuffer(open_segment(desc.shm_name, desc.size_bytes), dtype=dtype)
-    elif desc.backend == "cuda_ipc":
-        flat = _map_cuda(desc).view(dtype)
-    else:
-        raise ValueError(f"unknown buffer backend {desc.backend!r}")
-    return flat.as_strided(tuple(desc.shape), tuple(desc.strides), desc.offset_bytes // element)
-
-
-def _cuda_device_for(desc: memd_pb2.BufferDesc) -> int:
-    """Match by UUID: device ordinals differ between processes with different CUDA_VISIBLE_DEVICES."""
-    import cupy
-
-    for index in range(cupy.cuda.runtime.getDeviceCount()):
-        uuid = cupy.cuda.runtime.getDeviceProperties(index).get("uuid", b"")
-        if desc.device_uuid and (uuid.hex() if isinstance(uuid, bytes) else str(uuid)) == desc.device_uuid:
-            return index
-    return desc.device_id
-
-
-def _map_cuda(desc: memd_pb2.BufferDesc) -> torch.Tensor:
-    import cupy
-
-    device = _cuda_device_for(desc)
-    with cupy.cuda.Device(device):
-        ptr = cupy.cuda.runtime.ipcOpenMemHandle(desc.ipc_handle)
-        memory = cupy.cuda.UnownedMemory(ptr, desc.size_bytes, None, device)
-        raw = cupy.ndarray((desc.size_bytes,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0))
-    return torch.from_dlpack(raw)
 
 
 class MemdSession:
@@ -99,7 +60,10 @@ class MemdSession:
             pass
         self.lost.set()
 
-    def map(self) -> dict[str, torch.Tensor]:
+    def map(self) -> dict:
+        """name -> torch.Tensor for each of memd's buffers (memd.mapping: torch is imported by clients that map)."""
+        from memd.mapping import map_buffer
+
         return {desc.name: map_buffer(desc) for desc in self.layout.buffers}
 
     def match_prefix(self, rid: str, token_ids, extend_to: int = 0, timeout: float = 10.0) -> memd_pb2.MatchPrefixResponse:

@@ -13,7 +13,8 @@ so each step's slots are in req_to_token before the chain starts."""
 import torch
 
 from modeld.runner import ModelRunner, StepInputs
-from modeld.sampling import SamplingParams, sample
+from modeld.sampling import sample
+from modeld.sampling_params import SamplingParams
 from modeld.step_advance import advance_inputs
 
 

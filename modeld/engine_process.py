@@ -20,14 +20,12 @@ import threading
 
 from memd.plan import ConfigError
 from modeld.config import ModeldConfig
-from modeld.draft import DraftError
-from modeld.engine import make_generator
 from modeld.memd_link import StartupError
 from modeld.metrics import start_metrics
 from modeld.output import take_events
 from modeld.request import Request
 
-STARTUP_ERRORS = (StartupError, ConfigError, DraftError, FileNotFoundError, ValueError)
+STARTUP_ERRORS = (StartupError, ConfigError, FileNotFoundError, ValueError)  # a DraftError is a ValueError
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 log = logging.getLogger("modeld")
 
@@ -68,7 +66,7 @@ def engine_main(cfg: ModeldConfig, conn) -> None:
 
 
 def run_engine(cfg: ModeldConfig, conn) -> None:
-    from modeld.server import build_engine  # the process imports torch and the model code; the front need not
+    from modeld.engine_build import build_engine  # torch and the model code: imported here, never by the front
 
     lock = threading.Lock()  # the engine thread, memd's watcher and this thread all send
 
@@ -110,6 +108,8 @@ def run_engine(cfg: ModeldConfig, conn) -> None:
 def serve_front(cfg: ModeldConfig, conn, engine, send) -> None:
     """The front's commands, until "stop", the end of the pipe, or the end of the engine thread (then this process
     exits, and the front fails what was open and turns NOT_SERVING)."""
+    from modeld.engine import make_generator  # imported by run_engine's build_engine already: no cost here
+
     while True:
         try:
             if not conn.poll(1.0):

@@ -4,7 +4,7 @@ before any work (the prompt is not tokenized), and a message past MAX_REQUEST_BY
 
 from collections.abc import Sequence
 
-from modeld.sampling import InvalidRequest
+from modeld.sampling_params import InvalidRequest
 
 MAX_REQUEST_BYTES = 64 << 20  # gRPC receive bound: the text of a 128k-token context at 512 bytes a token
 MAX_REQUEST_ID_BYTES = 256  # memd bounds the ids it is sent (modeld's request ids) the same (memd.limits)

@@ -3,10 +3,12 @@
 import queue
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+from modeld.sampling_params import SamplingParams
 
-from modeld.sampling import SamplingParams
+if TYPE_CHECKING:  # the gRPC front builds requests too, and imports no torch
+    import torch
 
 
 @dataclass
@@ -22,7 +24,7 @@ class Request:
     rid: str
     prompt_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator | None = None
+    generator: "torch.Generator | None" = None
     output_ids: list[int] = field(default_factory=list)
     computed: int = 0  # positions whose K/V are in memd's pools
     in_memd: bool = False  # memd holds a row and slots for it

@@ -14,7 +14,7 @@ from modeld.engine_client import ENGINE_GONE, EngineClient
 from modeld.limits import check_request_id, check_stops, check_text_size, text_bytes_per_token
 from modeld.output import take_events
 from modeld.request import Request
-from modeld.sampling import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
+from modeld.sampling_params import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
 from protos import memd_pb2, memd_pb2_grpc, modeld_pb2, modeld_pb2_grpc
 
 CHAT_ROLES = ("system", "user", "assistant")

@@ -20,8 +20,8 @@ import time
 from modeld.config import ModeldConfig
 from modeld.engine import make_generator
 from modeld.request import Request
-from modeld.sampling import SamplingParams
-from modeld.server import build_engine
+from modeld.sampling_params import SamplingParams
+from modeld.engine_build import build_engine
 from train import chat, loops
 
 LOOP_CHECK_S = 1.0  # how often the answers in flight are looked at for a repetition loop

@@ -16,7 +16,7 @@ from modeld.loader import load_target
 from modeld.packed_inputs import FIELDS
 from modeld.request import Request
 from modeld.runner import ModelRunner
-from modeld.sampling import SamplingParams
+from modeld.sampling_params import SamplingParams
 from modeld.scheduler import StepItem
 from tests.modeld.paged import PagedPools
 

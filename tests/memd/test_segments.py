@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from memd import segments
-from memd.attach import MemdSession, map_buffer
+from memd.attach import MemdSession
+from memd.mapping import map_buffer
 from memd.segments import SHM_DIR, Segment, SegmentError, remove_stale_segments
 from protos import memd_pb2
 from tests.daemons import memd_args, run_memd

@@ -7,7 +7,8 @@ import torch
 
 from modeld import sampling
 from modeld.dflash import accept_lengths
-from modeld.sampling import InvalidRequest, SamplingParams, draw_chunks, sample
+from modeld.sampling import draw_chunks, sample
+from modeld.sampling_params import InvalidRequest, SamplingParams
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 FILTERS = [SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=0.6, seed=1),

@@ -10,8 +10,8 @@ import pytest
 from modeld.config import ModeldConfig
 from modeld.engine import make_generator
 from modeld.request import Request
-from modeld.sampling import SamplingParams
-from modeld.server import build_engine
+from modeld.sampling_params import SamplingParams
+from modeld.engine_build import build_engine
 from tests.daemons import is_idle, memd_args, run_memd
 
 def chained_steps(items, inputs) -> int:

@@ -28,7 +28,7 @@ from memd.invariants import check_structure
 from memd.service import release_from_message, request_slots
 from memd.slots import DraftMode, Release, SlotManager
 from modeld.request import Request
-from modeld.sampling import SamplingParams
+from modeld.sampling_params import SamplingParams
 from modeld.scheduler import Scheduler, StepItem
 from protos import memd_pb2
 

@@ -86,7 +86,7 @@ class CountingTokenizer:
 def run_output(tokenizer, ids, stream: bool, stop=(), eos=frozenset({2}), max_new=64, interval=1):
     from modeld.output import OutputProcessor
     from modeld.request import Request
-    from modeld.sampling import SamplingParams
+    from modeld.sampling_params import SamplingParams
 
     req = Request(rid="r", prompt_ids=[1], params=SamplingParams(max_new_tokens=max_new, stop=tuple(stop)), stream=stream)
     out = OutputProcessor(tokenizer, set(eos), context_len=4096, stream_interval=interval)
@@ -151,7 +151,7 @@ def test_a_stream_interval_sends_chunks_of_that_many_tokens_and_the_rest_at_the_
 def test_an_aborted_request_gets_the_tokens_its_stream_interval_held_back(tokenizer):
     from modeld.output import OutputProcessor
     from modeld.request import Finish, Request
-    from modeld.sampling import SamplingParams
+    from modeld.sampling_params import SamplingParams
 
     req = Request(rid="r", prompt_ids=[1], params=SamplingParams(max_new_tokens=64), stream=True)
     out = OutputProcessor(tokenizer, set(), context_len=4096, stream_interval=8)

@@ -1,0 +1,146 @@
+"""Wiring an engine wherever it runs (modeld's engine process, benchmarks, tests): attach to memd, load the target
+(and draft), check memd's pools against them, capture CUDA graphs, build the scheduler, runner and engine. The gRPC
+front (modeld.server) never imports this: it needs neither torch nor the model code."""
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from modeld.config import ModeldConfig
+from modeld.cuda_graph import GraphRunner
+from modeld.dflash import DflashWorker
+from modeld.draft import load_draft
+from modeld.engine import Engine
+from modeld.fingerprint import model_fingerprint
+from modeld.loader import load_target
+from modeld.memd_link import MemdLink, StartupError
+from modeld.packed_inputs import FIELDS
+from modeld.runner import ModelRunner
+from modeld.scheduler import Scheduler
+from modeld.service import eos_token_ids
+
+log = logging.getLogger("modeld")
+
+
+def check_layout(layout, hf_config, dtype: str) -> None:
+    """memd's pools must have the model's KV geometry and dtype."""
+    t = layout.target
+    heads = hf_config.num_attention_heads
+    want = (hf_config.num_hidden_layers, hf_config.num_key_value_heads, getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads)
+    if (t.layers, t.kv_heads, t.head_dim) != want:
+        raise StartupError(f"memd's target pool is (layers, kv_heads, head_dim) = {(t.layers, t.kv_heads, t.head_dim)}, the model needs {want}")
+    if layout.kv_dtype != dtype:
+        raise StartupError(f"memd's KV dtype is {layout.kv_dtype} but modeld runs {dtype}: start memd with --kv-cache-dtype {dtype}")
+
+
+def check_draft_pool(layout, draft) -> None:
+    """memd's draft pool must hold this draft's KV, for its window and block."""
+    if not layout.has_draft:
+        raise StartupError("memd has no draft pool: start memd with --draft-model (or modeld with --speculative-algorithm none)")
+    d, g = layout.draft, draft.config
+    if (d.layers, d.kv_heads, d.head_dim) != (g.num_hidden_layers, g.num_key_value_heads, g.head_dim):
+        raise StartupError(f"memd's draft pool is (layers, kv_heads, head_dim) = {(d.layers, d.kv_heads, d.head_dim)}, "
+                           f"the draft needs {(g.num_hidden_layers, g.num_key_value_heads, g.head_dim)}")
+    if layout.draft_kv_ratio < 1:
+        if None in draft.spec.windows:
+            raise StartupError("a draft with full-attention layers reads every position: it needs memd at --draft-kv-ratio 1")
+        if layout.draft_window < max(draft.spec.windows) - 1:
+            raise StartupError(f"memd keeps a draft window of {layout.draft_window} tokens, the draft reads "
+                               f"{max(draft.spec.windows) - 1}: start memd with --draft-window >= that")
+        if draft.spec.block_size > layout.draft_block_size:
+            raise StartupError(f"memd sized its request cap for blocks of {layout.draft_block_size}, "
+                               f"modeld would verify {draft.spec.block_size}")
+
+
+@dataclass
+class Built:
+    engine: Engine
+    link: MemdLink
+    info: dict
+    tokenizer: object
+    vocab_size: int
+
+
+def build_engine(cfg: ModeldConfig, set_health) -> Built:
+    """Attach to memd, load the target (and draft), capture CUDA graphs, wire the engine (not started)."""
+    link = MemdLink(cfg.memd, cfg.connect_timeout, set_health, writes_draft_kv=cfg.speculative_algorithm == "dflash")
+    layout = link.layout
+    dtype = layout.kv_dtype if cfg.dtype == "auto" else cfg.dtype
+    model, tokenizer, hf_config = load_target(cfg.target_model, dtype, cfg.device, cfg.load_format)
+    link.identify(model_fingerprint(model, hf_config, dtype, layout.kv_dtype))  # memd caches prefixes per model
+    layout = link.layout
+    draft = None
+    if cfg.speculative_algorithm == "dflash":
+        draft = load_draft(cfg.draft_model, hf_config, getattr(torch, dtype), cfg.device, cfg.num_draft_tokens,
+                           dummy=cfg.load_format == "dummy")
+
+    def check(new_layout) -> None:
+        check_layout(new_layout, hf_config, dtype)
+        if draft is not None:
+            check_draft_pool(new_layout, draft)
+
+    link.check = check
+    check(layout)
+    worker = DflashWorker(draft, model, link.pools) if draft is not None else None
+    limits = step_limits(cfg, layout, worker is not None)
+    scheduler = Scheduler(link.session, limits.max_running, limits.chunk, limits.context_len,
+                          worker.block if worker else 0, lookahead=limits.lookahead, async_top_ups=True,
+                          speculate_below=cfg.speculative_disable_by_batch_size)
+    graphs = None
+    if cfg.device == "cuda" and not cfg.disable_cuda_graph:
+        graphs = GraphRunner(layout.max_running_requests, (1, worker.block) if worker else (1,), FIELDS, cfg.device,
+                             steps_per_replay=cfg.steps_per_replay)
+    runner = ModelRunner(model, link.pools, cfg.device, taps=worker.taps if worker else (), graphs=graphs)
+    if worker is not None and graphs is not None:
+        worker.use_graphs(graphs)
+    link.rebinders += [lambda session, pools: scheduler.rebind(session), lambda session, pools: runner.bind(pools)]
+    if worker is not None:
+        link.rebinders.append(lambda session, pools: worker.bind(pools))
+    engine = Engine(runner, scheduler, tokenizer, eos_token_ids(tokenizer, hf_config, cfg.target_model),
+                    limits.context_len, link, dflash=worker, trim_draft=limits.trim_draft,
+                    stream_interval=cfg.stream_interval)
+    info = dict(
+        target_model=cfg.target_model, draft_model=cfg.draft_model or "", dtype=dtype, device=cfg.device,
+        speculative_algorithm=cfg.speculative_algorithm, block_size=worker.block if worker else 0,
+        vocab_size=hf_config.vocab_size, **layout_info(layout),
+    )
+
+    def apply_limits(session, pools) -> None:  # a re-attached memd may run with other settings
+        new = step_limits(cfg, session.layout, worker is not None)
+        scheduler.set_limits(new.max_running, new.chunk, new.context_len, new.lookahead, async_top_ups=True)
+        engine.trim_draft, engine.output.context_len = new.trim_draft, new.context_len
+        info.update(layout_info(session.layout))
+
+    link.rebinders.append(apply_limits)
+    return Built(engine, link, info, tokenizer, hf_config.vocab_size)
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    max_running: int
+    chunk: int  # prefill tokens per step
+    context_len: int
+    lookahead: int  # decode positions granted ahead
+    trim_draft: bool  # a bounded draft pool: out-of-window draft slots are trimmed
+
+
+def step_limits(cfg: ModeldConfig, layout, speculative: bool) -> StepLimits:
+    """What memd's layout allows a step: its request cap holds one prefill chunk of its size (never prefill more),
+    and its bounded draft pool is sized for its own decode lookahead."""
+    chunk = min(cfg.chunked_prefill_size, layout.chunked_prefill_size)
+    if chunk < cfg.chunked_prefill_size:
+        log.info("prefill chunk lowered to memd's %d tokens", chunk)
+    trim_draft = speculative and layout.draft_kv_ratio < 1
+    lookahead = cfg.decode_lookahead
+    if trim_draft and layout.decode_lookahead < lookahead:
+        lookahead = layout.decode_lookahead
+        log.info("decode lookahead lowered to memd's %d (its draft request cap holds no more)", lookahead)
+    return StepLimits(layout.max_running_requests, chunk, layout.context_len, lookahead, trim_draft)
+
+
+def layout_info(layout) -> dict:
+    """The part of GetInfo that memd's layout decides."""
+    return dict(draft_window=layout.draft_window, draft_kv_ratio=layout.draft_kv_ratio, page_size=layout.page_size,
+                max_running_requests=layout.max_running_requests, context_len=layout.context_len,
+                target_tokens=layout.target.tokens, draft_tokens=layout.draft.tokens)
