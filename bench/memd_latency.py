@@ -41,32 +41,31 @@ def keep_gpu_busy(ready, stop) -> None:
         torch.cuda.synchronize()
 
 
+def admit_and_release(session: MemdSession, rid: str, send) -> list[float]:
+    """A request's MatchPrefix, its Alloc up to 16 tokens and its Free, each sent as send(kind, request) answers it;
+    the clock after each."""
+    sid, ids, stamps = session.session_id, list(range(100, 116)), []
+    matched = send("match_prefix", memd_pb2.MatchPrefixRequest(session_id=sid, rid=rid, token_ids=ids))
+    stamps.append(time.perf_counter())
+    send("alloc", memd_pb2.AllocRequest(session_id=sid, extends=[memd_pb2.ExtendOp(
+        rid=rid, prefix_len=matched.cached_len, num_tokens=len(ids) - matched.cached_len)]))
+    stamps.append(time.perf_counter())
+    send("free", memd_pb2.FreeRequest(session_id=sid, finish=[rid]))
+    stamps.append(time.perf_counter())
+    return stamps
+
+
 def time_calls(address: str, calls: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {name: [] for name in CALLS}
     with MemdSession(address, "bench-memd-latency", writes_draft_kv=False) as session:
         health = health_pb2_grpc.HealthStub(session.channel)
+        unary = {"match_prefix": session.stub.MatchPrefix, "alloc": session.stub.Alloc, "free": session.stub.Free}
         for i in range(calls):
-            rid = f"r{i}"
             t = [time.perf_counter()]
             health.Check(health_pb2.HealthCheckRequest())
             t.append(time.perf_counter())
-            for sid, stub in ((session.session_id, session.stub), (None, None)):  # unary RPCs, then the Calls stream
-                ids = list(range(100, 116))
-                matched = (stub.MatchPrefix(memd_pb2.MatchPrefixRequest(session_id=sid, rid=rid, token_ids=ids)) if stub
-                           else session.match_prefix(rid, ids))
-                t.append(time.perf_counter())
-                grant = [(rid, matched.cached_len, 16 - matched.cached_len)]
-                if stub:
-                    stub.Alloc(memd_pb2.AllocRequest(session_id=sid, extends=[memd_pb2.ExtendOp(
-                        rid=r, prefix_len=p, num_tokens=n) for r, p, n in grant]))
-                else:
-                    session.alloc(extends=grant)
-                t.append(time.perf_counter())
-                if stub:
-                    stub.Free(memd_pb2.FreeRequest(session_id=sid, finish=[rid]))
-                else:
-                    session.free(finishes=[rid])
-                t.append(time.perf_counter())
+            t += admit_and_release(session, f"r{i}", lambda kind, request: unary[kind](request, timeout=10))
+            t += admit_and_release(session, f"r{i}", lambda kind, request: session.calls.submit(kind, request, 10).result())
             for name, begin, end in zip(times, t, t[1:]):
                 times[name].append((end - begin) * 1e3)
     return times
