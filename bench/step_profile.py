@@ -3,8 +3,8 @@ engine in this process (CUDA graphs as served), the ops by their own device time
 per step the wall time against the device's busy time (a step whose device time is well under its wall time is
 host-bound).
 
-    python -m bench.step_profile [--target DIR] [--draft DIR] [--batch 1] [--new-tokens 64] [--rows 20]
-        [--device cuda|cpu] [--steps-per-replay 1]
+    python -m bench.step_profile [--target DIR] [--load-format dummy] [--draft DIR] [--batch 1] [--new-tokens 64]
+        [--rows 20] [--device cuda|cpu] [--steps-per-replay 1]
 
 One memd (a child process) serves both configurations in turn; requests are `--batch` chat prompts generating
 `--new-tokens` each (EOS ignored), after a warm-up that leaves graphs captured and kernels compiled. The engine's
@@ -49,7 +49,8 @@ def run_in_this_thread(engine, prompts: list[list[int]], new_tokens: int, tag: s
 
 
 def profile_config(memd: str, args, prompts, dflash: bool) -> str:
-    cfg = ModeldConfig(device=args.device, memd=memd, target_model=args.target, steps_per_replay=args.steps_per_replay,
+    cfg = ModeldConfig(device=args.device, memd=memd, target_model=args.target,
+                       load_format=args.load_format, steps_per_replay=args.steps_per_replay,
                        draft_model=args.draft if dflash else None, speculative_algorithm="dflash" if dflash else "none")
     built = build_engine(cfg, lambda serving: None)
     engine = built.engine
@@ -82,6 +83,7 @@ def profile_config(memd: str, args, prompts, dflash: bool) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.step_profile", description=__doc__.splitlines()[0])
     p.add_argument("--target", help="default: the converted default model")
+    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto", help="dummy: random weights (8B)")
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=64)
@@ -90,9 +92,10 @@ def main(argv=None) -> int:
     p.add_argument("--steps-per-replay", type=int, default=1, help="modeld's (default here 1: a step is one forward)")
     args = p.parse_args(argv)
     args.target = args.target or str(ensure_default_model())
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
-    prompts = prompts_for(AutoTokenizer.from_pretrained(args.target), 0, max(args.batch, 2))
+    tokenizer = None if args.load_format == "dummy" else AutoTokenizer.from_pretrained(args.target)
+    prompts = prompts_for(tokenizer, AutoConfig.from_pretrained(args.target).vocab_size, max(args.batch, 2))
     with memd_process(*memd_flags(args)) as memd:
         for dflash in (False, True):
             print(profile_config(memd, args, prompts, dflash), flush=True)

@@ -8,7 +8,7 @@
 # geometry's engine speed and MBU (plain; 4 steps a replay from batch 1; DFLASH with the random 8B-shaped draft).
 export PYTHONPATH=/tmp/site:$PWD
 if [ "${1:-}" = dummy ]; then
-    pip install -q --target /tmp/site .whl/*.whl > /dev/null 2>&1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     python3 -m bench.memd_latency --calls 300 > "$OUT/memd_latency.md" 2> "$OUT/memd_latency.log"; cat "$OUT/memd_latency.md"
     timeout 400 python3 -m bench.engine_speed --target bench/configs/llama3-8b --draft bench/configs/llama3-8b-draft \
         --load-format dummy --concurrency 16 --batch1 2 --new-tokens 256 --skip-hf --variants 1,2,3,5,7 \
