@@ -96,10 +96,15 @@ def memd_args(target: str, draft: str | None, args) -> list[str]:
     return flags
 
 
-def prompts_for(tokenizer, vocab: int, count: int) -> list[list[int]]:
-    if tokenizer is None:
+def prompts_for(target: str, load_format: str, count: int) -> list[list[int]]:
+    """`count` chat prompts in the target's template; with dummy weights, random ids of its vocabulary (seeded)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if load_format == "dummy":
         gen = torch.Generator().manual_seed(0)
+        vocab = AutoConfig.from_pretrained(target).vocab_size
         return [torch.randint(100, vocab, (24,), generator=gen).tolist() for _ in range(count)]
+    tokenizer = AutoTokenizer.from_pretrained(target)
     return [tokenizer.apply_chat_template([{"role": "user", "content": CHAT[i % len(CHAT)]}], add_generation_prompt=True,
                                           tokenize=True, return_dict=False) for i in range(count)]
 
@@ -293,10 +298,7 @@ def main(argv=None) -> int:
     args.target = args.target or str(ensure_default_model())
     draft = None if args.draft == "none" else args.draft
     dummy = args.load_format == "dummy"
-    from transformers import AutoConfig, AutoTokenizer
-
-    tokenizer = None if dummy else AutoTokenizer.from_pretrained(args.target)
-    prompts = prompts_for(tokenizer, AutoConfig.from_pretrained(args.target).vocab_size, max(args.concurrency))
+    prompts = prompts_for(args.target, args.load_format, max(args.concurrency))
     hf = None if args.skip_hf else hf_generate(args, prompts, ignore_eos=dummy)
     rows = []
     with memd_process(*memd_args(args.target, draft, args)) as memd:

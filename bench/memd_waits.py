@@ -86,10 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, default=16)
     args = p.parse_args(argv)
     target = args.target or str(ensure_default_model())
-    from transformers import AutoConfig, AutoTokenizer
-
-    prompts = prompts_for(AutoTokenizer.from_pretrained(target), AutoConfig.from_pretrained(target).vocab_size,
-                          max(args.batch1, args.concurrency))
+    prompts = prompts_for(target, "auto", max(args.batch1, args.concurrency))
     memd_flags = ["--device", args.device, "--target-model", target, "--max-running-requests", str(args.concurrency),
                   "--max-total-tokens", "65536", "--draft-model", "none"]
     print(f"engine as served (lookahead 32, calls sent ahead), {args.new_tokens} new tokens at most, greedy, "

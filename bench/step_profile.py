@@ -92,10 +92,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps-per-replay", type=int, default=1, help="modeld's (default here 1: a step is one forward)")
     args = p.parse_args(argv)
     args.target = args.target or str(ensure_default_model())
-    from transformers import AutoConfig, AutoTokenizer
-
-    tokenizer = None if args.load_format == "dummy" else AutoTokenizer.from_pretrained(args.target)
-    prompts = prompts_for(tokenizer, AutoConfig.from_pretrained(args.target).vocab_size, max(args.batch, 2))
+    prompts = prompts_for(args.target, args.load_format, max(args.batch, 2))
     with memd_process(*memd_flags(args)) as memd:
         for dflash in (False, True):
             print(profile_config(memd, args, prompts, dflash), flush=True)
