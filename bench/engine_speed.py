@@ -53,6 +53,7 @@ class Variant:
     steps: int = 1  # decode (verify) steps a replay may run
     speculate_below: int = 0  # DFLASH verifies only while fewer requests run (0: always)
     several_from: int = 16  # the smallest batch that runs several steps a replay (modeld's SEVERAL_STEPS_FROM_BATCH)
+    skinny: bool = True  # projections of <= 16 rows through the skinny Triton kernel (False: cuBLAS)
 
 
 VARIANTS = [
@@ -71,6 +72,11 @@ VARIANTS = [
     # several steps a replay at every batch size: fewer host gaps between a large model's steps at batch 1
     Variant("modeld graphs + lookahead, 4 steps a replay from batch 1", graphs=True, lookahead=32, dflash=False,
             steps=4, several_from=1),
+    # the projections of a few rows on cuBLAS, as before the skinny kernel (batch 1 and one request's DFLASH block)
+    Variant("modeld graphs + lookahead, cuBLAS for few rows (before)", graphs=True, lookahead=32, dflash=False,
+            skinny=False),
+    Variant("modeld DFLASH as served, cuBLAS for few rows (before)", graphs=True, lookahead=32, dflash=True, steps=4,
+            speculate_below=16, skinny=False),
 ]
 
 
@@ -170,7 +176,8 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
     cfg = ModeldConfig(device="cuda", memd=memd, target_model=args.target, load_format=args.load_format,
                        draft_model=args.draft if v.dflash else None, speculative_algorithm="dflash" if v.dflash else "none",
                        decode_lookahead=v.lookahead, disable_cuda_graph=not v.graphs, chunked_prefill_size=2048,
-                       steps_per_replay=v.steps, speculative_disable_by_batch_size=v.speculate_below)
+                       steps_per_replay=v.steps, speculative_disable_by_batch_size=v.speculate_below,
+                       disable_skinny_linear=not v.skinny)
     built = build_engine(cfg, lambda serving: None)
     engine = built.engine
     if engine.runner.graphs is not None:

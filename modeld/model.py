@@ -4,7 +4,9 @@ Numerics follow Hugging Face's (fp32 RMSNorm statistics, cos/sin in fp32 cast to
 the logits tests compare against. For speed the layers run fused: one q|k|v and one gate|up projection (the
 checkpoint's separate matrices are concatenated at load, `fuse_checkpoint`), residual add + RMSNorm in one kernel,
 rotary from a table computed once and applied in the launch that writes K/V into the pool, and every step's shapes
-free of host syncs, so a decode forward can be captured in a CUDA graph (modeld/cuda_graph.py).
+free of host syncs, so a decode forward can be captured in a CUDA graph (modeld/cuda_graph.py). A layer's projections
+of at most 16 rows on a GPU (a batch-1 decode step, one request's DFLASH block) run the skinny Triton kernel where it
+beats cuBLAS (modeld/kernels/skinny_linear.py); more rows, cuBLAS.
 """
 
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from modeld.kernels.attention import paged_attention
 from modeld.kernels.fused import rms_norm, silu_mul
 from modeld.kernels.rotary_store import rotary_store
+from modeld.kernels.skinny_linear import linear
 
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -52,6 +55,15 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, residual)
 
 
+class RowLinear(nn.Linear):
+    """nn.Linear whose few-row inputs on a GPU go through the skinny kernel while `skinny` is on (CausalLM's switch)."""
+
+    skinny = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias) if self.skinny else super().forward(x)
+
+
 def head_dim_of(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
@@ -66,8 +78,8 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         bias = cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False))
         self.split = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.split), bias=bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bool(getattr(cfg, "attention_bias", False)))
+        self.qkv_proj = RowLinear(cfg.hidden_size, sum(self.split), bias=bias)
+        self.o_proj = RowLinear(self.heads * self.head_dim, cfg.hidden_size, bias=bool(getattr(cfg, "attention_bias", False)))
         self.qk_norm = cfg.model_type == "qwen3"
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -110,8 +122,8 @@ class FusedMLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         bias = bool(getattr(cfg, "mlp_bias", False))
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        self.gate_up_proj = RowLinear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=bias)
+        self.down_proj = RowLinear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
         if cfg.hidden_act != "silu":
             raise ValueError(f"unsupported hidden_act {cfg.hidden_act!r}")
 
@@ -175,6 +187,12 @@ class CausalLM(nn.Module):
             self.rope_table = hf_rope_table(self.model.rotary_emb, self.config.max_position_embeddings, positions.device)
         cos, sin = self.rope_table
         return cos[positions].to(dtype), sin[positions].to(dtype)
+
+    def use_skinny_linear(self, on: bool) -> None:
+        """Whether the layers' projections of a few rows run the skinny kernel (on) or cuBLAS; capture graphs after."""
+        for module in self.modules():
+            if isinstance(module, RowLinear):
+                module.skinny = on
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_pool: torch.Tensor, capture_layers=()):
