@@ -61,10 +61,15 @@ class MemdSession:
         self.lost.set()
 
     def map(self) -> dict:
-        """name -> torch.Tensor for each of memd's buffers (memd.mapping: torch is imported by clients that map)."""
-        from memd.mapping import map_buffer
+        """name -> torch.Tensor for each of memd's buffers (memd.mapping: torch is imported by clients that map), and
+        on the GPU "tables_written" -> memd's event, which a stream waits on before it reads a table a reply told of."""
+        from memd.mapping import map_buffer, open_tables_written
 
-        return {desc.name: map_buffer(desc) for desc in self.layout.buffers}
+        pools = {desc.name: map_buffer(desc) for desc in self.layout.buffers}
+        event = open_tables_written(self.layout)
+        if event is not None:
+            pools["tables_written"] = event
+        return pools
 
     def match_prefix(self, rid: str, token_ids, extend_to: int = 0, timeout: float = 10.0) -> memd_pb2.MatchPrefixResponse:
         """Start request `rid` from the longest cached prefix of `token_ids`: it holds positions

@@ -2,7 +2,9 @@
 
 Two backends: POSIX shared memory files under /dev/shm (CPU; memd.segments keeps their life) and
 cudaMalloc'd device memory exported as legacy CUDA IPC handles (GPU). memd writes only the int32
-tables (target->draft mapping, req_to_token); it never touches KV bytes after zeroing them.
+tables (target->draft mapping, req_to_token); it never touches KV bytes after zeroing them. On the GPU a
+call's table writes are published by an inter-process event (`tables_written_event`) that clients'
+streams wait on: memd's reply does not wait for the GPU, which modeld's steps keep busy.
 """
 
 import abc
@@ -29,6 +31,7 @@ class SharedBuffers(abc.ABC):
     def __init__(self):
         self.descs: list[memd_pb2.BufferDesc] = []
         self.tables: dict[str, np.ndarray] = {}
+        self.tables_written_event = b""  # cuda_ipc: the IPC handle clients wait on (Layout.tables_written_event)
 
     def create_kv(self, name: str, dtype: str, shape: list[int]) -> None:
         """A KV buffer, zero-filled. memd keeps no view of it."""
@@ -55,7 +58,8 @@ class SharedBuffers(abc.ABC):
         """Make a host-side table write visible in the shared buffer."""
 
     def sync(self) -> None:
-        """Block until every write is visible to clients."""
+        """Publish the call's writes: visible to clients now (shm), or to client streams that wait on
+        tables_written_event from now on (cuda_ipc)."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -112,6 +116,9 @@ class CudaBuffers(SharedBuffers):
         self.memory: dict[str, object] = {}
         self.device_tables: dict[str, object] = {}
         self.dirty: dict[str, list[np.ndarray]] = {}
+        with self.device:  # recorded after every call's scatters; clients open it from its handle
+            self.written = cupy.cuda.Event(block=False, disable_timing=True, interprocess=True)
+            self.tables_written_event = bytes(cupy.cuda.runtime.ipcGetEventHandle(self.written.ptr))
 
     def _allocate(self, name, dtype, shape):
         cupy = self.cupy
@@ -131,9 +138,10 @@ class CudaBuffers(SharedBuffers):
         self.dirty.setdefault(name, []).append(flat_idx)
 
     def sync(self):
-        """One scatter per table per call. The host mirror holds the final value of every
-        index, so an index written twice in one call (freed, then reused) ends right. Before the
-        reply, memd waits for its own stream (the scatters) only: never for the whole device."""
+        """One scatter per table per call, then the event recorded behind them: a client stream that
+        waits on it after the reply runs after the scatters (stream order on memd's side; the record
+        precedes the client's wait in time). The host mirror holds the final value of every index, so
+        an index written twice in one call (freed, then reused) ends right. memd's host never waits."""
         cupy = self.cupy
         with self.device:
             for name, parts in self.dirty.items():
@@ -141,9 +149,11 @@ class CudaBuffers(SharedBuffers):
                 values = self.tables[name].reshape(-1)[idx]
                 self.device_tables[name].reshape(-1)[cupy.asarray(idx)] = cupy.asarray(values)
             self.dirty.clear()
-            cupy.cuda.get_current_stream().synchronize()
+            self.written.record()
 
     def close(self):
         self.sync()
+        with self.device:  # the last scatters finish before their memory is freed
+            self.written.synchronize()
         self.device_tables.clear()
         self.memory.clear()  # cudaFree; importers' mappings keep nothing alive by contract

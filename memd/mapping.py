@@ -1,5 +1,5 @@
 """Zero-copy torch views of memd's shared buffers: /dev/shm segments, or CUDA IPC allocations opened with CuPy and
-handed to torch through DLPack."""
+handed to torch through DLPack; and, on the GPU, memd's tables-written event opened as a torch event."""
 
 import torch
 
@@ -42,3 +42,11 @@ def _map_cuda(desc: memd_pb2.BufferDesc) -> torch.Tensor:
         memory = cupy.cuda.UnownedMemory(ptr, desc.size_bytes, None, device)
         raw = cupy.ndarray((desc.size_bytes,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0))
     return torch.from_dlpack(raw)
+
+
+def open_tables_written(layout: memd_pb2.Layout) -> torch.cuda.Event | None:
+    """memd's tables-written event (cuda_ipc), for client streams to wait on before reading a table; None for shm."""
+    if not layout.tables_written_event:
+        return None
+    desc = next(d for d in layout.buffers if d.backend == "cuda_ipc")
+    return torch.cuda.Event.from_ipc_handle(_cuda_device_for(desc), layout.tables_written_event)

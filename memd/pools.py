@@ -63,6 +63,7 @@ def build_pools(plan: PoolPlan, buffers: SharedBuffers, epoch: int) -> tuple[Slo
         draft_model=plan.draft.path if plan.draft else "",
         chunked_prefill_size=plan.chunked_prefill_size,
         decode_lookahead=plan.decode_lookahead,
+        tables_written_event=buffers.tables_written_event,
     )
     return mgr, layout
 

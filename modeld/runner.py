@@ -73,6 +73,7 @@ class ModelRunner:
         """memd's buffers (again after a re-attach: graphs read them, so they are captured again)."""
         self.kv_pool = pools["target_kv"]
         self.req_to_token = pools["req_to_token"]
+        self.tables_written = pools.get("tables_written")  # memd's event (GPU); None: its writes are visible at once
         if self.graphs is not None:
             self.graphs.capture(self.model, self.kv_pool, self.req_to_token, self.taps)
 
@@ -81,7 +82,10 @@ class ModelRunner:
 
     def prepare(self, items: list[StepItem], block: int = 0) -> StepInputs:
         """Packs the step's inputs. A verify item's ids are its last committed token and `block - 1` placeholders
-        that put_drafts fills on the device; every other item's ids are its request's next tokens."""
+        that put_drafts fills on the device; every other item's ids are its request's next tokens. The step's kernels
+        are queued after memd's table writes: every reply that granted its slots came before this call."""
+        if self.tables_written is not None:
+            torch.cuda.current_stream().wait_event(self.tables_written)
         q_lens = [item.num_tokens for item in items]
         graph = self.graphs.shape_for(q_lens) if self.graphs is not None else None
         n_tok, n_req = sum(q_lens), len(items)

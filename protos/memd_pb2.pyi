@@ -51,7 +51,7 @@ class PoolGeometry(_message.Message):
     def __init__(self, layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., tokens: _Optional[int] = ..., rows: _Optional[int] = ..., bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ...) -> None: ...
 
 class Layout(_message.Message):
-    __slots__ = ("epoch", "kv_dtype", "page_size", "target", "has_draft", "draft", "draft_kv_ratio", "draft_window", "draft_block_size", "max_running_requests", "context_len", "request_cap", "buffers", "target_model", "draft_model", "chunked_prefill_size", "decode_lookahead")
+    __slots__ = ("epoch", "kv_dtype", "page_size", "target", "has_draft", "draft", "draft_kv_ratio", "draft_window", "draft_block_size", "max_running_requests", "context_len", "request_cap", "buffers", "target_model", "draft_model", "chunked_prefill_size", "decode_lookahead", "tables_written_event")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,7 @@ class Layout(_message.Message):
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
     CHUNKED_PREFILL_SIZE_FIELD_NUMBER: _ClassVar[int]
     DECODE_LOOKAHEAD_FIELD_NUMBER: _ClassVar[int]
+    TABLES_WRITTEN_EVENT_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     kv_dtype: str
     page_size: int
@@ -86,7 +87,8 @@ class Layout(_message.Message):
     draft_model: str
     chunked_prefill_size: int
     decode_lookahead: int
-    def __init__(self, epoch: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., page_size: _Optional[int] = ..., target: _Optional[_Union[PoolGeometry, _Mapping]] = ..., has_draft: _Optional[bool] = ..., draft: _Optional[_Union[PoolGeometry, _Mapping]] = ..., draft_kv_ratio: _Optional[float] = ..., draft_window: _Optional[int] = ..., draft_block_size: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., context_len: _Optional[int] = ..., request_cap: _Optional[int] = ..., buffers: _Optional[_Iterable[_Union[BufferDesc, _Mapping]]] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., chunked_prefill_size: _Optional[int] = ..., decode_lookahead: _Optional[int] = ...) -> None: ...
+    tables_written_event: bytes
+    def __init__(self, epoch: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., page_size: _Optional[int] = ..., target: _Optional[_Union[PoolGeometry, _Mapping]] = ..., has_draft: _Optional[bool] = ..., draft: _Optional[_Union[PoolGeometry, _Mapping]] = ..., draft_kv_ratio: _Optional[float] = ..., draft_window: _Optional[int] = ..., draft_block_size: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., context_len: _Optional[int] = ..., request_cap: _Optional[int] = ..., buffers: _Optional[_Iterable[_Union[BufferDesc, _Mapping]]] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., chunked_prefill_size: _Optional[int] = ..., decode_lookahead: _Optional[int] = ..., tables_written_event: _Optional[bytes] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
     __slots__ = ("client_name", "writes_draft_kv", "model_fingerprint")
