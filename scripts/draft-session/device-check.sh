@@ -16,7 +16,7 @@ if [ "${1:-}" = dummy ]; then
     grep -v "^{" "$OUT/engine_speed_8b.md"  # cut off at 400 s, the rows of the variants that ran are in the file
     exit 0
 fi
-python3 -m pytest -q tests/kernels tests/modeld/test_cuda_graph.py tests/modeld/test_device_sampling.py \
+python3 -m pytest -q tests/kernels tests/memd/test_tables_written.py tests/modeld/test_cuda_graph.py tests/modeld/test_device_sampling.py \
     tests/dflash/test_dummy_draft.py tests/dflash/test_draft_serving.py tests/dflash/test_greedy_cycle_gpu.py \
     tests/dflash/test_draft_attention.py tests/modeld/test_decode_chain.py > "$OUT/suite-kernels.txt" 2>&1; tail -3 "$OUT/suite-kernels.txt"
 python3 -m pytest -q tests/modeld/test_forward_vs_hf.py tests/e2e/test_generate.py tests/dflash/test_dflash_gpu.py \
