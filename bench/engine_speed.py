@@ -13,6 +13,7 @@ its phases. Breakdown runs are separate from the throughput runs: they synchroni
 """
 
 import argparse
+import gc
 import json
 import pathlib
 import sys
@@ -207,6 +208,7 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
         engine.stop()
         built.link.close()
         del engine, built
+        gc.collect()  # the engine's parts refer to each other (rebinders, the breakdown's wrappers): free the model now
         torch.cuda.empty_cache()
 
 

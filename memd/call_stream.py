@@ -44,9 +44,20 @@ def refusal(seq: int, code: grpc.StatusCode, message: str) -> memd_pb2.CallAnswe
 
 
 async def answer_calls(service, calls: AsyncIterator, context,
-                       observe: Callable[[str, float, grpc.StatusCode], None] | None = None):
-    """The answers to a Calls stream, in order; `observe(method, seconds, code)` times each call when metrics are on."""
-    async for call in calls:
+                       observe: Callable[[str, float, grpc.StatusCode], None] | None = None,
+                       waiting: Callable[[bool], None] = lambda flag: None):
+    """The answers to a Calls stream, in order; `observe(method, seconds, code)` times each call when metrics are on.
+    `waiting(True)` just before the handler waits for the client's next call, `waiting(False)` when it has it (memd's
+    shutdown cancels a stream only while it waits: that wait is the handler's own await)."""
+    pending = calls.__aiter__()
+    while True:
+        waiting(True)
+        try:
+            call = await pending.__anext__()
+        except StopAsyncIteration:
+            return
+        finally:
+            waiting(False)
         if isinstance(call, Unparsable):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, call.reason)
         kind = call.WhichOneof("call")

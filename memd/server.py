@@ -115,7 +115,7 @@ async def serve(cfg: MemdConfig, plan: PoolPlan, stop_signals: StopSignals) -> i
         log.info("memd shutting down")
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        service.notify_shutdown("memd is shutting down" if exit_code == 0 else "memd invariant violated")
+        await service.notify_shutdown("memd is shutting down" if exit_code == 0 else "memd invariant violated")
         await server.stop(grace=2.0)
     finally:
         buffers.close()

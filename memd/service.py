@@ -35,7 +35,8 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         self.sessions = SessionTable()
         self.limits = CallLimits(max_ops=mgr.max_requests, max_slots=mgr.max_requests * mgr.context_len)
         self.observe = None  # with metrics on: observe(method, seconds, code) for each call of a Calls stream
-        self.call_streams: set[asyncio.Task] = set()  # the tasks serving open Calls streams
+        # the tasks serving open Calls streams -> whether each waits for its client's next call (memd.call_stream)
+        self.call_streams: dict[asyncio.Task, bool] = {}
 
     # ---- sessions -------------------------------------------------------------------
     async def Attach(self, request, context):
@@ -72,11 +73,19 @@ class MemdService(memd_pb2_grpc.MemdServicer):
             self._fatal(exc)
         log.info("%s ended; freed %d target / %d draft tokens", session.label, *held)
 
-    def notify_shutdown(self, reason: str) -> None:
+    async def notify_shutdown(self, reason: str, timeout: float = 1.0) -> None:
+        """Refuse new calls and end every open Calls stream with UNAVAILABLE, waiting up to `timeout` for them to
+        end: the server's grace would otherwise end them with its own status. A stream's task is cancelled only while
+        it waits for its client's next call, so the cancel lands in its handler, which aborts; a cancel that landed
+        while gRPC writes an answer would end the handler without a status."""
         self.shutdown_reason = reason
         self.shutting_down.set()
-        for task in self.call_streams:  # each ends with UNAVAILABLE (Calls)
-            task.cancel()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.call_streams and asyncio.get_running_loop().time() < deadline:
+            for task, waiting in list(self.call_streams.items()):
+                if waiting:
+                    task.cancel()
+            await asyncio.sleep(0.01)
 
     # ---- allocation -----------------------------------------------------------------
     async def Alloc(self, request, context):
@@ -114,16 +123,22 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         if self.shutting_down.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is shutting down")
         task = asyncio.current_task()
-        self.call_streams.add(task)
+        self.call_streams[task] = False
+
+        def waiting(flag: bool) -> None:
+            if task in self.call_streams:
+                self.call_streams[task] = flag
+
         try:
-            async for answer in answer_calls(self, request_iterator, context, self.observe):
+            async for answer in answer_calls(self, request_iterator, context, self.observe, waiting):
                 yield answer
         except asyncio.CancelledError:
             if not self.shutting_down.is_set():
                 raise
+            self.call_streams.pop(task, None)  # ending: notify_shutdown cancels it no more (its abort runs whole)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is shutting down")
         finally:
-            self.call_streams.discard(task)
+            self.call_streams.pop(task, None)
 
     async def FlushCache(self, request, context):
         freed = await self._run(context, self.mgr.flush_cache)
