@@ -4,7 +4,7 @@ at each --concurrency; with a per-step breakdown (forward, draft, sampling, memd
 configurations, requests that sample (temperature 0.8) at batch 1 and 16. The graph configurations run one decode
 step (or DFLASH verify step) per replay, and again with up to 4 per replay (modeld's default, --steps-per-replay).
 
-    python -m bench.engine_speed [--target DIR] [--load-format dummy] [--draft DIR|none] [--new-tokens 128]
+    python -m bench.engine_speed [--target DIR] [--load-format dummy] [--draft DIR|none] [--new-tokens 128] [--ignore-eos]
         [--concurrency 16,64] [--rounds 3] [--page 16] [--ratio 0.25] [--skip-hf] [--variants 1,2,...]
 
 One memd (a child process, on the GPU, with a bounded draft pool when there is a draft) serves every modeld
@@ -240,7 +240,8 @@ def report(rows: list[dict], hf: float | None, args) -> str:
     plain = next(r for r in rows if r["name"] == "modeld graphs + lookahead")  # the ratios' reference
     cs = args.concurrency
     lines = [f"GPU: {torch.cuda.get_device_name()}; target {pathlib.Path(args.target).name} ({args.load_format}), "
-             f"{args.new_tokens} new tokens, greedy, page {args.page}",
+             f"{args.new_tokens} new tokens{' every request (ignore_eos)' if args.ignore_eos else ''}, greedy, "
+             f"page {args.page}",
              "", "| config | accept length | batch 1 tok/s | x HF | x plain | " + " | ".join(
                  f"{c} concurrent tok/s | x plain" for c in cs) + " |",
              "|---|---|---|---|---|" + "---|---|" * len(cs)]
@@ -292,6 +293,10 @@ def main(argv=None) -> int:
     p.add_argument("--draft", default=str(pathlib.Path(__file__).parents[1] / "modeld" / "default_draft"),
                    help="z-lab format draft, or 'none'")
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="every request decodes --new-tokens (always so with dummy weights): batch-1 runs of real "
+                        "weights otherwise end at EOS after answers of varied length, whose prefills and admissions "
+                        "move tokens/s by more than a kernel-level change")
     p.add_argument("--batch1", type=int, default=4, help="prompts answered one at a time")
     p.add_argument("--concurrency", default="16,64")
     p.add_argument("--rounds", type=int, default=3, help="batches per concurrency above 1, each timed and summed")
@@ -306,16 +311,16 @@ def main(argv=None) -> int:
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.target = args.target or str(ensure_default_model())
     draft = None if args.draft == "none" else args.draft
-    dummy = args.load_format == "dummy"
+    ignore_eos = args.load_format == "dummy" or args.ignore_eos
     prompts = prompts_for(args.target, args.load_format, max(args.concurrency))
-    hf = None if args.skip_hf else hf_generate(args, prompts, ignore_eos=dummy)
+    hf = None if args.skip_hf else hf_generate(args, prompts, ignore_eos=ignore_eos)
     rows = []
     with memd_process(*memd_args(args.target, draft, args)) as memd:
         chosen = set(range(len(VARIANTS))) if args.variants is None else {1, *map(int, args.variants.split(","))}
         for i, v in enumerate(VARIANTS):
             if (v.dflash and draft is None) or i not in chosen:
                 continue
-            rows.append(run_variant(v, memd, args, prompts, ignore_eos=dummy))
+            rows.append(run_variant(v, memd, args, prompts, ignore_eos=ignore_eos))
             print(json.dumps(rows[-1]), flush=True)
     text = report(rows, hf, args)
     print(text)
