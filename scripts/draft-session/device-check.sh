@@ -4,14 +4,16 @@
 # about 80 s). Run it after every change to the engine's hot path. The suites' whole output: $OUT/suite-*.txt.
 # With the argument `suites`, the tests alone (a session that trains a draft and changed the hot path only a little).
 # With the argument `dummy`, on a bare machine (carry .whl only: no model parts, no set-up), what needs no real
-# weights: memd's round trip on the CUDA backend (GPU idle and busy, unary and over the Calls stream) and the 8B
-# geometry's engine speed and MBU (plain; 4 steps a replay from batch 1; DFLASH with the random 8B-shaped draft).
+# weights: memd's round trip on the CUDA backend (GPU idle and busy, unary and over the Calls stream), the skinny
+# projection kernel against cuBLAS at one row (the quick sweep: are the H100's tiles right on this card?) and the 8B
+# geometry's engine speed and MBU (plain; plain with cuBLAS for few rows; DFLASH with the random 8B-shaped draft).
 export PYTHONPATH=/tmp/site:$PWD
 if [ "${1:-}" = dummy ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     python3 -m bench.memd_latency --calls 300 > "$OUT/memd_latency.md" 2> "$OUT/memd_latency.log"; cat "$OUT/memd_latency.md"
+    timeout 120 python3 -m bench.skinny_linear --rows 1 --quick > "$OUT/skinny_linear.md" 2>&1; tail -1 "$OUT/skinny_linear.md"
     timeout 400 python3 -m bench.engine_speed --target bench/configs/llama3-8b --draft bench/configs/llama3-8b-draft \
-        --load-format dummy --concurrency 16 --batch1 2 --new-tokens 256 --skip-hf --variants 1,2,3,5,7 \
+        --load-format dummy --concurrency 16 --batch1 2 --new-tokens 256 --skip-hf --variants 3,8 \
         > "$OUT/engine_speed_8b.md" 2> "$OUT/engine_speed_8b.log"
     grep -v "^{" "$OUT/engine_speed_8b.md"  # cut off at 400 s, the rows of the variants that ran are in the file
     exit 0
