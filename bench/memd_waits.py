@@ -9,12 +9,21 @@ Kinds: "MatchPrefix" (a lone arrival's match, with its first chunk's grant), "Ma
 arrivals registered in one call), "Alloc" (a call the step waited for: admissions, prefill chunks, decodes short of
 slots, releases when nothing else carries them), "Alloc sent ahead, awaited" (a call sent without waiting whose
 answer was not there when a step needed it), "Free" (releases flushed when the engine is idle).
+
+Beside each kind, memd's own time for a call of its method (its handler, from memd's `memd:rpc_duration_seconds`
+over every call of the run, waited or not): what the engine waits beyond it is the transport and the two processes'
+threads.
 """
 
 import argparse
 import collections
+import pathlib
+import re
 import sys
 import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.engine_speed import generate_all, prompts_for
 from bench.in_process import Patches, running_engine
@@ -70,11 +79,49 @@ class Waits:
             return timed
         return make
 
-    def close(self) -> list[str]:
-        """Undoes the wrapping; the table rows: kind, calls and milliseconds per 100 decode steps."""
+    def close(self, handler_ms: dict[str, float]) -> list[str]:
+        """Undoes the wrapping; the table rows: kind, calls and milliseconds per 100 decode steps, the milliseconds
+        a waited call took, and memd's handler time for a call of its method (handler_ms, by method)."""
         self.patches.undo()
         per = 100 / max(1, self.steps)
-        return [f"{kind} | {n * per:.1f} | {self.seconds[kind] * 1e3 * per:.2f}" for kind, n in sorted(self.count.items())]
+        rows = []
+        for kind, n in sorted(self.count.items()):
+            method = "Alloc" if kind.startswith("Alloc") else kind
+            handler = f"{handler_ms[method]:.3f}" if method in handler_ms else "-"
+            rows.append(f"{kind} | {n * per:.1f} | {self.seconds[kind] * 1e3 * per:.2f} | "
+                        f"{self.seconds[kind] * 1e3 / n:.3f} | {handler}")
+        return rows
+
+
+class HandlerTimes:
+    """memd's own time per call, by method, between two reads of its metrics (memd started with --metrics-port)."""
+
+    def __init__(self, memd_address: str):
+        log = pathlib.Path(memd_address.removeprefix("unix://")).parent / "memd.log"
+        self.url = re.search(r"metrics on (http://\S+/metrics)", log.read_text()).group(1)
+        self.start = self._read()
+
+    def _read(self) -> dict[str, tuple[float, float]]:
+        """method -> (seconds, calls) so far."""
+        with urllib.request.urlopen(self.url, timeout=10) as reply:
+            text = reply.read().decode()
+        totals = collections.defaultdict(lambda: [0.0, 0.0])
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "memd:rpc_duration_seconds_sum":
+                    totals[sample.labels["method"]][0] += sample.value
+                elif sample.name == "memd:rpc_duration_seconds_count":
+                    totals[sample.labels["method"]][1] += sample.value
+        return {method: (s, n) for method, (s, n) in totals.items()}
+
+    def since_start(self) -> dict[str, float]:
+        """Milliseconds a call, by method, over the calls since this object was made."""
+        now, out = self._read(), {}
+        for method, (seconds, calls) in now.items():
+            s0, n0 = self.start.get(method, (0.0, 0.0))
+            if calls > n0:
+                out[method] = 1000 * (seconds - s0) / (calls - n0)
+        return out
 
 
 def main(argv=None) -> int:
@@ -88,18 +135,19 @@ def main(argv=None) -> int:
     target = args.target or str(ensure_default_model())
     prompts = prompts_for(target, "auto", max(args.batch1, args.concurrency))
     memd_flags = ["--device", args.device, "--target-model", target, "--max-running-requests", str(args.concurrency),
-                  "--max-total-tokens", "65536", "--draft-model", "none"]
+                  "--max-total-tokens", "65536", "--draft-model", "none", "--metrics-port", "0"]
     print(f"engine as served (lookahead 32, calls sent ahead), {args.new_tokens} new tokens at most, greedy, "
-          f"device {args.device}\n\n| batch | kind | waited calls / 100 steps | ms waited / 100 steps |\n|---|---|---|---|")
+          f"device {args.device}\n\n| batch | kind | waited calls / 100 steps | ms waited / 100 steps | ms a waited call "
+          f"| memd's handler, ms a call |\n|---|---|---|---|---|---|")
     with memd_process(*memd_flags) as memd:
         cfg = ModeldConfig(device=args.device, memd=memd, target_model=target, speculative_algorithm="none")
         with running_engine(cfg) as engine:
             generate_all(engine, prompts[:2], 8, False, "warm")
             for batch, groups in ((1, [[q] for q in prompts[: args.batch1]]), (args.concurrency, [prompts[: args.concurrency]])):
-                waits = Waits(engine)
+                waits, handlers = Waits(engine), HandlerTimes(memd)
                 for k, group in enumerate(groups):
                     generate_all(engine, group, args.new_tokens, False, f"b{batch}-{k}")
-                for row in waits.close():
+                for row in waits.close(handlers.since_start()):
                     print(f"| {batch} | {row} |")
     return 0
 
