@@ -16,15 +16,13 @@ import argparse
 import concurrent.futures
 import json
 import pathlib
-import re
 import sys
 import time
-import urllib.request
 
-from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
 import client
+from bench.metrics_scrape import metric_samples
 from modeld.fetch_default import ensure_default_model
 from train.stack import memd_args, run_memd, run_modeld
 
@@ -57,20 +55,14 @@ def category_rows(categories: list[str], each_by_config: dict[str, list]) -> lis
     return rows
 
 
-METRICS_AT = re.compile(r"modeld metrics on (http://\S+/metrics)")
-
-
 def verify_counts(modeld_log: str) -> tuple[float, dict[int, float]]:
     """(verify steps, {draft position: verify steps that accepted it}) so far, from the modeld's metrics endpoint."""
-    with urllib.request.urlopen(METRICS_AT.search(modeld_log).group(1), timeout=10) as reply:
-        text = reply.read().decode()
     drafts, per_position = 0.0, {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "modeld:spec_decode_num_drafts_total":
-                drafts = sample.value
-            elif sample.name == "modeld:spec_decode_num_accepted_tokens_per_pos_total":
-                per_position[int(sample.labels["position"])] = sample.value
+    for sample in metric_samples(modeld_log, "modeld"):
+        if sample.name == "modeld:spec_decode_num_drafts_total":
+            drafts = sample.value
+        elif sample.name == "modeld:spec_decode_num_accepted_tokens_per_pos_total":
+            per_position[int(sample.labels["position"])] = sample.value
     return drafts, per_position
 
 

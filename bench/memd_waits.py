@@ -18,16 +18,13 @@ threads.
 import argparse
 import collections
 import pathlib
-import re
 import sys
 import time
-import urllib.request
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.engine_speed import generate_all, prompts_for
 from bench.in_process import Patches, running_engine
 from bench.memd_process import memd_process
+from bench.metrics_scrape import metric_samples
 from modeld.config import ModeldConfig
 from modeld.fetch_default import ensure_default_model
 
@@ -97,21 +94,17 @@ class HandlerTimes:
     """memd's own time per call, by method, between two reads of its metrics (memd started with --metrics-port)."""
 
     def __init__(self, memd_address: str):
-        log = pathlib.Path(memd_address.removeprefix("unix://")).parent / "memd.log"
-        self.url = re.search(r"metrics on (http://\S+/metrics)", log.read_text()).group(1)
+        self.log = pathlib.Path(memd_address.removeprefix("unix://")).parent / "memd.log"  # bench.memd_process's
         self.start = self._read()
 
     def _read(self) -> dict[str, tuple[float, float]]:
         """method -> (seconds, calls) so far."""
-        with urllib.request.urlopen(self.url, timeout=10) as reply:
-            text = reply.read().decode()
         totals = collections.defaultdict(lambda: [0.0, 0.0])
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "memd:rpc_duration_seconds_sum":
-                    totals[sample.labels["method"]][0] += sample.value
-                elif sample.name == "memd:rpc_duration_seconds_count":
-                    totals[sample.labels["method"]][1] += sample.value
+        for sample in metric_samples(self.log.read_text(), "memd"):
+            if sample.name == "memd:rpc_duration_seconds_sum":
+                totals[sample.labels["method"]][0] += sample.value
+            elif sample.name == "memd:rpc_duration_seconds_count":
+                totals[sample.labels["method"]][1] += sample.value
         return {method: (s, n) for method, (s, n) in totals.items()}
 
     def since_start(self) -> dict[str, float]:

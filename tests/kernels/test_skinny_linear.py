@@ -10,7 +10,6 @@ from modeld.kernels.skinny_linear import MAX_ROWS, TILES, fits, linear, skinny_l
 TILES_UNDER_TEST = [(16, 64, 4, 2), (32, 32, 4, 3)]  # small tiles: the interpreter's cost grows with them
 
 
-
 @pytest.fixture(params=[torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def dtype(request, device):
     if device == "cpu" and request.param == torch.bfloat16:
