@@ -55,6 +55,7 @@ class Variant:
     speculate_below: int = 0  # DFLASH verifies only while fewer requests run (0: always)
     several_from: int = 16  # the smallest batch that runs several steps a replay (modeld's SEVERAL_STEPS_FROM_BATCH)
     skinny: bool = True  # projections of <= 16 rows through the skinny Triton kernel (False: cuBLAS)
+    fuse_norms: bool = True  # with skinny: the norms and SiLU-mul inside it (False: kernels of their own)
 
 
 VARIANTS = [
@@ -78,6 +79,11 @@ VARIANTS = [
             skinny=False),
     Variant("modeld DFLASH as served, cuBLAS for few rows (before)", graphs=True, lookahead=32, dflash=True, steps=4,
             speculate_below=16, skinny=False),
+    # the skinny kernel with the norms and the SiLU-mul as kernels of their own, as before modeld.kernels.norm_linear
+    Variant("modeld graphs + lookahead, norms unfused (before)", graphs=True, lookahead=32, dflash=False,
+            fuse_norms=False),
+    Variant("modeld DFLASH as served, norms unfused (before)", graphs=True, lookahead=32, dflash=True, steps=4,
+            speculate_below=16, fuse_norms=False),
 ]
 
 
@@ -178,7 +184,7 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
                        draft_model=args.draft if v.dflash else None, speculative_algorithm="dflash" if v.dflash else "none",
                        decode_lookahead=v.lookahead, disable_cuda_graph=not v.graphs, chunked_prefill_size=2048,
                        steps_per_replay=v.steps, speculative_disable_by_batch_size=v.speculate_below,
-                       disable_skinny_linear=not v.skinny)
+                       disable_skinny_linear=not v.skinny, disable_norm_fusion=not v.fuse_norms)
     built = build_engine(cfg, lambda serving: None)
     engine = built.engine
     if engine.runner.graphs is not None:

@@ -51,7 +51,7 @@ def run_in_this_thread(engine, prompts: list[list[int]], new_tokens: int, tag: s
 def profile_config(memd: str, args, prompts, dflash: bool) -> str:
     cfg = ModeldConfig(device=args.device, memd=memd, target_model=args.target,
                        load_format=args.load_format, steps_per_replay=args.steps_per_replay,
-                       disable_skinny_linear=args.disable_skinny_linear,
+                       disable_skinny_linear=args.disable_skinny_linear, disable_norm_fusion=args.disable_norm_fusion,
                        draft_model=args.draft if dflash else None, speculative_algorithm="dflash" if dflash else "none")
     built = build_engine(cfg, lambda serving: None)
     engine = built.engine
@@ -91,6 +91,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=20)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--disable-skinny-linear", action="store_true", help="modeld's: few-row projections on cuBLAS")
+    p.add_argument("--disable-norm-fusion", action="store_true", help="modeld's: few-row norms as kernels of their own")
     p.add_argument("--steps-per-replay", type=int, default=1, help="modeld's (default here 1: a step is one forward)")
     args = p.parse_args(argv)
     args.target = args.target or str(ensure_default_model())

@@ -68,7 +68,7 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     layout = link.layout
     dtype = layout.kv_dtype if cfg.dtype == "auto" else cfg.dtype
     model, tokenizer, hf_config = load_target(cfg.target_model, dtype, cfg.device, cfg.load_format)
-    model.use_skinny_linear(not cfg.disable_skinny_linear)
+    model.use_skinny_linear(not cfg.disable_skinny_linear, fuse_norms=not cfg.disable_norm_fusion)
     link.identify(model_fingerprint(model, hf_config, dtype, layout.kv_dtype))  # memd caches prefixes per model
     layout = link.layout
     draft = None

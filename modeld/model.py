@@ -6,7 +6,8 @@ checkpoint's separate matrices are concatenated at load, `fuse_checkpoint`), res
 rotary from a table computed once and applied in the launch that writes K/V into the pool, and every step's shapes
 free of host syncs, so a decode forward can be captured in a CUDA graph (modeld/cuda_graph.py). A layer's projections
 of at most 16 rows on a GPU (a batch-1 decode step, one request's DFLASH block) run the skinny Triton kernel where it
-beats cuBLAS (modeld/kernels/skinny_linear.py); more rows, cuBLAS.
+beats cuBLAS (modeld/kernels/skinny_linear.py), with the residual add + RMSNorm before q|k|v and gate|up and the
+SiLU-mul after gate|up inside it (modeld/kernels/norm_linear.py); more rows, cuBLAS.
 """
 
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from modeld.kernels.attention import paged_attention
 from modeld.kernels.fused import rms_norm, silu_mul
+from modeld.kernels.norm_linear import fits as norm_linear_fits
+from modeld.kernels.norm_linear import norm_linear
 from modeld.kernels.rotary_store import rotary_store
 from modeld.kernels.skinny_linear import linear
 
@@ -85,9 +88,10 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, batch: ForwardBatch, k_cache, v_cache) -> torch.Tensor:
-        T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+    def forward(self, qkv, cos, sin, batch: ForwardBatch, k_cache, v_cache) -> torch.Tensor:
+        """qkv: the q|k|v projection of the normed input (DecoderLayer runs it, fused with the norm or not)."""
+        T = qkv.shape[0]
+        q, k, v = qkv.split(self.split, dim=-1)
         q = q.unflatten(-1, (self.heads, self.head_dim))
         k = k.unflatten(-1, (self.kv_heads, self.head_dim))
         v = v.unflatten(-1, (self.kv_heads, self.head_dim))
@@ -117,7 +121,8 @@ class MLP(nn.Module):
 
 
 class FusedMLP(nn.Module):
-    """The same MLP with gate|up in one matrix and silu(gate) * up in one kernel."""
+    """The same MLP's weights with gate|up in one matrix; DecoderLayer runs it (silu(gate) * up in one kernel, or
+    inside the gate|up projection with the norm before it)."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -127,11 +132,10 @@ class FusedMLP(nn.Module):
         if cfg.hidden_act != "silu":
             raise ValueError(f"unsupported hidden_act {cfg.hidden_act!r}")
 
-    def forward(self, x):
-        return self.down_proj(silu_mul(self.gate_up_proj(x)))
-
 
 class DecoderLayer(nn.Module):
+    fuse_norms = True  # few-row norms inside the skinny projection after them (CausalLM.use_skinny_linear's switch)
+
     def __init__(self, cfg, layer_id: int):
         super().__init__()
         self.self_attn = Attention(cfg, layer_id)
@@ -141,10 +145,19 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, residual, cos, sin, batch, k_cache, v_cache):
         """The layer's output is `x + residual` of what it returns: the add is fused into the next norm."""
-        h, residual = self.input_layernorm.fused(x, residual)
-        h = self.self_attn(h, cos, sin, batch, k_cache, v_cache)
-        h, residual = self.post_attention_layernorm.fused(h, residual)
-        return self.mlp(h), residual
+        qkv, residual = self._norm_then(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
+        h = self.self_attn(qkv, cos, sin, batch, k_cache, v_cache)
+        act, residual = self._norm_then(self.post_attention_layernorm, self.mlp.gate_up_proj, h, residual, silu=True)
+        return self.mlp.down_proj(act), residual
+
+    def _norm_then(self, norm: RMSNorm, proj: RowLinear, x, residual, silu=False):
+        """(proj(norm(x + residual)), x + residual), then SiLU-mul with silu: one kernel for a few rows on a GPU,
+        else the norm kernel, the projection and the SiLU-mul kernel."""
+        if self.fuse_norms and proj.skinny and norm_linear_fits(x, norm.weight, proj.weight):
+            return norm_linear(x, residual, norm.weight, norm.eps, proj.weight, proj.bias, silu_pair=silu)
+        h, residual = norm.fused(x, residual)
+        out = proj(h)
+        return (silu_mul(out) if silu else out), residual
 
 
 class Backbone(nn.Module):
@@ -188,11 +201,14 @@ class CausalLM(nn.Module):
         cos, sin = self.rope_table
         return cos[positions].to(dtype), sin[positions].to(dtype)
 
-    def use_skinny_linear(self, on: bool) -> None:
-        """Whether the layers' projections of a few rows run the skinny kernel (on) or cuBLAS; capture graphs after."""
+    def use_skinny_linear(self, on: bool, fuse_norms: bool = True) -> None:
+        """Whether the layers' projections of a few rows run the skinny kernel (on) or cuBLAS, and whether the norms
+        before q|k|v and gate|up (and the SiLU-mul after gate|up) run inside it; capture graphs after."""
         for module in self.modules():
             if isinstance(module, RowLinear):
                 module.skinny = on
+            if isinstance(module, DecoderLayer):
+                module.fuse_norms = fuse_norms
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_pool: torch.Tensor, capture_layers=()):

@@ -1,0 +1,124 @@
+"""A decoder layer's residual add + RMSNorm folded into the skinny projection that reads its output (q|k|v after the
+input norm, gate|up after the post-attention norm), and for gate|up also the SiLU-and-multiply after it: one launch
+where a few-row step ran two or three.
+
+Why: a batch-1 decode step of the 8B geometry ran 297 kernels, nine a layer, and the two RMSNorms and the SiLU-mul
+are each a few microseconds of latency for a few kilobytes of work (BENCHMARKS.md, the thirteenth session's profile).
+Here every program of the skinny projection (modeld/kernels/skinny_linear.py) first sums the squares of its rows of
+v = x + residual (a few kilobytes from L2), then normalises each K chunk as it goes and multiplies it into its columns
+of W. Program 0 also stores v, the residual stream the next layer adds to.
+
+Numerics are those of the unfused ops (modeld/kernels/fused.py, then the skinny kernel): v rounded to the activation
+dtype, statistics in fp32, the normalised row rounded, times the norm's weight rounded, then the same tile of the
+same dot; SiLU on the rounded gate, rounded, times the rounded up, rounded. Only the fp32 sum of squares is taken in
+another order (by K chunk), so a normalised value can differ by a last ulp. A row's result depends on that row alone.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from modeld.kernels.skinny_linear import MAX_ROWS, TILES
+
+
+@triton.jit
+def _residual_sum(x, residual, rows, ks, row_in, K, x_row, r_row, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
+    """The [16, BLOCK_K] tile of v = x (+ residual, rounded to x's dtype) at columns ks; rows past M read as 0."""
+    mask = row_in[:, None] if EVEN_K else row_in[:, None] & (ks < K)[None, :]
+    v = tl.load(x + rows[:, None] * x_row + ks[None, :], mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(residual + rows[:, None] * r_row + ks[None, :], mask=mask, other=0.0)
+        v = (v.to(tl.float32) + r.to(tl.float32)).to(v.dtype)
+    return v
+
+
+@triton.jit
+def _norm_linear_kernel(
+    x, residual, norm_w, w, b, y, residual_out, M, N, K, x_row, r_row, eps,
+    HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_PAIR: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program (column block): h = norm_w * round(v * rstd(v)) rounded; y[:, n] = h @ W[n, :]^T (+ b[n]) for BLOCK_N
+    columns n. With SILU_PAIR, W is gate|up [2N, K] and y[:, n] = silu(gate_n) * up_n, up_n from row N + n of W."""
+    pid = tl.program_id(0)
+    rows = tl.arange(0, 16)
+    row_in = rows < M
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_in = cols < N
+    sumsq = tl.zeros((16,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        v32 = _residual_sum(x, residual, rows, k0 + tl.arange(0, BLOCK_K), row_in, K, x_row, r_row,
+                            HAS_RESIDUAL, EVEN_K).to(tl.float32)
+        sumsq += tl.sum(v32 * v32, axis=1)
+    rstd = tl.math.rsqrt(sumsq / K + eps)
+    gate_rows = w + cols.to(tl.int64)[:, None] * K
+    up_rows = w + (cols + N).to(tl.int64)[:, None] * K
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_in = ks < K
+        v = _residual_sum(x, residual, rows, ks, row_in, K, x_row, r_row, HAS_RESIDUAL, EVEN_K)
+        if HAS_RESIDUAL:
+            if pid == 0:
+                tl.store(residual_out + rows[:, None] * K + ks[None, :], v, mask=row_in[:, None] & k_in[None, :])
+        normed = (v.to(tl.float32) * rstd[:, None]).to(v.dtype).to(tl.float32)
+        scale = tl.load(norm_w + ks, mask=k_in, other=0.0).to(tl.float32)
+        h = (scale[None, :] * normed).to(v.dtype)
+        w_mask = col_in[:, None] if EVEN_K else col_in[:, None] & k_in[None, :]
+        acc += tl.dot(h, tl.trans(tl.load(gate_rows + ks[None, :], mask=w_mask, other=0.0)))
+        if SILU_PAIR:
+            acc_up += tl.dot(h, tl.trans(tl.load(up_rows + ks[None, :], mask=w_mask, other=0.0)))
+    if HAS_BIAS:
+        acc += tl.load(b + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
+        if SILU_PAIR:
+            acc_up += tl.load(b + N + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
+    if SILU_PAIR:
+        gate = acc.to(y.dtype.element_ty).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(y.dtype.element_ty).to(tl.float32)
+        acc = act * acc_up.to(y.dtype.element_ty).to(tl.float32)
+    out = y + rows[:, None] * N + cols[None, :]
+    tl.store(out, acc.to(y.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
+
+
+def fits(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `norm_linear` takes x [rows, K] with this norm and projection (the skinny kernel's shapes and dtypes,
+    a norm weight of x's dtype); otherwise the caller runs the norm and the projection apart."""
+    return (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and norm_weight.dtype == x.dtype and weight.is_contiguous()
+            and x.stride(-1) == 1 and tuple(weight.shape) in TILES)
+
+
+def norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_pair=False):
+    """The kernel: (y, v) with v = x (+ residual) and y = linear(rms_norm(v) * norm_weight, weight, bias), or with
+    silu_pair, y = silu_mul of that (weight is gate|up [2I, K], y [rows, I]). v is x itself without residual."""
+    rows, k = x.shape
+    if weight.shape[1] != k or norm_weight.shape != (k,):
+        raise ValueError(f"input of {k} columns for a norm of {tuple(norm_weight.shape)} and a weight of "
+                         f"{weight.shape[1]}")
+    if rows > MAX_ROWS:
+        raise ValueError(f"{rows} rows: the fused norm and projection take at most {MAX_ROWS}")
+    if residual is not None and (residual.shape != x.shape or residual.stride(-1) != 1):
+        raise ValueError(f"residual of shape {tuple(residual.shape)} for an input of {tuple(x.shape)}")
+    n = weight.shape[0] // 2 if silu_pair else weight.shape[0]
+    block_n, block_k, warps, stages = tile
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    # residual_out: the residual stream after this add, written once by program 0; without an add it is x
+    residual_out = x if residual is None else torch.empty(rows, k, dtype=x.dtype, device=x.device)
+    _norm_linear_kernel[(triton.cdiv(n, block_n),)](
+        x, x if residual is None else residual, norm_weight, weight, weight if bias is None else bias, y, residual_out,
+        rows, n, k, x.stride(0), 0 if residual is None else residual.stride(0), eps,
+        HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, SILU_PAIR=silu_pair, EVEN_K=k % block_k == 0,
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+    return y, residual_out
+
+
+def tile_for(weight: torch.Tensor, silu_pair: bool) -> tuple[int, int, int, int]:
+    """The projection's skinny tile; a gate|up program loads a gate and an up row per column, so half the columns."""
+    block_n, block_k, warps, stages = TILES[tuple(weight.shape)]
+    return (max(16, block_n // 2) if silu_pair else block_n), block_k, warps, stages
+
+
+def norm_linear(x, residual, norm_weight, eps, weight, bias, silu_pair=False):
+    """(y, v) as `norm_linear_launch` computes them, with the projection's tile from TILES. Callers check `fits`."""
+    return norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile_for(weight, silu_pair), silu_pair)

@@ -1,0 +1,101 @@
+"""The residual add + RMSNorm (+ SiLU-mul) folded into the skinny projection, against the same ops unfused: the
+residual stream it stores, the projection's values, one row alone equal to the same row among sixteen. On the CPU
+(Triton's interpreter) in fp16 only, as tests/kernels/test_skinny_linear.py says why; on a GPU in both 16-bit dtypes."""
+
+import pytest
+import torch
+
+from modeld.kernels.fused import rms_norm, silu_mul
+from modeld.kernels.norm_linear import fits, norm_linear, norm_linear_launch
+from modeld.kernels.skinny_linear import MAX_ROWS, TILES, skinny_launch
+
+TILE = (16, 64, 4, 2)  # a small tile: the interpreter's cost grows with it
+EPS = 1e-5
+
+
+@pytest.fixture(params=[torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def dtype(request, device):
+    if device == "cpu" and request.param == torch.bfloat16:
+        pytest.skip("Triton's interpreter multiplies bf16 tiles wrongly; bf16 runs on a GPU")
+    return request.param
+
+
+def _inputs(device, dtype, rows, n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g).to(device, dtype)
+    residual = torch.randn(rows, k, generator=g).to(device, dtype)
+    norm_weight = (1 + 0.1 * torch.randn(k, generator=g)).to(device, dtype)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(device, dtype)
+    b = torch.randn(n, generator=g).to(device, dtype)
+    return x, residual, norm_weight, w, b
+
+
+def _unfused(x, residual, norm_weight, w, b, silu_pair):
+    """The same step as the engine ran it before: the norm kernel, the skinny projection, the SiLU-mul kernel."""
+    h, stream = rms_norm(x, norm_weight, EPS, residual)
+    y = skinny_launch(h, w, b, TILE)
+    return (silu_mul(y) if silu_pair else y), stream
+
+
+@pytest.mark.parametrize("silu_pair", [False, True], ids=["projection", "gate_up_silu"])
+@pytest.mark.parametrize("with_residual", [True, False], ids=["add", "no_add"])
+@pytest.mark.parametrize("rows,n,k", [(1, 64, 128), (5, 96, 160), (16, 64, 96)])
+def test_equals_the_unfused_norm_projection_and_silu(device, dtype, silu_pair, with_residual, rows, n, k):
+    x, residual, norm_weight, w, b = _inputs(device, dtype, rows, n, k)
+    residual = residual if with_residual else None
+    y, stream = norm_linear_launch(x, residual, norm_weight, EPS, w, b, TILE, silu_pair)
+    expected, expected_stream = _unfused(x, residual, norm_weight, w, b, silu_pair)
+    assert y.shape == (rows, n // 2 if silu_pair else n) and y.dtype == dtype
+    assert torch.equal(stream, expected_stream)  # the residual stream bit for bit
+    if not with_residual:
+        assert stream is x
+    # the sum of squares is taken by K chunk rather than in one reduction: a normalised value may move by an ulp,
+    # and so, rarely, an output (in Triton's interpreter none does)
+    ulp = expected.float().abs().clamp_min(1.0) * torch.finfo(dtype).eps
+    assert ((y.float() - expected.float()).abs() <= ulp).all()
+    assert (y != expected).float().mean() <= 0.02
+    reference = torch.nn.functional.linear(
+        rms_norm(x.float(), norm_weight.float(), EPS, None if residual is None else residual.float())[0],
+        w.float(), b.float())
+    if silu_pair:
+        gate, up = reference.chunk(2, dim=-1)
+        reference = torch.nn.functional.silu(gate) * up
+    torch.testing.assert_close(y.float(), reference, atol=5e-2, rtol=5e-2)  # a few 16-bit roundings from fp32
+
+
+@pytest.mark.parametrize("silu_pair", [False, True], ids=["projection", "gate_up_silu"])
+def test_a_row_alone_equals_the_same_row_among_sixteen(device, dtype, silu_pair):
+    x, residual, norm_weight, w, b = _inputs(device, dtype, MAX_ROWS, 64, 128, seed=1)
+    block, _ = norm_linear_launch(x, residual, norm_weight, EPS, w, b, TILE, silu_pair)
+    for i in (0, 9, 15):
+        alone, stream = norm_linear_launch(x[i:i + 1], residual[i:i + 1], norm_weight, EPS, w, b, TILE, silu_pair)
+        assert torch.equal(alone[0], block[i])
+        assert torch.equal(stream[0], (x[i].float() + residual[i].float()).to(dtype))
+
+
+def test_shape_errors_are_clear(device):
+    x, residual, norm_weight, w, _ = _inputs(device, torch.float16, 2, 32, 64)
+    with pytest.raises(ValueError, match="input of 32 columns"):
+        norm_linear_launch(x[:, :32], None, norm_weight, EPS, w, None, TILE)
+    with pytest.raises(ValueError, match="at most 16"):
+        norm_linear_launch(torch.zeros(17, 64, dtype=torch.float16, device=device), None, norm_weight, EPS, w, None,
+                           TILE)
+    with pytest.raises(ValueError, match="residual of shape"):
+        norm_linear_launch(x, residual[:1], norm_weight, EPS, w, None, TILE)
+
+
+def test_the_cpu_path_runs_the_ops_apart():
+    x, _, norm_weight, w, _ = _inputs("cpu", torch.bfloat16, 2, 32, 64)
+    assert not fits(x, norm_weight, w)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_a_tuned_shape_of_up_to_sixteen_rows_is_fused():
+    n, k = next(iter(TILES))
+    x, residual, norm_weight, w, b = _inputs("cuda", torch.bfloat16, MAX_ROWS + 1, n, k)
+    assert fits(x[:MAX_ROWS], norm_weight, w) and not fits(x, norm_weight, w)
+    assert not fits(x[:1], norm_weight.float(), w)  # a norm weight of another dtype
+    y, stream = norm_linear(x[:1], residual[:1], norm_weight, EPS, w, b)
+    h, expected_stream = rms_norm(x[:1], norm_weight, EPS, residual[:1])
+    assert torch.equal(stream, expected_stream)
+    torch.testing.assert_close(y, torch.nn.functional.linear(h, w, b), atol=2e-2, rtol=2e-2)
