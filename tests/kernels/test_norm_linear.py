@@ -99,3 +99,54 @@ def test_on_the_gpu_a_tuned_shape_of_up_to_sixteen_rows_is_fused():
     h, expected_stream = rms_norm(x[:1], norm_weight, EPS, residual[:1])
     assert torch.equal(stream, expected_stream)
     torch.testing.assert_close(y, torch.nn.functional.linear(h, w, b), atol=2e-2, rtol=2e-2)
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=311, hidden_size=96, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
+                       num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)
+
+
+def test_a_model_forward_with_the_norms_fused_equals_it_unfused(device, monkeypatch):
+    """The wiring in modeld.model.DecoderLayer: a prefill of 7 tokens and two decode steps of a 2-layer Llama
+    through the fused kernel (q|k|v and gate|up in the tiles patched in below) give the hidden states of the
+    same forward with the norms, projections and SiLU-mul apart; the fused kernel ran twice a layer."""
+    import modeld.model
+    from modeld.model import CausalLM
+    from tests.modeld.paged import PagedPools
+
+    cfg = _tiny_llama()
+    torch.manual_seed(0)
+    model = CausalLM(cfg).to(device, torch.float16).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, modeld.model.RMSNorm):
+                module.weight.normal_(1.0, 0.1)
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    for shape in ((cfg.hidden_size + 2 * cfg.num_key_value_heads * head_dim, cfg.hidden_size),
+                  (2 * cfg.intermediate_size, cfg.hidden_size)):
+        monkeypatch.setitem(TILES, shape, (32, 32, 4, 2))
+    if device == "cpu":  # the dispatcher takes CUDA tensors only: let it take the interpreter's
+        monkeypatch.setattr(modeld.model, "norm_linear_fits",
+                            lambda x, norm_weight, weight: x.shape[0] <= MAX_ROWS and tuple(weight.shape) in TILES)
+    launches = []
+    monkeypatch.setattr(modeld.model, "norm_linear", lambda *a, **k: launches.append(1) or norm_linear(*a, **k))
+    gen = torch.Generator().manual_seed(4)
+    steps = [torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist() for n in (7, 1, 1)]
+    hidden = {}
+    for fuse in (True, False):
+        model.use_skinny_linear(True, fuse_norms=fuse)
+        pools = PagedPools(cfg, pages=16, page_size=4, dtype=torch.float16)
+        pools.kv, pools.req_to_token = pools.kv.to(device), pools.req_to_token.to(device)
+        outs = []
+        for ids in steps:
+            batch = pools.batch([(1, ids)])
+            for name, value in vars(batch).items():
+                if isinstance(value, torch.Tensor):
+                    setattr(batch, name, value.to(device))
+            outs.append(model(batch, pools.kv)[0].float())
+        hidden[fuse] = torch.cat(outs)
+        assert len(launches) == (2 * cfg.num_hidden_layers * len(steps) if fuse else 0)
+        launches.clear()
+    torch.testing.assert_close(hidden[True], hidden[False], atol=2e-2, rtol=2e-2)
