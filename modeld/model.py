@@ -154,7 +154,9 @@ class DecoderLayer(nn.Module):
         """(proj(norm(x + residual)), x + residual), then SiLU-mul with silu: one kernel for a few rows on a GPU,
         else the norm kernel, the projection and the SiLU-mul kernel."""
         if self.fuse_norms and proj.skinny and norm_linear_fits(x, norm.weight, proj.weight):
-            return norm_linear(x, residual, norm.weight, norm.eps, proj.weight, proj.bias, silu_pair=silu)
+            fused = norm_linear(x, residual, norm.weight, norm.eps, proj.weight, proj.bias, silu_pair=silu)
+            if fused is not None:
+                return fused
         h, residual = norm.fused(x, residual)
         out = proj(h)
         return (silu_mul(out) if silu else out), residual

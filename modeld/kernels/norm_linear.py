@@ -14,11 +14,16 @@ same dot; SiLU on the rounded gate, rounded, times the rounded up, rounded. Only
 another order (by K chunk), so a normalised value can differ by a last ulp. A row's result depends on that row alone.
 """
 
+import logging
+
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from modeld.kernels.skinny_linear import MAX_ROWS, TILES
+
+log = logging.getLogger(__name__)
 
 
 @triton.jit
@@ -119,6 +124,29 @@ def tile_for(weight: torch.Tensor, silu_pair: bool) -> tuple[int, int, int, int]
     return (max(16, block_n // 2) if silu_pair else block_n), block_k, warps, stages
 
 
+# (N, K, silu_pair, has_residual) -> the tile that compiled within this card's shared memory, or None if none did.
+# The fused kernel stages the residual's tiles beside the projection's, so its TILES entry may need fewer stages.
+_TILE_THAT_FITS: dict[tuple, tuple[int, int, int, int] | None] = {}
+
+
 def norm_linear(x, residual, norm_weight, eps, weight, bias, silu_pair=False):
-    """(y, v) as `norm_linear_launch` computes them, with the projection's tile from TILES. Callers check `fits`."""
-    return norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile_for(weight, silu_pair), silu_pair)
+    """(y, v) as `norm_linear_launch` computes them, with the projection's tile from TILES, or None where no tile of
+    it, down to 2 stages, fits this card's shared memory (the caller then runs the ops apart). Callers check `fits`.
+    A launch that does not fit fails when its kernel is loaded, before anything runs (a graph's eager run first)."""
+    key = (*weight.shape, silu_pair, residual is not None)
+    if key in _TILE_THAT_FITS:
+        tile = _TILE_THAT_FITS[key]
+        return None if tile is None else norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_pair)
+    block_n, block_k, warps, stages = tile_for(weight, silu_pair)
+    for fewer in range(stages, 1, -1):
+        try:
+            out = norm_linear_launch(x, residual, norm_weight, eps, weight, bias, (block_n, block_k, warps, fewer),
+                                     silu_pair)
+        except OutOfResources:
+            continue
+        _TILE_THAT_FITS[key] = (block_n, block_k, warps, fewer)
+        return out
+    log.warning("the fused norm and projection of weight %s does not fit this GPU's shared memory: its norm runs "
+                "apart", tuple(weight.shape))
+    _TILE_THAT_FITS[key] = None
+    return None
