@@ -18,6 +18,7 @@ threads.
 import argparse
 import collections
 import pathlib
+import statistics
 import sys
 import time
 
@@ -34,7 +35,7 @@ class Waits:
     counts k, as bench.engine_speed's breakdown does)."""
 
     def __init__(self, engine):
-        self.count, self.seconds = collections.Counter(), collections.Counter()
+        self.times = collections.defaultdict(list)  # kind -> seconds of each call
         self.steps, self.patches = 0, Patches()
         sched = engine.scheduler
         for name, kind in (("alloc", "Alloc"), ("free", "Free"), ("match_prefix", "MatchPrefix"),
@@ -71,22 +72,23 @@ class Waits:
                     return original(*a, **kw)
                 finally:
                     if kind:
-                        self.count[kind] += 1
-                        self.seconds[kind] += time.perf_counter() - begin
+                        self.times[kind].append(time.perf_counter() - begin)
             return timed
         return make
 
     def close(self, handler_ms: dict[str, float]) -> list[str]:
         """Undoes the wrapping; the table rows: kind, calls and milliseconds per 100 decode steps, the milliseconds
-        a waited call took, and memd's handler time for a call of its method (handler_ms, by method)."""
+        a waited call took (mean, median and the slowest: does one call carry the mean?), and memd's handler time
+        for a call of its method (handler_ms, by method)."""
         self.patches.undo()
         per = 100 / max(1, self.steps)
         rows = []
-        for kind, n in sorted(self.count.items()):
+        for kind, times in sorted(self.times.items()):
             method = "Alloc" if kind.startswith("Alloc") else kind
             handler = f"{handler_ms[method]:.3f}" if method in handler_ms else "-"
-            rows.append(f"{kind} | {n * per:.1f} | {self.seconds[kind] * 1e3 * per:.2f} | "
-                        f"{self.seconds[kind] * 1e3 / n:.3f} | {handler}")
+            ms = [1e3 * t for t in times]
+            rows.append(f"{kind} | {len(ms) * per:.1f} | {sum(ms) * per:.2f} | {sum(ms) / len(ms):.3f} / "
+                        f"{statistics.median(ms):.3f} / {max(ms):.3f} | {handler}")
         return rows
 
 
@@ -130,8 +132,8 @@ def main(argv=None) -> int:
     memd_flags = ["--device", args.device, "--target-model", target, "--max-running-requests", str(args.concurrency),
                   "--max-total-tokens", "65536", "--draft-model", "none", "--metrics-port", "0"]
     print(f"engine as served (lookahead 32, calls sent ahead), {args.new_tokens} new tokens at most, greedy, "
-          f"device {args.device}\n\n| batch | kind | waited calls / 100 steps | ms waited / 100 steps | ms a waited call "
-          f"| memd's handler, ms a call |\n|---|---|---|---|---|---|")
+          f"device {args.device}\n\n| batch | kind | waited calls / 100 steps | ms waited / 100 steps "
+          f"| ms a waited call: mean / p50 / max | memd's handler, ms a call |\n|---|---|---|---|---|---|")
     with memd_process(*memd_flags) as memd:
         cfg = ModeldConfig(device=args.device, memd=memd, target_model=target, speculative_algorithm="none")
         with running_engine(cfg) as engine:

@@ -3,6 +3,9 @@ training differentiates through) computed with fused weights and kernels, as the
 
 - every layer's q|k|v and gate|up in one matrix each; residual add + RMSNorm, SiLU-and-multiply and rotary
   in one Triton launch each (modeld.kernels.fused; their torch references on the CPU);
+- a block of at most 16 rows (one request's) through the target's few-row kernels where its shapes are tuned: the
+  skinny projections, with the norm before q|k|v and gate|up and the SiLU-mul after gate|up inside them
+  (modeld.kernels.norm_linear; the default draft has the default model's shapes, the 8B draft the 8B's);
 - cos / sin gathered from a table filled once, not recomputed per call;
 - the context K/V of all layers from one projection (k_proj|v_proj of every layer stacked), one norm launch
   and one rotary launch for all layers;
@@ -22,7 +25,9 @@ from torch.nn import functional as F
 
 from modeld.draft import DFlashDraft
 from modeld.kernels.draft_attention import PagedContext, draft_attention
-from modeld.kernels.fused import rms_norm, rotary, rotary_one, silu_mul
+from modeld.kernels.fused import rms_norm, rotary, rotary_one
+from modeld.kernels.norm_linear import norm_project
+from modeld.kernels.skinny_linear import linear
 from modeld.model import hf_rope_table
 
 
@@ -69,6 +74,14 @@ class ServingDraft:
         self.unit = torch.ones_like(attns[0].k_norm.weight)
         cos, sin = hf_rope_table(draft.rotary_emb, max(max_positions, cfg.max_position_embeddings), self.fc.device)
         self.cos, self.sin = cos.to(self.fc.dtype), sin.to(self.fc.dtype)  # HF computes in fp32 and casts per call
+        self.skinny, self.fuse_norms = True, True
+
+    def use_skinny_linear(self, on: bool, fuse_norms: bool = True) -> None:
+        """As CausalLM.use_skinny_linear, for the block's layers; capture graphs after."""
+        self.skinny, self.fuse_norms = on, fuse_norms
+
+    def _linear(self, x, weight, bias=None):
+        return linear(x, weight, bias) if self.skinny else F.linear(x, weight, bias)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         flat = positions.reshape(-1)
@@ -95,15 +108,18 @@ class ServingDraft:
         cos, sin = self.rope(positions)
         x, residual = embeds.reshape(n * b, hidden), None
         for layer, context in zip(self.layers, contexts):
-            h, residual = rms_norm(x, layer.input_norm, self.eps, residual)
-            h = self._attention(layer, h, n, b, cos, sin, context)
-            h, residual = rms_norm(h, layer.post_norm, self.eps, residual)
-            x = F.linear(silu_mul(F.linear(h, *layer.gate_up)), *layer.down)
+            qkv, residual = norm_project(x, residual, layer.input_norm, self.eps, *layer.qkv, False, self.skinny,
+                                         self.fuse_norms)
+            h = self._attention(layer, qkv, n, b, cos, sin, context)
+            act, residual = norm_project(h, residual, layer.post_norm, self.eps, *layer.gate_up, True, self.skinny,
+                                         self.fuse_norms)
+            x = self._linear(act, *layer.down)
         return rms_norm(x, self.norm, self.eps, residual)[0].view(n, b, hidden)
 
-    def _attention(self, layer: _Layer, h, n: int, b: int, cos, sin, context) -> torch.Tensor:
+    def _attention(self, layer: _Layer, qkv, n: int, b: int, cos, sin, context) -> torch.Tensor:
+        """qkv: the layer's q|k|v projection of its normed input."""
         hd = self.head_dim
-        q, k, v = F.linear(h, *layer.qkv).split(layer.split, dim=-1)
+        q, k, v = qkv.split(layer.split, dim=-1)
         q = rms_norm(q.reshape(-1, hd), layer.q_norm, self.eps)[0].view(n * b, self.heads, hd)
         k = rms_norm(k.reshape(-1, hd), layer.k_norm, self.eps)[0].view(n * b, self.kv_heads, hd)
         q, k = rotary(q, k, cos, sin)
@@ -112,4 +128,4 @@ class ServingDraft:
             out = context.attend(q, k, v, self.spec.causal, hd**-0.5)
         else:
             out = draft_attention(q, k, v, *context, self.spec.causal, hd**-0.5)
-        return F.linear(out.reshape(n * b, self.heads * hd), layer.o)
+        return self._linear(out.reshape(n * b, self.heads * hd), layer.o)

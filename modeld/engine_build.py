@@ -84,6 +84,8 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     link.check = check
     check(layout)
     worker = DflashWorker(draft, model, link.pools) if draft is not None else None
+    if worker is not None:
+        worker.draft.use_skinny_linear(not cfg.disable_skinny_linear, fuse_norms=not cfg.disable_norm_fusion)
     limits = step_limits(cfg, layout, worker is not None)
     scheduler = Scheduler(link.session, limits.max_running, limits.chunk, limits.context_len,
                           worker.block if worker else 0, lookahead=limits.lookahead, async_top_ups=True,

@@ -17,9 +17,8 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from modeld.kernels.attention import paged_attention
-from modeld.kernels.fused import rms_norm, silu_mul
-from modeld.kernels.norm_linear import fits as norm_linear_fits
-from modeld.kernels.norm_linear import norm_linear
+from modeld.kernels.fused import rms_norm
+from modeld.kernels.norm_linear import norm_project
 from modeld.kernels.rotary_store import rotary_store
 from modeld.kernels.skinny_linear import linear
 
@@ -145,21 +144,14 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, residual, cos, sin, batch, k_cache, v_cache):
         """The layer's output is `x + residual` of what it returns: the add is fused into the next norm."""
-        qkv, residual = self._norm_then(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
+        qkv, residual = self._norm_project(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
         h = self.self_attn(qkv, cos, sin, batch, k_cache, v_cache)
-        act, residual = self._norm_then(self.post_attention_layernorm, self.mlp.gate_up_proj, h, residual, silu=True)
+        act, residual = self._norm_project(self.post_attention_layernorm, self.mlp.gate_up_proj, h, residual, silu=True)
         return self.mlp.down_proj(act), residual
 
-    def _norm_then(self, norm: RMSNorm, proj: RowLinear, x, residual, silu=False):
-        """(proj(norm(x + residual)), x + residual), then SiLU-mul with silu: one kernel for a few rows on a GPU,
-        else the norm kernel, the projection and the SiLU-mul kernel."""
-        if self.fuse_norms and proj.skinny and norm_linear_fits(x, norm.weight, proj.weight):
-            fused = norm_linear(x, residual, norm.weight, norm.eps, proj.weight, proj.bias, silu_pair=silu)
-            if fused is not None:
-                return fused
-        h, residual = norm.fused(x, residual)
-        out = proj(h)
-        return (silu_mul(out) if silu else out), residual
+    def _norm_project(self, norm: RMSNorm, proj: RowLinear, x, residual, silu=False):
+        return norm_project(x, residual, norm.weight, norm.eps, proj.weight, proj.bias, silu, proj.skinny,
+                            self.fuse_norms)
 
 
 class Backbone(nn.Module):

@@ -17,11 +17,13 @@ another order (by K chunk), so a normalised value can differ by a last ulp. A ro
 import logging
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from modeld.kernels.skinny_linear import MAX_ROWS, TILES
+from modeld.kernels.fused import rms_norm, silu_mul
+from modeld.kernels.skinny_linear import MAX_ROWS, TILES, linear
 
 log = logging.getLogger(__name__)
 
@@ -150,3 +152,22 @@ def norm_linear(x, residual, norm_weight, eps, weight, bias, silu_pair=False):
                 "apart", tuple(weight.shape))
     _TILE_THAT_FITS[key] = None
     return None
+
+
+def tile_in_use(weight: torch.Tensor, silu_pair: bool, has_residual: bool = True):
+    """The tile norm_linear settled on for this weight after its first call, or None where none fitted."""
+    return _TILE_THAT_FITS[(*weight.shape, silu_pair, has_residual)]
+
+
+def norm_project(x, residual, norm_weight, eps, weight, bias, silu=False, skinny=True, fuse=True):
+    """(proj(norm(x + residual)), x + residual), then SiLU-mul with silu: one launch of the fused kernel where it
+    fits (fuse and skinny on, a few rows on a GPU, a tuned shape, a tile within shared memory), else the norm
+    kernel, the projection (the skinny kernel where it fits while skinny is on, else cuBLAS) and the SiLU-mul
+    kernel. The target's decoder layers and the DFLASH draft's serving layers both run their norms through this."""
+    if skinny and fuse and fits(x, norm_weight, weight):
+        fused = norm_linear(x, residual, norm_weight, eps, weight, bias, silu_pair=silu)
+        if fused is not None:
+            return fused
+    h, residual = rms_norm(x, norm_weight, eps, residual)
+    out = linear(h, weight, bias) if skinny else F.linear(h, weight, bias)
+    return (silu_mul(out) if silu else out), residual

@@ -4,18 +4,21 @@
 # about 80 s). Run it after every change to the engine's hot path. The suites' whole output: $OUT/suite-*.txt.
 # With the argument `suites`, the tests alone (a session that trains a draft and changed the hot path only a little).
 # With the argument `dummy`, on a bare machine (carry .whl only: no model parts, no set-up), what needs no real
-# weights: memd's round trip on the CUDA backend (GPU idle and busy, unary and over the Calls stream), the skinny
-# projection kernel against cuBLAS at one row (the quick sweep: are the H100's tiles right on this card?) and the 8B
-# geometry's engine speed and MBU (plain; plain with cuBLAS for few rows; DFLASH with the random 8B-shaped draft).
+# weights: the fused norm + projection kernels' tests and their timing against the unfused ops (with a tile sweep
+# at one row), the skinny projection kernel against cuBLAS at one row (the quick sweep: are the H100's tiles right
+# on this card?) and the 8B geometry's engine speed and MBU (plain with the norms fused against unfused, batch 1
+# decoding every token).
 export PYTHONPATH=/tmp/site:$PWD
 if [ "${1:-}" = dummy ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    python3 -m bench.memd_latency --calls 300 > "$OUT/memd_latency.md" 2> "$OUT/memd_latency.log"; cat "$OUT/memd_latency.md"
-    timeout 120 python3 -m bench.skinny_linear --rows 1 --quick > "$OUT/skinny_linear.md" 2>&1; tail -1 "$OUT/skinny_linear.md"
-    timeout 400 python3 -m bench.engine_speed --target bench/configs/llama3-8b --draft bench/configs/llama3-8b-draft \
-        --load-format dummy --concurrency 16 --batch1 2 --new-tokens 256 --skip-hf --variants 3,8 \
+    python3 -m pytest -q tests/kernels/test_norm_linear.py tests/kernels/test_skinny_linear.py > "$OUT/suite-fused.txt" 2>&1
+    tail -2 "$OUT/suite-fused.txt"
+    timeout 150 python3 -m bench.norm_linear --rows 1 --sweep > "$OUT/norm_linear.md" 2>&1; cat "$OUT/norm_linear.md"
+    timeout 100 python3 -m bench.skinny_linear --rows 1 --quick > "$OUT/skinny_linear.md" 2>&1; tail -1 "$OUT/skinny_linear.md"
+    timeout 300 python3 -m bench.engine_speed --target bench/configs/llama3-8b --draft bench/configs/llama3-8b-draft \
+        --load-format dummy --concurrency 16 --batch1 2 --new-tokens 256 --ignore-eos --skip-hf --variants 10 \
         > "$OUT/engine_speed_8b.md" 2> "$OUT/engine_speed_8b.log"
-    grep -v "^{" "$OUT/engine_speed_8b.md"  # cut off at 400 s, the rows of the variants that ran are in the file
+    grep -v "^{" "$OUT/engine_speed_8b.md"  # cut off at 300 s, the rows of the variants that ran are in the file
     exit 0
 fi
 python3 -m pytest -q tests/kernels tests/memd/test_tables_written.py tests/modeld/test_cuda_graph.py tests/modeld/test_device_sampling.py \
@@ -26,8 +29,9 @@ python3 -m pytest -q tests/modeld/test_forward_vs_hf.py tests/e2e/test_generate.
 python3 -m pytest -q tests/dflash/test_default_draft.py 2>&1 | tail -2  # the shipped draft, lossless (its daemons run on the CPU)
 [ "${1:-}" = suites ] && exit 0  # `device-check.sh suites`: the suites alone (about half the call), no benchmarks
 python3 -m bench.sampler_speed > "$OUT/sampler_speed.md" 2>&1; cat "$OUT/sampler_speed.md"
-python3 -m bench.memd_waits --device cuda > "$OUT/memd_waits.md" 2> "$OUT/memd_waits.log"; cat "$OUT/memd_waits.md"
-python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 > "$OUT/engine_speed.md" 2> "$OUT/engine_speed.log"
+python3 -m bench.memd_waits --device cuda --batch1 20 --new-tokens 32 > "$OUT/memd_waits.md" 2> "$OUT/memd_waits.log"
+cat "$OUT/memd_waits.md"  # 20 admissions at batch 1: what each costs in the engine, and memd's handler time
+python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --variants 5,10,11 > "$OUT/engine_speed.md" 2> "$OUT/engine_speed.log"
 cat "$OUT/engine_speed.md"
 # where a step's time goes, plain against DFLASH (device-busy against wall time per step; ops by device and host time)
 python3 -m bench.step_profile --batch 1 --new-tokens 64 --rows 40 > "$OUT/profile-b1.txt" 2> "$OUT/profile-b1.log"

@@ -136,15 +136,39 @@ def _tiny_llama():
                        num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)
 
 
+def _fuse_shapes(monkeypatch, device, shapes, tile_fits=True) -> list:
+    """The fused kernel on for these (N, K) weight shapes (a small tile in TILES), on the CPU too (the dispatcher
+    takes CUDA tensors only: here it takes the interpreter's); or, without tile_fits, norm_linear answering None as
+    where no tile fits the card. Returns the list that gets an entry per call of norm_linear."""
+    import modeld.kernels.norm_linear as nl
+
+    for shape in shapes:
+        monkeypatch.setitem(TILES, shape, (32, 32, 4, 2))
+    monkeypatch.setattr(nl, "_TILE_THAT_FITS", {})
+    if device == "cpu":
+        monkeypatch.setattr(nl, "fits", lambda x, norm_weight, weight: x.shape[0] <= MAX_ROWS
+                            and tuple(weight.shape) in TILES)
+    launches = []
+    monkeypatch.setattr(nl, "norm_linear",
+                        lambda *a, **k: launches.append(1) or (norm_linear(*a, **k) if tile_fits else None))
+    return launches
+
+
+def _check_fused_against_unfused(outs: dict, launches: list, expected_launches: int, tile_fits: bool) -> None:
+    assert len(launches) == expected_launches
+    if tile_fits:
+        torch.testing.assert_close(outs[True], outs[False], atol=2e-2, rtol=2e-2)
+    else:
+        assert torch.equal(outs[True], outs[False])
+
+
 @pytest.mark.parametrize("tile_fits", [True, False], ids=["fused", "no_tile_fits"])
 def test_a_model_forward_with_the_norms_fused_equals_it_unfused(device, monkeypatch, tile_fits):
     """The wiring in modeld.model.DecoderLayer: a prefill of 7 tokens and two decode steps of a 2-layer Llama
-    through the fused kernel (q|k|v and gate|up in the tiles patched in below) give the hidden states of the
-    same forward with the norms, projections and SiLU-mul apart; the fused kernel ran twice a layer. Where no tile
-    fits the card (norm_linear answers None), the layer runs the ops apart: the same hidden states exactly."""
-    import modeld.kernels.norm_linear
-    import modeld.model
-    from modeld.model import CausalLM
+    through the fused kernel give the hidden states of the same forward with the norms, projections and SiLU-mul
+    apart; the fused kernel ran twice a layer. Where no tile fits the card (norm_linear answers None), the layer
+    runs the ops apart: the same hidden states exactly."""
+    from modeld.model import CausalLM, RMSNorm
     from tests.modeld.paged import PagedPools
 
     cfg = _tiny_llama()
@@ -152,19 +176,12 @@ def test_a_model_forward_with_the_norms_fused_equals_it_unfused(device, monkeypa
     model = CausalLM(cfg).to(device, torch.float16).eval()
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, modeld.model.RMSNorm):
+            if isinstance(module, RMSNorm):
                 module.weight.normal_(1.0, 0.1)
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    for shape in ((cfg.hidden_size + 2 * cfg.num_key_value_heads * head_dim, cfg.hidden_size),
-                  (2 * cfg.intermediate_size, cfg.hidden_size)):
-        monkeypatch.setitem(TILES, shape, (32, 32, 4, 2))
-    if device == "cpu":  # the dispatcher takes CUDA tensors only: let it take the interpreter's
-        monkeypatch.setattr(modeld.model, "norm_linear_fits",
-                            lambda x, norm_weight, weight: x.shape[0] <= MAX_ROWS and tuple(weight.shape) in TILES)
-    monkeypatch.setattr(modeld.kernels.norm_linear, "_TILE_THAT_FITS", {})  # tiles of the shapes patched in above
-    launches = []
-    monkeypatch.setattr(modeld.model, "norm_linear",
-                        lambda *a, **k: launches.append(1) or (norm_linear(*a, **k) if tile_fits else None))
+    launches = _fuse_shapes(monkeypatch, device, [
+        (cfg.hidden_size + 2 * cfg.num_key_value_heads * head_dim, cfg.hidden_size),
+        (2 * cfg.intermediate_size, cfg.hidden_size)], tile_fits)
     gen = torch.Generator().manual_seed(4)
     steps = [torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist() for n in (7, 1, 1)]
     hidden = {}
@@ -180,9 +197,28 @@ def test_a_model_forward_with_the_norms_fused_equals_it_unfused(device, monkeypa
                     setattr(batch, name, value.to(device))
             outs.append(model(batch, pools.kv)[0].float())
         hidden[fuse] = torch.cat(outs)
-        assert len(launches) == (2 * cfg.num_hidden_layers * len(steps) if fuse else 0)
-        launches.clear()
-    if tile_fits:
-        torch.testing.assert_close(hidden[True], hidden[False], atol=2e-2, rtol=2e-2)
-    else:
-        assert torch.equal(hidden[True], hidden[False])
+    _check_fused_against_unfused(hidden, launches, 2 * cfg.num_hidden_layers * len(steps), tile_fits)
+
+
+@pytest.mark.parametrize("tile_fits", [True, False], ids=["fused", "no_tile_fits"])
+def test_the_drafts_block_with_the_norms_fused_equals_it_unfused(device, monkeypatch, tile_fits):
+    """The same for the DFLASH draft's serving layers (modeld.draft_serving): one request's block of 4 rows."""
+    from modeld.draft_serving import ServingDraft
+    from tests.dflash.test_draft_serving import HIDDEN, contexts_for, make_draft
+
+    draft = make_draft(causal=False, dtype=torch.float16, device=device)
+    serving = ServingDraft(draft, max_positions=256)
+    cfg = draft.config
+    launches = _fuse_shapes(monkeypatch, device, [
+        ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim, HIDDEN),
+        (2 * cfg.intermediate_size, HIDDEN)], tile_fits)
+    b = draft.spec.block_size
+    gen = torch.Generator().manual_seed(5)
+    embeds = torch.randn(1, b, HIDDEN, generator=gen).to(device, torch.float16)
+    positions = torch.arange(40, 40 + b, device=device)[None, :]
+    contexts = contexts_for(draft, 1, b, 12, torch.float16, device)
+    outs = {}
+    for fuse in (True, False):
+        serving.use_skinny_linear(True, fuse_norms=fuse)
+        outs[fuse] = serving.block_hidden(embeds, positions, contexts).float()
+    _check_fused_against_unfused(outs, launches, 2 * cfg.num_hidden_layers, tile_fits)
