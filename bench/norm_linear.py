@@ -1,6 +1,8 @@
 """The residual add + RMSNorm (+ SiLU-mul) folded into the skinny projection (modeld/kernels/norm_linear.py) against
 the same ops as separate kernels (the norm kernel, the skinny projection, the SiLU-mul kernel), side by side in one
-run, at the q|k|v and gate|up shapes of the 8B geometry and of the default model, for one row and for 16.
+run, at the q|k|v and gate|up shapes of the 8B geometry and of the default model, for one row and for 16. Then the
+attention input in one launch (modeld/kernels/norm_qkv_rotary.py: norm, q|k|v, rotary, K/V write) against the norm
+kernel, the skinny q|k|v and rotary_store.
 
 Timing as in bench.skinny_linear: a CUDA graph of many launches over weight copies that do not fit in L2, device
 time per launch from CUDA events. The fused kernel is timed with the tile modeld uses (the projection's TILES entry,
@@ -18,11 +20,14 @@ from bench.skinny_linear import ROTATION_BYTES, device_us
 from modeld.kernels.fused import rms_norm, silu_mul
 from modeld.kernels import norm_linear as fused_norm
 from modeld.kernels.norm_linear import norm_linear_launch
+from modeld.kernels.norm_qkv_rotary import norm_qkv_rotary
+from modeld.kernels.rotary_store import rotary_store
 from modeld.kernels.skinny_linear import TILES, skinny_launch
 
 # (name, N, K, with SiLU-mul): the projections that follow a norm
 SHAPES = [("8B qkv", 6144, 4096, False), ("8B gate_up", 28672, 4096, True),
           ("135M qkv", 960, 576, False), ("135M gate_up", 3072, 576, True)]
+ATTENTION_INPUTS = [("8B qkv", 4096, 32, 8, 128), ("135M qkv", 576, 9, 3, 64)]  # (name, K, q heads, kv heads, D)
 OTHER_TILES = list(itertools.product((16, 32, 64), (128, 256, 512), (4,), (3, 4)))
 EPS = 1e-5
 
@@ -69,6 +74,37 @@ def one_shape(name: str, n: int, k: int, silu: bool, rows: int, sweep: bool) -> 
     return lines
 
 
+def attention_input(name: str, k: int, q_heads: int, kv_heads: int, head_dim: int, rows: int) -> str:
+    n = (q_heads + 2 * kv_heads) * head_dim
+    copies = max(2, -(-ROTATION_BYTES // (n * k * 2)))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
+    x, residual = (torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    norm_weight = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+    cos, sin = (torch.rand(rows, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    caches = [torch.zeros(4096, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    slots = torch.arange(rows, device="cuda") + 7
+    split = (q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim)
+
+    def apart(i):
+        h, _ = rms_norm(x, norm_weight, EPS, residual)
+        q, kk, v = skinny_launch(h, weights[i], None, TILES[(n, k)]).split(split, dim=-1)
+        return rotary_store(q.unflatten(-1, (q_heads, head_dim)), kk.unflatten(-1, (kv_heads, head_dim)),
+                            v.unflatten(-1, (kv_heads, head_dim)), cos, sin, *caches, slots)
+
+    def fused(i):
+        return norm_qkv_rotary(x, residual, norm_weight, EPS, weights[i], None, cos, sin, *caches, slots, q_heads,
+                               kv_heads)[0]
+
+    if fused(0) is None:
+        return f"| {name} | {rows} | attention input: no tile fits this card's shared memory | - | - | - |"
+    err = ((fused(0).float() - apart(0).float()).abs().max() / apart(0).float().abs().max()).item()
+    base, us = device_us(apart, copies), device_us(fused, copies)
+    del weights
+    torch.cuda.empty_cache()
+    return (f"| {name} | {rows} | norm + skinny + rotary_store: {base:.2f} µs; in one launch | {us:.2f} | "
+            f"{base / us:.2f} | {err:.1e} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1,16")
@@ -80,6 +116,8 @@ def main() -> None:
     for rows in (int(r) for r in args.rows.split(",")):
         for name, n, k, silu in SHAPES:
             print("\n".join(one_shape(name, n, k, silu, rows, args.sweep)), flush=True)
+        for name, k, q_heads, kv_heads, head_dim in ATTENTION_INPUTS:
+            print(attention_input(name, k, q_heads, kv_heads, head_dim, rows), flush=True)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ class ModeldConfig:
     decode_lookahead: int = 32  # decode positions memd grants ahead of need, so most steps make no memd call
     disable_cuda_graph: bool = False  # CUDA graphs of decode and verify steps (on CUDA only)
     disable_skinny_linear: bool = False  # projections of <= 16 rows on cuBLAS instead of the skinny Triton kernel
-    disable_norm_fusion: bool = False  # with the skinny kernel: the norms and SiLU-mul as kernels of their own
+    disable_norm_fusion: bool = False  # with the skinny kernel: norms, SiLU-mul, rotary as kernels of their own
     steps_per_replay: int = 4  # decode (greedy DFLASH: verify) steps a graph replay, or a chain of them, runs back to back
     speculative_disable_by_batch_size: int = 16  # DFLASH verifies only while fewer requests run (0: always)
     max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
@@ -97,9 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the target's projections of a few rows (batch-1 decode, one request's DFLASH block) on "
                         "cuBLAS (default on CUDA: the skinny Triton kernel, one launch that streams each weight once)")
     p.add_argument("--disable-norm-fusion", action="store_true",
-                   help="with the skinny kernel, run the residual add + RMSNorm before q|k|v and gate|up and the "
-                        "SiLU-mul after gate|up as kernels of their own (default: inside the skinny projection, one "
-                        "launch instead of two or three)")
+                   help="with the skinny kernel, run the residual add + RMSNorm before q|k|v and gate|up, the "
+                        "SiLU-mul after gate|up and the rotary + K/V write after q|k|v as kernels of their own "
+                        "(default: inside the skinny projection, one launch instead of two or three)")
     p.add_argument("--steps-per-replay", type=int, default=4,
                    help="decode steps (greedy DFLASH: verify steps) run back to back, each fed the last, before "
                         "their tokens reach the host: in one CUDA graph replay for greedy batches, as a chain of "

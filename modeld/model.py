@@ -7,7 +7,8 @@ rotary from a table computed once and applied in the launch that writes K/V into
 free of host syncs, so a decode forward can be captured in a CUDA graph (modeld/cuda_graph.py). A layer's projections
 of at most 16 rows on a GPU (a batch-1 decode step, one request's DFLASH block) run the skinny Triton kernel where it
 beats cuBLAS (modeld/kernels/skinny_linear.py), with the residual add + RMSNorm before q|k|v and gate|up and the
-SiLU-mul after gate|up inside it (modeld/kernels/norm_linear.py); more rows, cuBLAS.
+SiLU-mul after gate|up inside it (modeld/kernels/norm_linear.py), and without q/k norms the rotary and K/V write
+after q|k|v too (modeld/kernels/norm_qkv_rotary.py): five launches a layer; more rows, cuBLAS.
 """
 
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from modeld.kernels.attention import paged_attention
 from modeld.kernels.fused import rms_norm
 from modeld.kernels.norm_linear import norm_project
+from modeld.kernels.norm_qkv_rotary import norm_qkv_rotary
 from modeld.kernels.rotary_store import rotary_store
 from modeld.kernels.skinny_linear import linear
 
@@ -87,8 +89,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, qkv, cos, sin, batch: ForwardBatch, k_cache, v_cache) -> torch.Tensor:
-        """qkv: the q|k|v projection of the normed input (DecoderLayer runs it, fused with the norm or not)."""
+    def rotate_and_store(self, qkv, cos, sin, batch: ForwardBatch, k_cache, v_cache) -> torch.Tensor:
+        """The rotated q of a q|k|v projection of the normed input; its rotated k and v written to the pool."""
         T = qkv.shape[0]
         q, k, v = qkv.split(self.split, dim=-1)
         q = q.unflatten(-1, (self.heads, self.head_dim))
@@ -97,7 +99,11 @@ class Attention(nn.Module):
         if self.qk_norm:
             q = self.q_norm.fused(q.reshape(-1, self.head_dim))[0].view(T, self.heads, self.head_dim)
             k = self.k_norm.fused(k.reshape(-1, self.head_dim))[0].view(T, self.kv_heads, self.head_dim)
-        q = rotary_store(q, k, v, cos, sin, k_cache, v_cache, batch.out_slots)  # rotated k lands in the pool only
+        return rotary_store(q, k, v, cos, sin, k_cache, v_cache, batch.out_slots)  # rotated k lands in the pool only
+
+    def attend(self, q, batch: ForwardBatch, k_cache, v_cache) -> torch.Tensor:
+        """o_proj of the attention of the rotated q [T, heads, head_dim] over the pool (the new K/V written)."""
+        T = q.shape[0]
         out = paged_attention(q, k_cache, v_cache, batch.req_to_token, batch.rows, batch.q_starts, batch.q_lens,
                               batch.kv_lens, self.scale, qo_indptr=batch.qo_indptr)
         return self.o_proj(out.view(T, self.heads * self.head_dim))
@@ -144,10 +150,22 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, residual, cos, sin, batch, k_cache, v_cache):
         """The layer's output is `x + residual` of what it returns: the add is fused into the next norm."""
-        qkv, residual = self._norm_project(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
-        h = self.self_attn(qkv, cos, sin, batch, k_cache, v_cache)
+        q, residual = self._attention_input(x, residual, cos, sin, batch, k_cache, v_cache)
+        h = self.self_attn.attend(q, batch, k_cache, v_cache)
         act, residual = self._norm_project(self.post_attention_layernorm, self.mlp.gate_up_proj, h, residual, silu=True)
         return self.mlp.down_proj(act), residual
+
+    def _attention_input(self, x, residual, cos, sin, batch, k_cache, v_cache):
+        """(rotated q, x + residual), the new tokens' rotated k and v written to the pool: in one launch for a few
+        rows of a layer without q/k norms where it fits, else the norm + q|k|v projection, then rotary_store."""
+        attn, norm = self.self_attn, self.input_layernorm
+        if self.fuse_norms and attn.qkv_proj.skinny and not attn.qk_norm:
+            fused = norm_qkv_rotary(x, residual, norm.weight, norm.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
+                                    cos, sin, k_cache, v_cache, batch.out_slots, attn.heads, attn.kv_heads)
+            if fused is not None:
+                return fused
+        qkv, residual = self._norm_project(norm, attn.qkv_proj, x, residual)
+        return attn.rotate_and_store(qkv, cos, sin, batch, k_cache, v_cache), residual
 
     def _norm_project(self, norm: RMSNorm, proj: RowLinear, x, residual, silu=False):
         return norm_project(x, residual, norm.weight, norm.eps, proj.weight, proj.bias, silu, proj.skinny,
@@ -185,15 +203,16 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if getattr(cfg, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.rope_table: torch.Tensor | None = None  # [positions, 2, head_dim]: cos and sin in the activation dtype
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, head_dim] in `dtype`, gathered from a table HF's rotary embedding fills once in fp32
-        (the same values it computes per call: an outer product of positions and frequencies)."""
-        if self.rope_table is None:
-            self.rope_table = hf_rope_table(self.model.rotary_emb, self.config.max_position_embeddings, positions.device)
-        cos, sin = self.rope_table
-        return cos[positions].to(dtype), sin[positions].to(dtype)
+        """cos, sin [T, head_dim] in `dtype` (views of one gather), from a table HF's rotary embedding fills once in
+        fp32 (the same values it computes per call: an outer product of positions and frequencies), cast once."""
+        if self.rope_table is None or self.rope_table.dtype != dtype:
+            cos, sin = hf_rope_table(self.model.rotary_emb, self.config.max_position_embeddings, positions.device)
+            self.rope_table = torch.stack((cos, sin), dim=1).to(dtype)
+        both = self.rope_table[positions]
+        return both[:, 0], both[:, 1]
 
     def use_skinny_linear(self, on: bool, fuse_norms: bool = True) -> None:
         """Whether the layers' projections of a few rows run the skinny kernel (on) or cuBLAS, and whether the norms

@@ -40,6 +40,33 @@ def _residual_sum(x, residual, rows, ks, row_in, K, x_row, r_row, HAS_RESIDUAL: 
 
 
 @triton.jit
+def row_rstd(x, residual, rows, row_in, K, x_row, r_row, eps,
+             HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / RMS of each of the 16 rows of v = x (+ residual): fp32 statistics, summed by K chunk."""
+    sumsq = tl.zeros((16,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        v32 = _residual_sum(x, residual, rows, k0 + tl.arange(0, BLOCK_K), row_in, K, x_row, r_row,
+                            HAS_RESIDUAL, EVEN_K).to(tl.float32)
+        sumsq += tl.sum(v32 * v32, axis=1)
+    return tl.math.rsqrt(sumsq / K + eps)
+
+
+@triton.jit
+def normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x_row, r_row, store_residual,
+                HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
+    """The [16, BLOCK_K] tile at columns ks of h = norm_w * round(v * rstd), rounded to v's dtype; with
+    store_residual (one program of a launch) also stores v to residual_out [M, K]."""
+    k_in = ks < K
+    v = _residual_sum(x, residual, rows, ks, row_in, K, x_row, r_row, HAS_RESIDUAL, EVEN_K)
+    if HAS_RESIDUAL:
+        if store_residual:
+            tl.store(residual_out + rows[:, None] * K + ks[None, :], v, mask=row_in[:, None] & k_in[None, :])
+    normed = (v.to(tl.float32) * rstd[:, None]).to(v.dtype).to(tl.float32)
+    scale = tl.load(norm_w + ks, mask=k_in, other=0.0).to(tl.float32)
+    return (scale[None, :] * normed).to(v.dtype)
+
+
+@triton.jit
 def _norm_linear_kernel(
     x, residual, norm_w, w, b, y, residual_out, M, N, K, x_row, r_row, eps,
     HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_PAIR: tl.constexpr, EVEN_K: tl.constexpr,
@@ -52,27 +79,16 @@ def _norm_linear_kernel(
     row_in = rows < M
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_in = cols < N
-    sumsq = tl.zeros((16,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        v32 = _residual_sum(x, residual, rows, k0 + tl.arange(0, BLOCK_K), row_in, K, x_row, r_row,
-                            HAS_RESIDUAL, EVEN_K).to(tl.float32)
-        sumsq += tl.sum(v32 * v32, axis=1)
-    rstd = tl.math.rsqrt(sumsq / K + eps)
+    rstd = row_rstd(x, residual, rows, row_in, K, x_row, r_row, eps, HAS_RESIDUAL, EVEN_K, BLOCK_K)
     gate_rows = w + cols.to(tl.int64)[:, None] * K
     up_rows = w + (cols + N).to(tl.int64)[:, None] * K
     acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_in = ks < K
-        v = _residual_sum(x, residual, rows, ks, row_in, K, x_row, r_row, HAS_RESIDUAL, EVEN_K)
-        if HAS_RESIDUAL:
-            if pid == 0:
-                tl.store(residual_out + rows[:, None] * K + ks[None, :], v, mask=row_in[:, None] & k_in[None, :])
-        normed = (v.to(tl.float32) * rstd[:, None]).to(v.dtype).to(tl.float32)
-        scale = tl.load(norm_w + ks, mask=k_in, other=0.0).to(tl.float32)
-        h = (scale[None, :] * normed).to(v.dtype)
-        w_mask = col_in[:, None] if EVEN_K else col_in[:, None] & k_in[None, :]
+        h = normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x_row, r_row, pid == 0,
+                        HAS_RESIDUAL, EVEN_K)
+        w_mask = col_in[:, None] if EVEN_K else col_in[:, None] & (ks < K)[None, :]
         acc += tl.dot(h, tl.trans(tl.load(gate_rows + ks[None, :], mask=w_mask, other=0.0)))
         if SILU_PAIR:
             acc_up += tl.dot(h, tl.trans(tl.load(up_rows + ks[None, :], mask=w_mask, other=0.0)))
@@ -126,37 +142,43 @@ def tile_for(weight: torch.Tensor, silu_pair: bool) -> tuple[int, int, int, int]
     return (max(16, block_n // 2) if silu_pair else block_n), block_k, warps, stages
 
 
-# (N, K, silu_pair, has_residual) -> the tile that compiled within this card's shared memory, or None if none did.
-# The fused kernel stages the residual's tiles beside the projection's, so its TILES entry may need fewer stages.
+# (kernel, N, K, its variant) -> the tile that compiled within this card's shared memory, or None if none did. The
+# fused kernels stage the residual's tiles beside the projection's, so a TILES entry may need fewer stages here.
 _TILE_THAT_FITS: dict[tuple, tuple[int, int, int, int] | None] = {}
 
 
-def norm_linear(x, residual, norm_weight, eps, weight, bias, silu_pair=False):
-    """(y, v) as `norm_linear_launch` computes them, with the projection's tile from TILES, or None where no tile of
-    it, down to 2 stages, fits this card's shared memory (the caller then runs the ops apart). Callers check `fits`.
-    A launch that does not fit fails when its kernel is loaded, before anything runs (a graph's eager run first)."""
-    key = (*weight.shape, silu_pair, residual is not None)
+def launch_fitting(key: tuple, tile: tuple[int, int, int, int], launch):
+    """launch(tile), or where the card's shared memory does not hold the tile, launch with fewer stages (down to 2);
+    the tile that fitted is kept per key and used from then on. None (and a warning, once) where none fits: the
+    caller runs the ops apart. A launch that does not fit fails when its kernel loads, before anything runs (in a
+    CUDA graph's eager run, before its capture)."""
     if key in _TILE_THAT_FITS:
-        tile = _TILE_THAT_FITS[key]
-        return None if tile is None else norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_pair)
-    block_n, block_k, warps, stages = tile_for(weight, silu_pair)
+        kept = _TILE_THAT_FITS[key]
+        return None if kept is None else launch(kept)
+    block_n, block_k, warps, stages = tile
     for fewer in range(stages, 1, -1):
         try:
-            out = norm_linear_launch(x, residual, norm_weight, eps, weight, bias, (block_n, block_k, warps, fewer),
-                                     silu_pair)
+            out = launch((block_n, block_k, warps, fewer))
         except OutOfResources:
             continue
         _TILE_THAT_FITS[key] = (block_n, block_k, warps, fewer)
         return out
-    log.warning("the fused norm and projection of weight %s does not fit this GPU's shared memory: its norm runs "
-                "apart", tuple(weight.shape))
+    log.warning("the fused kernel %s does not fit this GPU's shared memory: its ops run apart", key)
     _TILE_THAT_FITS[key] = None
     return None
 
 
+def norm_linear(x, residual, norm_weight, eps, weight, bias, silu_pair=False):
+    """(y, v) as `norm_linear_launch` computes them, with the projection's tile from TILES (fewer stages where the
+    card needs), or None where no tile fits (launch_fitting). Callers check `fits`."""
+    return launch_fitting(
+        ("norm_linear", *weight.shape, silu_pair, residual is not None), tile_for(weight, silu_pair),
+        lambda tile: norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_pair))
+
+
 def tile_in_use(weight: torch.Tensor, silu_pair: bool, has_residual: bool = True):
     """The tile norm_linear settled on for this weight after its first call, or None where none fitted."""
-    return _TILE_THAT_FITS[(*weight.shape, silu_pair, has_residual)]
+    return _TILE_THAT_FITS[("norm_linear", *weight.shape, silu_pair, has_residual)]
 
 
 def norm_project(x, residual, norm_weight, eps, weight, bias, silu=False, skinny=True, fuse=True):

@@ -137,10 +137,11 @@ def _tiny_llama():
 
 
 def _fuse_shapes(monkeypatch, device, shapes, tile_fits=True) -> list:
-    """The fused kernel on for these (N, K) weight shapes (a small tile in TILES), on the CPU too (the dispatcher
-    takes CUDA tensors only: here it takes the interpreter's); or, without tile_fits, norm_linear answering None as
-    where no tile fits the card. Returns the list that gets an entry per call of norm_linear."""
+    """The fused kernels on for these (N, K) weight shapes (a small tile in TILES), on the CPU too (the dispatcher
+    takes CUDA tensors only: here it takes the interpreter's); or, without tile_fits, every fused launch answering
+    None as where no tile fits the card. Returns the list that gets an entry per fused launch asked for."""
     import modeld.kernels.norm_linear as nl
+    import modeld.kernels.norm_qkv_rotary as nqr
 
     for shape in shapes:
         monkeypatch.setitem(TILES, shape, (32, 32, 4, 2))
@@ -148,14 +149,19 @@ def _fuse_shapes(monkeypatch, device, shapes, tile_fits=True) -> list:
     if device == "cpu":
         monkeypatch.setattr(nl, "fits", lambda x, norm_weight, weight: x.shape[0] <= MAX_ROWS
                             and tuple(weight.shape) in TILES)
-    launches = []
-    monkeypatch.setattr(nl, "norm_linear",
-                        lambda *a, **k: launches.append(1) or (norm_linear(*a, **k) if tile_fits else None))
+    launches, launch_fitting = [], nl.launch_fitting
+
+    def counted(key, tile, launch):
+        launches.append(key[0])
+        return launch_fitting(key, tile, launch) if tile_fits else None
+
+    monkeypatch.setattr(nl, "launch_fitting", counted)
+    monkeypatch.setattr(nqr, "launch_fitting", counted)
     return launches
 
 
-def _check_fused_against_unfused(outs: dict, launches: list, expected_launches: int, tile_fits: bool) -> None:
-    assert len(launches) == expected_launches
+def _check_fused_against_unfused(outs: dict, launches: list, expected_launches: list, tile_fits: bool) -> None:
+    assert sorted(launches) == sorted(expected_launches)
     if tile_fits:
         torch.testing.assert_close(outs[True], outs[False], atol=2e-2, rtol=2e-2)
     else:
@@ -165,9 +171,9 @@ def _check_fused_against_unfused(outs: dict, launches: list, expected_launches: 
 @pytest.mark.parametrize("tile_fits", [True, False], ids=["fused", "no_tile_fits"])
 def test_a_model_forward_with_the_norms_fused_equals_it_unfused(device, monkeypatch, tile_fits):
     """The wiring in modeld.model.DecoderLayer: a prefill of 7 tokens and two decode steps of a 2-layer Llama
-    through the fused kernel give the hidden states of the same forward with the norms, projections and SiLU-mul
-    apart; the fused kernel ran twice a layer. Where no tile fits the card (norm_linear answers None), the layer
-    runs the ops apart: the same hidden states exactly."""
+    through the fused kernels (the attention input in one launch, gate|up with its norm and SiLU-mul in another)
+    give the hidden states of the same forward with the norms, projections, rotary and SiLU-mul apart. Where no
+    tile fits the card (the fused launches answer None), the layer runs the ops apart: the same hidden states."""
     from modeld.model import CausalLM, RMSNorm
     from tests.modeld.paged import PagedPools
 
@@ -197,7 +203,10 @@ def test_a_model_forward_with_the_norms_fused_equals_it_unfused(device, monkeypa
                     setattr(batch, name, value.to(device))
             outs.append(model(batch, pools.kv)[0].float())
         hidden[fuse] = torch.cat(outs)
-    _check_fused_against_unfused(hidden, launches, 2 * cfg.num_hidden_layers * len(steps), tile_fits)
+    per_layer = ["norm_qkv_rotary", "norm_linear"]  # the attention input, gate|up with SiLU-mul
+    if not tile_fits:  # the attention input's launch did not fit: the norm + q|k|v launch is tried next
+        per_layer.append("norm_linear")
+    _check_fused_against_unfused(hidden, launches, per_layer * cfg.num_hidden_layers * len(steps), tile_fits)
 
 
 @pytest.mark.parametrize("tile_fits", [True, False], ids=["fused", "no_tile_fits"])
@@ -221,4 +230,5 @@ def test_the_drafts_block_with_the_norms_fused_equals_it_unfused(device, monkeyp
     for fuse in (True, False):
         serving.use_skinny_linear(True, fuse_norms=fuse)
         outs[fuse] = serving.block_hidden(embeds, positions, contexts).float()
-    _check_fused_against_unfused(outs, launches, 2 * cfg.num_hidden_layers, tile_fits)
+    per_layer = ["norm_linear", "norm_linear"]  # q|k|v (the draft's q/k norms come between it and rotary), gate|up
+    _check_fused_against_unfused(outs, launches, per_layer * cfg.num_hidden_layers, tile_fits)

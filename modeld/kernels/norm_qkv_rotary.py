@@ -1,0 +1,127 @@
+"""A decoder layer's attention input in one launch for a few rows: the residual add + RMSNorm, the q|k|v projection,
+rotary embedding of q and k, and the write of the rotated k and of v into the paged pool. It replaces, for the layers
+without a q/k norm (Llama, Qwen2: the default model and the 8B geometry), the fused norm + projection launch of
+modeld/kernels/norm_linear.py followed by modeld/kernels/rotary_store.py.
+
+Each program owns one head and a block of j < head_dim / 2: it multiplies the normed rows into W's rows
+head * D + j and head * D + D/2 + j (two accumulators, the two halves rotary mixes), rounds them as the projection's
+output is rounded, then rotates them (q and k heads; fused.rotate_pair, the numerics of rotary_store) and stores q to
+its output, k and v to the pool at each row's slot (a slot < 0, a padding row, writes nothing). Numerics are those of
+the two launches it replaces; the norm's statistics as in norm_linear. A row's result depends on that row alone.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+import modeld.kernels.norm_linear as fused_norm
+from modeld.kernels.fused import rotate_pair
+from modeld.kernels.norm_linear import launch_fitting, normed_tile, row_rstd
+from modeld.kernels.skinny_linear import MAX_ROWS, TILES
+
+
+@triton.jit
+def _norm_qkv_rotary_kernel(
+    x, residual, norm_w, w, b, cos, sin, q_out, k_cache, v_cache, slots, residual_out,
+    M, K, eps, x_row, r_row, cos_row, sin_row, q_heads, kv_heads,
+    kc_tok, kc_head, kc_dim, vc_tok, vc_head, vc_dim,
+    HALF: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program (head, j block), heads numbered q's, then k's, then v's, as W's rows are."""
+    head = tl.program_id(0)
+    rows = tl.arange(0, 16)
+    row_in = rows < M
+    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    j_in = j < HALF
+    first = head * (2 * HALF) + j  # W's rows of the head's first half; the second half's are HALF further
+    rstd = row_rstd(x, residual, rows, row_in, K, x_row, r_row, eps, HAS_RESIDUAL, EVEN_K, BLOCK_K)
+    first_rows = w + first.to(tl.int64)[:, None] * K
+    second_rows = w + (first + HALF).to(tl.int64)[:, None] * K
+    acc1 = tl.zeros((16, BLOCK_J), dtype=tl.float32)
+    acc2 = tl.zeros((16, BLOCK_J), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        h = normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x_row, r_row,
+                        (head == 0) & (tl.program_id(1) == 0), HAS_RESIDUAL, EVEN_K)
+        w_mask = j_in[:, None] if EVEN_K else j_in[:, None] & (ks < K)[None, :]
+        acc1 += tl.dot(h, tl.trans(tl.load(first_rows + ks[None, :], mask=w_mask, other=0.0)))
+        acc2 += tl.dot(h, tl.trans(tl.load(second_rows + ks[None, :], mask=w_mask, other=0.0)))
+    if HAS_BIAS:
+        acc1 += tl.load(b + first, mask=j_in, other=0.0).to(tl.float32)[None, :]
+        acc2 += tl.load(b + first + HALF, mask=j_in, other=0.0).to(tl.float32)[None, :]
+    x1 = acc1.to(q_out.dtype.element_ty)  # the projection's output, rounded
+    x2 = acc2.to(q_out.dtype.element_ty)
+    mask = row_in[:, None] & j_in[None, :]
+    if head < q_heads + kv_heads:
+        c_at = cos + rows[:, None] * cos_row + j[None, :]
+        s_at = sin + rows[:, None] * sin_row + j[None, :]
+        x1, x2 = rotate_pair(x1, x2, tl.load(c_at, mask=mask, other=0.0), tl.load(c_at + HALF, mask=mask, other=0.0),
+                             tl.load(s_at, mask=mask, other=0.0), tl.load(s_at + HALF, mask=mask, other=0.0))
+    if head < q_heads:
+        q_at = q_out + (rows[:, None] * q_heads + head) * (2 * HALF) + j[None, :]
+        tl.store(q_at, x1, mask=mask)
+        tl.store(q_at + HALF, x2, mask=mask)
+    else:
+        slot = tl.load(slots + rows, mask=row_in, other=-1).to(tl.int64)
+        written = mask & (slot >= 0)[:, None]
+        if head < q_heads + kv_heads:  # (each branch names its own pointer: the caches may differ in dtype)
+            k_at = k_cache + slot[:, None] * kc_tok + (head - q_heads) * kc_head + j[None, :] * kc_dim
+            tl.store(k_at, x1, mask=written)
+            tl.store(k_at + HALF * kc_dim, x2, mask=written)
+        else:
+            v_at = v_cache + slot[:, None] * vc_tok + (head - q_heads - kv_heads) * vc_head + j[None, :] * vc_dim
+            tl.store(v_at, x1, mask=written)
+            tl.store(v_at + HALF * vc_dim, x2, mask=written)
+
+
+def norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache, slots,
+                           q_heads: int, kv_heads: int, tile):
+    """The kernel: (q, v) with v = x (+ residual), q [rows, q_heads, D] the rotated q of
+    linear(rms_norm(v) * norm_weight, weight, bias), and the rotated k and v of the same projection written to
+    k_cache, v_cache [pool rows, kv_heads, D] at slots (rows with a slot < 0 write nothing). v is x itself without
+    residual. cos, sin: [rows, D] of the rows' positions, as rotary_store takes them."""
+    rows, k = x.shape
+    head_dim = weight.shape[0] // (q_heads + 2 * kv_heads)
+    if weight.shape != ((q_heads + 2 * kv_heads) * head_dim, k) or norm_weight.shape != (k,):
+        raise ValueError(f"a q|k|v weight of {tuple(weight.shape)} and a norm of {tuple(norm_weight.shape)} for "
+                         f"{q_heads} + 2 x {kv_heads} heads and an input of {k} columns")
+    if rows > MAX_ROWS or head_dim % 2 or cos.shape != (rows, head_dim) or sin.shape != cos.shape:
+        raise ValueError(f"{rows} rows (at most {MAX_ROWS}), head_dim {head_dim}, cos / sin {tuple(cos.shape)} / "
+                         f"{tuple(sin.shape)}: the fused attention input takes even heads and a cos row per row")
+    if residual is not None and (residual.shape != x.shape or residual.stride(-1) != 1):
+        raise ValueError(f"residual of shape {tuple(residual.shape)} for an input of {tuple(x.shape)}")
+    if cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError("cos and sin need a contiguous last dimension")
+    block_j, block_k, warps, stages = tile
+    q = torch.empty(rows, q_heads, head_dim, dtype=x.dtype, device=x.device)
+    # residual_out: the residual stream after this add, written once by program (0, 0); without an add it is x
+    residual_out = x if residual is None else torch.empty(rows, k, dtype=x.dtype, device=x.device)
+    _norm_qkv_rotary_kernel[(q_heads + 2 * kv_heads, triton.cdiv(head_dim // 2, block_j))](
+        x, x if residual is None else residual, norm_weight, weight, weight if bias is None else bias, cos, sin, q,
+        k_cache, v_cache, slots, residual_out, rows, k, eps, x.stride(0), 0 if residual is None else residual.stride(0),
+        cos.stride(0), sin.stride(0), q_heads, kv_heads, *k_cache.stride(), *v_cache.stride(),
+        HALF=head_dim // 2, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
+        BLOCK_J=block_j, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+    return q, residual_out
+
+
+def tile_for(weight: torch.Tensor, head_dim: int) -> tuple[int, int, int, int]:
+    """The q|k|v projection's skinny tile, its columns split over a head's two halves (at least 16, at most half a
+    head, rounded to a power of two)."""
+    block_n, block_k, warps, stages = TILES[tuple(weight.shape)]
+    block_j = max(16, min(block_n // 2, triton.next_power_of_2(head_dim // 2)))
+    return block_j, block_k, warps, stages
+
+
+def norm_qkv_rotary(x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache, slots,
+                    q_heads: int, kv_heads: int):
+    """(q, v) as `norm_qkv_rotary_launch` computes them where the fused kernels take x and the weight (`fits`) and a
+    tile fits the card; else None, and the caller runs the norm + projection and rotary_store apart."""
+    if not fused_norm.fits(x, norm_weight, weight) or cos.dtype != x.dtype or sin.dtype != x.dtype:
+        return None
+    head_dim = weight.shape[0] // (q_heads + 2 * kv_heads)
+    return launch_fitting(
+        ("norm_qkv_rotary", *weight.shape, residual is not None), tile_for(weight, head_dim),
+        lambda tile: norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache,
+                                            slots, q_heads, kv_heads, tile))
