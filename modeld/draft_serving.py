@@ -1,14 +1,15 @@
 """The DFLASH draft's serving path: the function of modeld.draft.DFlashDraft (the checkpoint's module, which
 training differentiates through) computed with fused weights and kernels, as the target's layers are.
 
-- every layer's q|k|v and gate|up in one matrix each; residual add + RMSNorm, SiLU-and-multiply and rotary
-  in one Triton launch each (modeld.kernels.fused; their torch references on the CPU);
+- every layer's q|k|v and gate|up in one matrix each; residual add + RMSNorm, SiLU-and-multiply, and the q/k
+  norms with rotary, in one Triton launch each (modeld.kernels.fused, modeld.kernels.qk_norm_rotary; their torch
+  references on the CPU);
 - a block of at most 16 rows (one request's) through the target's few-row kernels where its shapes are tuned: the
   skinny projections, with the norm before q|k|v and gate|up and the SiLU-mul after gate|up inside them
   (modeld.kernels.norm_linear; the default draft has the default model's shapes, the 8B draft the 8B's);
 - cos / sin gathered from a table filled once, not recomputed per call;
-- the context K/V of all layers from one projection (k_proj|v_proj of every layer stacked), one norm launch
-  and one rotary launch for all layers;
+- the context K/V of all layers from one projection (k_proj|v_proj of every layer stacked), and one launch that
+  norms (each layer's k_norm) and rotates the keys of all layers;
 - the block's attention over its context, read straight from the draft pool, and over itself in one Triton launch
   per layer (modeld.kernels.draft_attention: no gathered context, concatenation, head repeat, mask or cuDNN plan;
   on the CPU a gather and the torch path).
@@ -25,8 +26,9 @@ from torch.nn import functional as F
 
 from modeld.draft import DFlashDraft
 from modeld.kernels.draft_attention import PagedContext, draft_attention
-from modeld.kernels.fused import rms_norm, rotary, rotary_one
+from modeld.kernels.fused import rms_norm
 from modeld.kernels.norm_linear import norm_project
+from modeld.kernels.qk_norm_rotary import qk_norm_rotary
 from modeld.kernels.skinny_linear import linear
 from modeld.model import hf_rope_table
 
@@ -70,8 +72,7 @@ class ServingDraft:
         # Context K/V of every layer in one product: rows [k of layer 0, k of layer 1, ..., v of layer 0, ...].
         attns = [layer.self_attn for layer in draft.layers]
         self.context_kv_weight = torch.cat([a.k_proj.weight for a in attns] + [a.v_proj.weight for a in attns])
-        self.k_norms = torch.stack([a.k_norm.weight for a in attns])[:, None, :]  # [layers, 1, head_dim]
-        self.unit = torch.ones_like(attns[0].k_norm.weight)
+        self.k_norms = torch.stack([a.k_norm.weight for a in attns])  # [layers, head_dim]
         cos, sin = hf_rope_table(draft.rotary_emb, max(max_positions, cfg.max_position_embeddings), self.fc.device)
         self.cos, self.sin = cos.to(self.fc.dtype), sin.to(self.fc.dtype)  # HF computes in fp32 and casts per call
         self.skinny, self.fuse_norms = True, True
@@ -93,10 +94,11 @@ class ServingDraft:
         t, layers = taps.shape[0], len(self.layers)
         ctx = rms_norm(F.linear(taps, self.fc), self.hidden_norm, self.eps)[0]
         kv = F.linear(ctx, self.context_kv_weight).view(t, 2, layers, self.kv_heads, self.head_dim)
-        k = rms_norm(kv[:, 0].reshape(-1, self.head_dim), self.unit, self.eps)[0].view(t, layers, self.kv_heads, self.head_dim)
-        k = k * self.k_norms  # the k_norm weights of every layer: the reference's bf16 product
+        keys = kv[:, 0].reshape(t, layers * self.kv_heads, self.head_dim)
         cos, sin = self.rope(positions)
-        k = rotary_one(k.view(t, layers * self.kv_heads, self.head_dim), cos, sin).view(t, layers, self.kv_heads, self.head_dim)
+        # every layer's keys normed with that layer's k_norm weight, then rotated: one launch (no q heads)
+        _, k = qk_norm_rotary(keys[:, :0], keys, self.k_norms[0], self.k_norms, self.eps, cos, sin)
+        k = k.view(t, layers, self.kv_heads, self.head_dim)
         return [(k[:, i], kv[:, 1, i]) for i in range(layers)]
 
     @torch.inference_mode()
@@ -120,9 +122,8 @@ class ServingDraft:
         """qkv: the layer's q|k|v projection of its normed input."""
         hd = self.head_dim
         q, k, v = qkv.split(layer.split, dim=-1)
-        q = rms_norm(q.reshape(-1, hd), layer.q_norm, self.eps)[0].view(n * b, self.heads, hd)
-        k = rms_norm(k.reshape(-1, hd), layer.k_norm, self.eps)[0].view(n * b, self.kv_heads, hd)
-        q, k = rotary(q, k, cos, sin)
+        q, k = qk_norm_rotary(q.unflatten(-1, (self.heads, hd)), k.unflatten(-1, (self.kv_heads, hd)), layer.q_norm,
+                              layer.k_norm, self.eps, cos, sin)
         q, k, v = q.view(n, b, self.heads, hd), k.view(n, b, self.kv_heads, hd), v.view(n, b, self.kv_heads, hd)
         if isinstance(context, PagedContext):
             out = context.attend(q, k, v, self.spec.causal, hd**-0.5)

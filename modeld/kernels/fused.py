@@ -156,17 +156,24 @@ def _rotary_kernel(
 
 @triton.jit
 def rotated_halves(src, cos_row, sin_row, d, half):
-    """The two halves (at offsets d < half) of one head's row at src, rotated, in src's dtype: every product and
-    sum rounded to that dtype as the torch reference rounds them."""
+    """The two halves (at offsets d < half) of one head's row at src, rotated, in src's dtype (rotate_pair)."""
     in_half = d < half
     x1 = tl.load(src + d, mask=in_half, other=0.0)
     x2 = tl.load(src + half + d, mask=in_half, other=0.0)
+    c1 = tl.load(cos_row + d, mask=in_half, other=0.0)
+    c2 = tl.load(cos_row + half + d, mask=in_half, other=0.0)
+    s1 = tl.load(sin_row + d, mask=in_half, other=0.0)
+    s2 = tl.load(sin_row + half + d, mask=in_half, other=0.0)
+    return rotate_pair(x1, x2, c1, c2, s1, s2)
+
+
+@triton.jit
+def rotate_pair(x1, x2, c1, c2, s1, s2):
+    """(x1 c1 - x2 s1, x2 c2 + x1 s2) in x1's dtype, every product and the sum rounded to that dtype as the torch
+    reference rounds them; x1, x2 hold values of their dtype, cos and sin values of any float dtype."""
     dtype = x1.dtype
     x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
-    c1 = tl.load(cos_row + d, mask=in_half, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_row + half + d, mask=in_half, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_row + d, mask=in_half, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_row + half + d, mask=in_half, other=0.0).to(tl.float32)
+    c1, c2, s1, s2 = c1.to(tl.float32), c2.to(tl.float32), s1.to(tl.float32), s2.to(tl.float32)
     out1 = (x1 * c1).to(dtype).to(tl.float32) - (x2 * s1).to(dtype).to(tl.float32)
     out2 = (x2 * c2).to(dtype).to(tl.float32) + (x1 * s2).to(dtype).to(tl.float32)
     return out1.to(dtype), out2.to(dtype)
@@ -210,7 +217,3 @@ def rotary(q, k, cos, sin):
     """
     return (rotary_triton if q.is_cuda else rotary_torch)(q, k, cos, sin)
 
-
-def rotary_one(x, cos, sin):
-    """`rotary` of one tensor x [T, H, D] (the draft's context keys of every layer at once)."""
-    return rotary(x, x[:, :0], cos, sin)[0]
