@@ -23,6 +23,7 @@ import time
 import numpy as np
 import torch
 
+from modeld.kernels.argmax import argmax_rows
 from modeld.model import CausalLM, ForwardBatch
 from modeld.packed_inputs import IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
 from modeld.step_advance import advance_inputs
@@ -161,7 +162,7 @@ class GraphRunner:
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                         hidden, captured = model(batch, kv_pool, capture_layers=taps)
-                        greedy = model.lm_head(hidden).argmax(dim=-1) if q == 1 else None
+                        greedy = argmax_rows(model.lm_head(hidden)) if q == 1 else None
                     self.graphs[(bucket, q)] = (graph, hidden, captured, greedy)
             for k in self.repeats if 1 in self.tokens_per_request and not taps else ():
                 for bucket in reversed(self.buckets):
@@ -194,7 +195,7 @@ class GraphRunner:
             if step:
                 advance_inputs(self.static, bucket, 1, ones, out[step - 1], req_to_token)
             hidden, _ = model(batch, kv_pool)
-            out[step] = model.lm_head(hidden).argmax(dim=-1)
+            out[step] = argmax_rows(model.lm_head(hidden))
         return out
 
     def _cycles(self, worker, batch: ForwardBatch, kv_pool, req_to_token, k: int) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 
 from modeld.draft import DFlashDraft
 from modeld.draft_serving import ServingDraft
+from modeld.kernels.argmax import argmax_rows
 from modeld.kernels.draft_attention import PagedContext
 from modeld.kernels.kv_write import store_kv_prefix_valid, store_kv_translated
 from modeld.model import CausalLM, ForwardBatch
@@ -113,7 +114,7 @@ class DflashWorker:
         drafts = self.propose(batch.rows, batch.q_starts, ids[:, 0], max_start=self.graph_width)
         ids[:, 1:].copy_(drafts)
         hidden, captured = self.target(batch, kv_pool, capture_layers=self.taps)
-        target = self.target.lm_head(hidden).argmax(dim=-1).view(n, b)
+        target = argmax_rows(self.target.lm_head(hidden)).view(n, b)
         slots_2d = batch.out_slots.view(n, b)
         lengths = accept_lengths(drafts, target) * (slots_2d[:, 0] >= 0)
         self.write_committed(captured, batch.positions, slots_2d, lengths)
@@ -154,4 +155,4 @@ class DflashWorker:
                     for i, window in enumerate(self.draft.spec.windows)]
         hidden = self.draft.block_hidden(embeds, positions, contexts)
         # the argmax of the LM head's own logits is that of their fp32 values (exact): no fp32 copy of [N, B-1, vocab]
-        return self.target.lm_head(hidden[:, 1:]).argmax(dim=-1)
+        return argmax_rows(self.target.lm_head(hidden[:, 1:]))

@@ -2,6 +2,7 @@
 
 import torch
 
+from modeld.kernels.argmax import argmax_rows
 from modeld.sampling_params import SamplingParams
 
 DRAW_CHUNK_ROWS = 256  # rows drawn together: bounds the [rows, vocab] temporaries of a large DFLASH batch
@@ -12,7 +13,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     the device. Greedy rows take the argmax; the rows that sample are drawn together (draw_rows), each from its
     own filtered distribution with noise from its request's generator, so a seeded request samples the same
     tokens whatever it is batched with."""
-    out = logits.argmax(dim=-1)
+    out = argmax_rows(logits)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     for chunk in draw_chunks(rows, generators):
         whole = len(chunk) == len(params)  # every row samples: no gather
@@ -63,5 +64,5 @@ def draw_rows(logits: torch.Tensor, params: list[SamplingParams], generators: li
         noise[begin:end].exponential_(generator=generators[begin])
     if order is not None:
         noise = noise.gather(1, order)  # each token keeps its own noise, sorted or not: draws independent of the batch
-    choice = (probs / noise.clamp_(min=torch.finfo(torch.float32).tiny)).argmax(dim=-1)  # E = 0 would make 0 / 0
+    choice = argmax_rows(probs / noise.clamp_(min=torch.finfo(torch.float32).tiny))  # E = 0 would make 0 / 0
     return choice if order is None else order.gather(1, choice[:, None])[:, 0]
