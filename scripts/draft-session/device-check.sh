@@ -13,7 +13,7 @@ if [ "${1:-}" = dummy ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     python3 -m pytest -q tests/kernels/test_norm_linear.py tests/kernels/test_skinny_linear.py > "$OUT/suite-fused.txt" 2>&1
     tail -2 "$OUT/suite-fused.txt"
-    timeout 150 python3 -m bench.norm_linear --rows 1 --sweep > "$OUT/norm_linear.md" 2>&1; cat "$OUT/norm_linear.md"
+    timeout 150 python3 -m bench.fused_kernels --rows 1 --sweep > "$OUT/fused_kernels.md" 2>&1; cat "$OUT/fused_kernels.md"
     timeout 100 python3 -m bench.skinny_linear --rows 1 --quick > "$OUT/skinny_linear.md" 2>&1; tail -1 "$OUT/skinny_linear.md"
     timeout 300 python3 -m bench.engine_speed --target bench/configs/llama3-8b --draft bench/configs/llama3-8b-draft \
         --load-format dummy --concurrency 16 --batch1 2 --new-tokens 256 --ignore-eos --skip-hf --variants 10 \

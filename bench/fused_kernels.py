@@ -1,14 +1,18 @@
-"""The residual add + RMSNorm (+ SiLU-mul) folded into the skinny projection (modeld/kernels/norm_linear.py) against
-the same ops as separate kernels (the norm kernel, the skinny projection, the SiLU-mul kernel), side by side in one
-run, at the q|k|v and gate|up shapes of the 8B geometry and of the default model, for one row and for 16. Then the
-attention input in one launch (modeld/kernels/norm_qkv_rotary.py: norm, q|k|v, rotary, K/V write) against the norm
-kernel, the skinny q|k|v and rotary_store.
+"""modeld's fused kernels against the launches each replaces, side by side in one run, at the shapes of the 8B
+geometry and of the default model (and of their DFLASH drafts), for one row and for 16:
+- the residual add + RMSNorm (+ SiLU-mul) folded into the skinny projection (modeld/kernels/norm_linear.py) against
+  the norm kernel, the skinny projection and the SiLU-mul kernel, at the q|k|v and gate|up shapes;
+- the attention input in one launch (modeld/kernels/norm_qkv_rotary.py: norm, q|k|v, rotary, K/V write) against the
+  norm kernel, the skinny q|k|v and rotary_store;
+- the draft's q/k norms and rotary in one launch (modeld/kernels/qk_norm_rotary.py) against two norm launches and
+  rotary, over a block of 16 rows a request;
+- the two-launch argmax (modeld/kernels/argmax.py) against torch.argmax over the vocabularies.
 
 Timing as in bench.skinny_linear: a CUDA graph of many launches over weight copies that do not fit in L2, device
 time per launch from CUDA events. The fused kernel is timed with the tile modeld uses (the projection's TILES entry,
 half the columns for gate|up); with --sweep also with 18 others, and the fastest is printed after it.
 
-    python -m bench.norm_linear [--rows 1,16] [--sweep]
+    python -m bench.fused_kernels [--rows 1,16] [--sweep]
 """
 
 import argparse
@@ -17,10 +21,12 @@ import itertools
 import torch
 
 from bench.skinny_linear import ROTATION_BYTES, device_us
-from modeld.kernels.fused import rms_norm, silu_mul
+from modeld.kernels.argmax import argmax_rows
+from modeld.kernels.fused import rms_norm, rotary, silu_mul
 from modeld.kernels import norm_linear as fused_norm
 from modeld.kernels.norm_linear import norm_linear_launch
 from modeld.kernels.norm_qkv_rotary import norm_qkv_rotary
+from modeld.kernels.qk_norm_rotary import qk_norm_rotary
 from modeld.kernels.rotary_store import rotary_store
 from modeld.kernels.skinny_linear import TILES, skinny_launch
 
@@ -28,6 +34,8 @@ from modeld.kernels.skinny_linear import TILES, skinny_launch
 SHAPES = [("8B qkv", 6144, 4096, False), ("8B gate_up", 28672, 4096, True),
           ("135M qkv", 960, 576, False), ("135M gate_up", 3072, 576, True)]
 ATTENTION_INPUTS = [("8B qkv", 4096, 32, 8, 128), ("135M qkv", 576, 9, 3, 64)]  # (name, K, q heads, kv heads, D)
+DRAFT_HEADS = [("8B draft", 32, 8, 128), ("135M draft", 9, 3, 64)]  # (name, q heads, kv heads, D)
+VOCABS = [("8B", 128256), ("135M", 49152)]
 OTHER_TILES = list(itertools.product((16, 32, 64), (128, 256, 512), (4,), (3, 4)))
 EPS = 1e-5
 
@@ -105,6 +113,34 @@ def attention_input(name: str, k: int, q_heads: int, kv_heads: int, head_dim: in
             f"{base / us:.2f} | {err:.1e} |")
 
 
+def draft_qk(name: str, q_heads: int, kv_heads: int, head_dim: int, requests: int) -> str:
+    """The draft's q/k norms and rotary over `requests` blocks of 16 rows."""
+    rows = 16 * requests
+    qkv = torch.randn(rows, (q_heads + 2 * kv_heads) * head_dim, device="cuda", dtype=torch.bfloat16)
+    q, k, _ = qkv.split((q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim), dim=-1)
+    q, k = q.unflatten(-1, (q_heads, head_dim)), k.unflatten(-1, (kv_heads, head_dim))
+    qw, kw = (torch.ones(head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = (torch.rand(rows, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+
+    def apart(i):
+        qn = rms_norm(q.reshape(-1, head_dim), qw, EPS)[0].view(rows, q_heads, head_dim)
+        kn = rms_norm(k.reshape(-1, head_dim), kw, EPS)[0].view(rows, kv_heads, head_dim)
+        return rotary(qn, kn, cos, sin)
+
+    base, us = device_us(apart, 1), device_us(lambda i: qk_norm_rotary(q, k, qw, kw, EPS, cos, sin), 1)
+    return (f"| {name} q/k norms + rotary | {rows} | q_norm, k_norm, rotary: {base:.2f} µs; in one launch | "
+            f"{us:.2f} | {base / us:.2f} | - |")
+
+
+def argmax_row(name: str, vocab: int, rows: int) -> str:
+    logits = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
+    base = device_us(lambda i: logits.argmax(dim=-1), 1)
+    us = device_us(lambda i: argmax_rows(logits), 1)
+    return (f"| {name} argmax of {vocab} | {rows} | torch.argmax: {base:.2f} µs; two launches | {us:.2f} | "
+            f"{base / us:.2f} | - |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1,16")
@@ -118,6 +154,10 @@ def main() -> None:
             print("\n".join(one_shape(name, n, k, silu, rows, args.sweep)), flush=True)
         for name, k, q_heads, kv_heads, head_dim in ATTENTION_INPUTS:
             print(attention_input(name, k, q_heads, kv_heads, head_dim, rows), flush=True)
+        for name, q_heads, kv_heads, head_dim in DRAFT_HEADS:
+            print(draft_qk(name, q_heads, kv_heads, head_dim, rows), flush=True)
+        for name, vocab in VOCABS:
+            print(argmax_row(name, vocab, rows), flush=True)
 
 
 if __name__ == "__main__":
