@@ -4,21 +4,32 @@
 # about 80 s). Run it after every change to the engine's hot path. The suites' whole output: $OUT/suite-*.txt.
 # With the argument `suites`, the tests alone (a session that trains a draft and changed the hot path only a little).
 # With the argument `dummy`, on a bare machine (carry .whl only: no model parts, no set-up), what needs no real
-# weights: the fused norm + projection kernels' tests and their timing against the unfused ops (with a tile sweep
-# at one row), the skinny projection kernel against cuBLAS at one row (the quick sweep: are the H100's tiles right
-# on this card?) and the 8B geometry's engine speed and MBU (plain with the norms fused against unfused, batch 1
-# decoding every token).
+# weights: the fused kernels' tests, their timing against the launches they replace (with a tile sweep of the norm +
+# projection kernel at one row) and the 8B geometry's batch-1 step profile with the fused kernels and without (device
+# time and kernels a step, plain and DFLASH). With `dummy-speed`, the 8B geometry's engine speed and MBU: plain as
+# served, with cuBLAS for few rows, and with the norms unfused (batch 1 decoding every token).
 export PYTHONPATH=/tmp/site:$PWD
-if [ "${1:-}" = dummy ]; then
+if [ "${1:-}" = dummy ] || [ "${1:-}" = dummy-speed ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    python3 -m pytest -q tests/kernels/test_norm_linear.py tests/kernels/test_skinny_linear.py > "$OUT/suite-fused.txt" 2>&1
+fi
+if [ "${1:-}" = dummy ]; then
+    python3 -m pytest -q tests/kernels/test_norm_linear.py tests/kernels/test_norm_qkv_rotary.py \
+        tests/kernels/test_qk_norm_rotary.py tests/kernels/test_argmax.py > "$OUT/suite-fused.txt" 2>&1
     tail -2 "$OUT/suite-fused.txt"
-    timeout 150 python3 -m bench.fused_kernels --rows 1 --sweep > "$OUT/fused_kernels.md" 2>&1; cat "$OUT/fused_kernels.md"
-    timeout 100 python3 -m bench.skinny_linear --rows 1 --quick > "$OUT/skinny_linear.md" 2>&1; tail -1 "$OUT/skinny_linear.md"
-    timeout 300 python3 -m bench.engine_speed --target bench/configs/llama3-8b --draft bench/configs/llama3-8b-draft \
-        --load-format dummy --concurrency 16 --batch1 2 --new-tokens 256 --ignore-eos --skip-hf --variants 10 \
+    timeout 120 python3 -m bench.fused_kernels --rows 1 --sweep > "$OUT/fused_kernels.md" 2>&1; cat "$OUT/fused_kernels.md"
+    for fusion in "" --disable-norm-fusion; do  # about 100 s each: the 8B's dummy weights are built twice
+        timeout 150 python3 -m bench.step_profile --target bench/configs/llama3-8b --load-format dummy \
+            --draft bench/configs/llama3-8b-draft --batch 1 --new-tokens 32 --rows 25 $fusion \
+            > "$OUT/profile-8b$fusion.txt" 2> "$OUT/profile-8b$fusion.log"
+        grep -h '###' "$OUT/profile-8b$fusion.txt"
+    done
+    exit 0
+fi
+if [ "${1:-}" = dummy-speed ]; then
+    timeout 560 python3 -m bench.engine_speed --target bench/configs/llama3-8b --draft bench/configs/llama3-8b-draft \
+        --load-format dummy --concurrency 16 --batch1 2 --new-tokens 256 --ignore-eos --skip-hf --variants 8,10 \
         > "$OUT/engine_speed_8b.md" 2> "$OUT/engine_speed_8b.log"
-    grep -v "^{" "$OUT/engine_speed_8b.md"  # cut off at 300 s, the rows of the variants that ran are in the file
+    grep -v "^{" "$OUT/engine_speed_8b.md"  # cut off at 560 s, the rows of the variants that ran are in the file
     exit 0
 fi
 python3 -m pytest -q tests/kernels tests/memd/test_tables_written.py tests/modeld/test_cuda_graph.py tests/modeld/test_device_sampling.py \
