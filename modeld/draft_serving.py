@@ -110,11 +110,11 @@ class ServingDraft:
         cos, sin = self.rope(positions)
         x, residual = embeds.reshape(n * b, hidden), None
         for layer, context in zip(self.layers, contexts):
-            qkv, residual = norm_project(x, residual, layer.input_norm, self.eps, *layer.qkv, False, self.skinny,
-                                         self.fuse_norms)
+            qkv, residual = norm_project(x, residual, layer.input_norm, self.eps, *layer.qkv, skinny=self.skinny,
+                                         fuse=self.fuse_norms)
             h = self._attention(layer, qkv, n, b, cos, sin, context)
-            act, residual = norm_project(h, residual, layer.post_norm, self.eps, *layer.gate_up, True, self.skinny,
-                                         self.fuse_norms)
+            act, residual = norm_project(h, residual, layer.post_norm, self.eps, *layer.gate_up, silu=True,
+                                         skinny=self.skinny, fuse=self.fuse_norms)
             x = self._linear(act, *layer.down)
         return rms_norm(x, self.norm, self.eps, residual)[0].view(n, b, hidden)
 

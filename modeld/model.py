@@ -168,8 +168,8 @@ class DecoderLayer(nn.Module):
         return attn.rotate_and_store(qkv, cos, sin, batch, k_cache, v_cache), residual
 
     def _norm_project(self, norm: RMSNorm, proj: RowLinear, x, residual, silu=False):
-        return norm_project(x, residual, norm.weight, norm.eps, proj.weight, proj.bias, silu, proj.skinny,
-                            self.fuse_norms)
+        return norm_project(x, residual, norm.weight, norm.eps, proj.weight, proj.bias, silu=silu, skinny=proj.skinny,
+                            fuse=self.fuse_norms)
 
 
 class Backbone(nn.Module):
@@ -216,7 +216,8 @@ class CausalLM(nn.Module):
 
     def use_skinny_linear(self, on: bool, fuse_norms: bool = True) -> None:
         """Whether the layers' projections of a few rows run the skinny kernel (on) or cuBLAS, and whether the norms
-        before q|k|v and gate|up (and the SiLU-mul after gate|up) run inside it; capture graphs after."""
+        before q|k|v and gate|up (and the SiLU-mul after gate|up, the rotary and K/V write after q|k|v) run inside
+        it; capture graphs after."""
         for module in self.modules():
             if isinstance(module, RowLinear):
                 module.skinny = on

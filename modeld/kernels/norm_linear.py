@@ -40,7 +40,7 @@ def _residual_sum(x, residual, rows, ks, row_in, K, x_row, r_row, HAS_RESIDUAL: 
 
 
 @triton.jit
-def row_rstd(x, residual, rows, row_in, K, x_row, r_row, eps,
+def _row_rstd(x, residual, rows, row_in, K, x_row, r_row, eps,
              HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
     """1 / RMS of each of the 16 rows of v = x (+ residual): fp32 statistics, summed by K chunk."""
     sumsq = tl.zeros((16,), dtype=tl.float32)
@@ -52,7 +52,7 @@ def row_rstd(x, residual, rows, row_in, K, x_row, r_row, eps,
 
 
 @triton.jit
-def normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x_row, r_row, store_residual,
+def _normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x_row, r_row, store_residual,
                 HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
     """The [16, BLOCK_K] tile at columns ks of h = norm_w * round(v * rstd), rounded to v's dtype; with
     store_residual (one program of a launch) also stores v to residual_out [M, K]."""
@@ -67,6 +67,31 @@ def normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x_
 
 
 @triton.jit
+def normed_dot_pair(x, residual, norm_w, residual_out, w, first, second, n_in, M, K, x_row, r_row, eps,
+                    store_residual, PAIR: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The product of the 16 normed rows h (x's M rows, then zeros) with W's rows `first` and, with PAIR, `second`
+    ([BLOCK_N] row indices each, n_in where they exist): two [16, BLOCK_N] fp32 accumulators (the second zero
+    without PAIR). The program with store_residual also stores v = x (+ residual) to residual_out."""
+    rows = tl.arange(0, 16)
+    row_in = rows < M
+    rstd = _row_rstd(x, residual, rows, row_in, K, x_row, r_row, eps, HAS_RESIDUAL, EVEN_K, BLOCK_K)
+    first_rows = w + first.to(tl.int64)[:, None] * K
+    second_rows = w + second.to(tl.int64)[:, None] * K
+    acc1 = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        h = _normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x_row, r_row, store_residual,
+                        HAS_RESIDUAL, EVEN_K)
+        w_mask = n_in[:, None] if EVEN_K else n_in[:, None] & (ks < K)[None, :]
+        acc1 += tl.dot(h, tl.trans(tl.load(first_rows + ks[None, :], mask=w_mask, other=0.0)))
+        if PAIR:
+            acc2 += tl.dot(h, tl.trans(tl.load(second_rows + ks[None, :], mask=w_mask, other=0.0)))
+    return acc1, acc2
+
+
+@triton.jit
 def _norm_linear_kernel(
     x, residual, norm_w, w, b, y, residual_out, M, N, K, x_row, r_row, eps,
     HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_PAIR: tl.constexpr, EVEN_K: tl.constexpr,
@@ -76,22 +101,10 @@ def _norm_linear_kernel(
     columns n. With SILU_PAIR, W is gate|up [2N, K] and y[:, n] = silu(gate_n) * up_n, up_n from row N + n of W."""
     pid = tl.program_id(0)
     rows = tl.arange(0, 16)
-    row_in = rows < M
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_in = cols < N
-    rstd = row_rstd(x, residual, rows, row_in, K, x_row, r_row, eps, HAS_RESIDUAL, EVEN_K, BLOCK_K)
-    gate_rows = w + cols.to(tl.int64)[:, None] * K
-    up_rows = w + (cols + N).to(tl.int64)[:, None] * K
-    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        h = normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x_row, r_row, pid == 0,
-                        HAS_RESIDUAL, EVEN_K)
-        w_mask = col_in[:, None] if EVEN_K else col_in[:, None] & (ks < K)[None, :]
-        acc += tl.dot(h, tl.trans(tl.load(gate_rows + ks[None, :], mask=w_mask, other=0.0)))
-        if SILU_PAIR:
-            acc_up += tl.dot(h, tl.trans(tl.load(up_rows + ks[None, :], mask=w_mask, other=0.0)))
+    acc, acc_up = normed_dot_pair(x, residual, norm_w, residual_out, w, cols, cols + N, col_in, M, K, x_row, r_row,
+                                  eps, pid == 0, SILU_PAIR, HAS_RESIDUAL, EVEN_K, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(b + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
         if SILU_PAIR:
@@ -101,7 +114,7 @@ def _norm_linear_kernel(
         act = (gate / (1.0 + tl.exp(-gate))).to(y.dtype.element_ty).to(tl.float32)
         acc = act * acc_up.to(y.dtype.element_ty).to(tl.float32)
     out = y + rows[:, None] * N + cols[None, :]
-    tl.store(out, acc.to(y.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
+    tl.store(out, acc.to(y.dtype.element_ty), mask=(rows < M)[:, None] & col_in[None, :])
 
 
 def fits(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor) -> bool:

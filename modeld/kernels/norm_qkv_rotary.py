@@ -16,7 +16,7 @@ import triton.language as tl
 
 import modeld.kernels.norm_linear as fused_norm
 from modeld.kernels.fused import rotate_pair
-from modeld.kernels.norm_linear import launch_fitting, normed_tile, row_rstd
+from modeld.kernels.norm_linear import launch_fitting, normed_dot_pair
 from modeld.kernels.skinny_linear import MAX_ROWS, TILES
 
 
@@ -35,18 +35,9 @@ def _norm_qkv_rotary_kernel(
     j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
     j_in = j < HALF
     first = head * (2 * HALF) + j  # W's rows of the head's first half; the second half's are HALF further
-    rstd = row_rstd(x, residual, rows, row_in, K, x_row, r_row, eps, HAS_RESIDUAL, EVEN_K, BLOCK_K)
-    first_rows = w + first.to(tl.int64)[:, None] * K
-    second_rows = w + (first + HALF).to(tl.int64)[:, None] * K
-    acc1 = tl.zeros((16, BLOCK_J), dtype=tl.float32)
-    acc2 = tl.zeros((16, BLOCK_J), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        h = normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x_row, r_row,
-                        (head == 0) & (tl.program_id(1) == 0), HAS_RESIDUAL, EVEN_K)
-        w_mask = j_in[:, None] if EVEN_K else j_in[:, None] & (ks < K)[None, :]
-        acc1 += tl.dot(h, tl.trans(tl.load(first_rows + ks[None, :], mask=w_mask, other=0.0)))
-        acc2 += tl.dot(h, tl.trans(tl.load(second_rows + ks[None, :], mask=w_mask, other=0.0)))
+    acc1, acc2 = normed_dot_pair(x, residual, norm_w, residual_out, w, first, first + HALF, j_in, M, K, x_row, r_row,
+                                 eps, (head == 0) & (tl.program_id(1) == 0), True, HAS_RESIDUAL, EVEN_K, BLOCK_J,
+                                 BLOCK_K)
     if HAS_BIAS:
         acc1 += tl.load(b + first, mask=j_in, other=0.0).to(tl.float32)[None, :]
         acc2 += tl.load(b + first + HALF, mask=j_in, other=0.0).to(tl.float32)[None, :]
