@@ -79,7 +79,9 @@ VARIANTS = [
             skinny=False),
     Variant("modeld DFLASH as served, cuBLAS for few rows (before)", graphs=True, lookahead=32, dflash=True, steps=4,
             speculate_below=16, skinny=False),
-    # the skinny kernel with the norms and the SiLU-mul as kernels of their own, as before modeld.kernels.norm_linear
+    # --disable-norm-fusion: the skinny kernel with the norms, the SiLU-mul and the rotary + K/V write as kernels of
+    # their own, as before modeld.kernels.norm_linear and norm_qkv_rotary (the draft's q/k norms + rotary and the
+    # two-launch argmax stay)
     Variant("modeld graphs + lookahead, norms unfused (before)", graphs=True, lookahead=32, dflash=False,
             fuse_norms=False),
     Variant("modeld DFLASH as served, norms unfused (before)", graphs=True, lookahead=32, dflash=True, steps=4,
