@@ -42,7 +42,7 @@ python3 -m pytest -q tests/dflash/test_default_draft.py 2>&1 | tail -2  # the sh
 python3 -m bench.sampler_speed > "$OUT/sampler_speed.md" 2>&1; cat "$OUT/sampler_speed.md"
 python3 -m bench.memd_waits --device cuda --batch1 20 --new-tokens 32 > "$OUT/memd_waits.md" 2> "$OUT/memd_waits.log"
 cat "$OUT/memd_waits.md"  # 20 admissions at batch 1: what each costs in the engine, and memd's handler time
-python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --variants 5,10,11 > "$OUT/engine_speed.md" 2> "$OUT/engine_speed.log"
+python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --variants 2,5,7,10,11 > "$OUT/engine_speed.md" 2> "$OUT/engine_speed.log"
 cat "$OUT/engine_speed.md"
 # where a step's time goes, plain against DFLASH (device-busy against wall time per step; ops by device and host time)
 python3 -m bench.step_profile --batch 1 --new-tokens 64 --rows 40 > "$OUT/profile-b1.txt" 2> "$OUT/profile-b1.log"
