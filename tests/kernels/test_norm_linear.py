@@ -232,3 +232,51 @@ def test_the_drafts_block_with_the_norms_fused_equals_it_unfused(device, monkeyp
         outs[fuse] = serving.block_hidden(embeds, positions, contexts).float()
     per_layer = ["norm_linear", "norm_linear"]  # q|k|v (the draft's q/k norms come between it and rotary), gate|up
     _check_fused_against_unfused(outs, launches, per_layer * cfg.num_hidden_layers, tile_fits)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_default_models_and_drafts_shapes_take_the_fused_kernels(monkeypatch):
+    """On a GPU, in bf16, the default model's geometry (SmolLM2-135M, random weights) decodes one
+    token through the attention input's and gate|up's fused launches, and the default draft's block of 16 rows
+    through its two fused launches a layer: the dispatch conditions (tuned shapes, dtypes, strides) hold for the
+    real shapes, and no launch falls back for shared memory."""
+    from transformers import LlamaConfig
+
+    import modeld.kernels.norm_linear as nl
+    import modeld.kernels.norm_qkv_rotary as nqr
+    from modeld.draft import load_draft
+    from modeld.draft_serving import ServingDraft
+    from memd.defaults import draft_folder
+    from modeld.model import CausalLM
+    from tests.modeld.paged import PagedPools
+
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                      tie_word_embeddings=True)
+    launches, launch_fitting = [], nl.launch_fitting
+
+    def counted(key, tile, launch):
+        out = launch_fitting(key, tile, launch)
+        launches.append((key[0], out is not None))
+        return out
+
+    monkeypatch.setattr(nl, "launch_fitting", counted)
+    monkeypatch.setattr(nqr, "launch_fitting", counted)
+    torch.manual_seed(0)
+    model = CausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    pools = PagedPools(cfg, pages=8, page_size=16, dtype=torch.bfloat16)
+    pools.kv, pools.req_to_token = pools.kv.cuda(), pools.req_to_token.cuda()
+    batch = pools.batch([(1, [5])])
+    for name, value in vars(batch).items():
+        if isinstance(value, torch.Tensor):
+            setattr(batch, name, value.cuda())
+    model(batch, pools.kv)
+    assert launches == [("norm_qkv_rotary", True), ("norm_linear", True)] * cfg.num_hidden_layers
+    launches.clear()
+    draft = ServingDraft(load_draft(draft_folder("default"), cfg, torch.bfloat16, "cuda", dummy=True), 512)
+    b = draft.spec.block_size
+    contexts = [(torch.zeros(1, 4, 3, 64, device="cuda", dtype=torch.bfloat16),) * 2
+                + (torch.ones(1, b, 4, dtype=torch.bool, device="cuda"),)] * len(draft.layers)
+    draft.block_hidden(torch.randn(1, b, 576, device="cuda", dtype=torch.bfloat16),
+                       torch.arange(b, device="cuda")[None, :], contexts)
+    assert launches == [("norm_linear", True), ("norm_linear", True)] * len(draft.layers)
