@@ -3,7 +3,7 @@ the engine as served (lookahead 32, calls sent ahead). The counts are the schedu
 machine; the times are this machine's (on the CPU they say what each kind costs relative to the others, not a
 share of a GPU step). Runs on the CPU (memd's shared-memory backend) or, with --device cuda, on the GPU.
 
-    python -m bench.memd_waits [--device cpu] [--new-tokens 64] [--batch1 3] [--concurrency 16]
+    python -m bench.memd_waits [--device cpu] [--new-tokens 64] [--batch1 3] [--concurrency 16] [--switch-interval S]
 
 Kinds: "MatchPrefix" (a lone arrival's match, with its first chunk's grant), "MatchPrefixBatch" (a burst of
 arrivals registered in one call), "Alloc" (a call the step waited for: admissions, prefill chunks, decodes short of
@@ -126,7 +126,11 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--batch1", type=int, default=3, help="prompts answered one at a time")
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--switch-interval", type=float,
+                   help="Python's GIL switch interval in seconds for this process, the engine's (default: Python's)")
     args = p.parse_args(argv)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     target = args.target or str(ensure_default_model())
     prompts = prompts_for(target, "auto", max(args.batch1, args.concurrency))
     memd_flags = ["--device", args.device, "--target-model", target, "--max-running-requests", str(args.concurrency),
