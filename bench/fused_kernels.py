@@ -1,5 +1,6 @@
 """modeld's fused kernels against the launches each replaces, side by side in one run, at the shapes of the 8B
-geometry and of the default model (and of their DFLASH drafts), for one row and for 16:
+geometry and of the default model (and of their DFLASH drafts), for one row and for 16 (and for more: modeld runs the
+fused kernels for at most 16 rows, and against its path above that, norm + cuBLAS, they say whether more should):
 - the residual add + RMSNorm (+ SiLU-mul) folded into the skinny projection (modeld/kernels/norm_linear.py) against
   the norm kernel, the skinny projection and the SiLU-mul kernel, at the q|k|v and gate|up shapes;
 - the attention input in one launch (modeld/kernels/norm_qkv_rotary.py: norm, q|k|v, rotary, K/V write) against the
@@ -12,7 +13,7 @@ Timing as in bench.skinny_linear: a CUDA graph of many launches over weight copi
 time per launch from CUDA events. The fused kernel is timed with the tile modeld uses (the projection's TILES entry,
 half the columns for gate|up); with --sweep also with 18 others, and the fastest is printed after it.
 
-    python -m bench.fused_kernels [--rows 1,16] [--sweep]
+    python -m bench.fused_kernels [--rows 1,16,64,256] [--sweep]
 """
 
 import argparse
@@ -25,10 +26,10 @@ from modeld.kernels.argmax import argmax_rows
 from modeld.kernels.fused import rms_norm, rotary, silu_mul
 from modeld.kernels import norm_linear as fused_norm
 from modeld.kernels.norm_linear import norm_linear_launch
-from modeld.kernels.norm_qkv_rotary import norm_qkv_rotary
+from modeld.kernels.norm_qkv_rotary import norm_qkv_rotary_launch, tile_for
 from modeld.kernels.qk_norm_rotary import qk_norm_rotary
 from modeld.kernels.rotary_store import rotary_store
-from modeld.kernels.skinny_linear import TILES, skinny_launch
+from modeld.kernels.skinny_linear import MAX_ROWS, TILES, skinny_launch
 
 # (name, N, K, with SiLU-mul): the projections that follow a norm
 SHAPES = [("8B qkv", 6144, 4096, False), ("8B gate_up", 28672, 4096, True),
@@ -40,21 +41,28 @@ OTHER_TILES = list(itertools.product((16, 32, 64), (128, 256, 512), (4,), (3, 4)
 EPS = 1e-5
 
 
+def projection(rows: int, tile):
+    """What modeld projects `rows` rows with, unfused: the skinny kernel (at most MAX_ROWS), else cuBLAS; its name."""
+    if rows <= MAX_ROWS:
+        return (lambda h, w: skinny_launch(h, w, None, tile)), f"skinny {tile}"
+    return (lambda h, w: torch.nn.functional.linear(h, w)), "cuBLAS"
+
+
 def one_shape(name: str, n: int, k: int, silu: bool, rows: int, sweep: bool) -> list[str]:
     copies = max(2, -(-ROTATION_BYTES // (n * k * 2)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
     x, residual = (torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     norm_weight = torch.ones(k, device="cuda", dtype=torch.bfloat16)
-    tile = TILES[(n, k)]
+    project, project_name = projection(rows, TILES[(n, k)])
 
     def unfused(i):
         h, _ = rms_norm(x, norm_weight, EPS, residual)
-        y = skinny_launch(h, weights[i], None, tile)
+        y = project(h, weights[i])
         return silu_mul(y) if silu else y
 
     reference = unfused(0).float()
     base = device_us(unfused, copies)
-    lines = [f"| {name} | {rows} | norm + skinny{' + silu_mul' if silu else ''} {tile} | {base:.2f} | 1.00 | - |"]
+    lines = [f"| {name} | {rows} | norm + {project_name}{' + silu_mul' if silu else ''} | {base:.2f} | 1.00 | - |"]
     timed = []
     fused_norm.norm_linear(x, residual, norm_weight, EPS, weights[0], None, silu)  # settles the tile modeld runs
     used = fused_norm.tile_in_use(weights[0], silu)
@@ -92,25 +100,25 @@ def attention_input(name: str, k: int, q_heads: int, kv_heads: int, head_dim: in
     caches = [torch.zeros(4096, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
     slots = torch.arange(rows, device="cuda") + 7
     split = (q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim)
+    project, project_name = projection(rows, TILES[(n, k)])
+    tile = tile_for(weights[0], head_dim)
 
     def apart(i):
         h, _ = rms_norm(x, norm_weight, EPS, residual)
-        q, kk, v = skinny_launch(h, weights[i], None, TILES[(n, k)]).split(split, dim=-1)
+        q, kk, v = project(h, weights[i]).split(split, dim=-1)
         return rotary_store(q.unflatten(-1, (q_heads, head_dim)), kk.unflatten(-1, (kv_heads, head_dim)),
                             v.unflatten(-1, (kv_heads, head_dim)), cos, sin, *caches, slots)
 
     def fused(i):
-        return norm_qkv_rotary(x, residual, norm_weight, EPS, weights[i], None, cos, sin, *caches, slots, q_heads,
-                               kv_heads)[0]
+        return norm_qkv_rotary_launch(x, residual, norm_weight, EPS, weights[i], None, cos, sin, *caches, slots,
+                                      q_heads, kv_heads, tile)[0]
 
-    if fused(0) is None:
-        return f"| {name} | {rows} | attention input: no tile fits this card's shared memory | - | - | - |"
     err = ((fused(0).float() - apart(0).float()).abs().max() / apart(0).float().abs().max()).item()
     base, us = device_us(apart, copies), device_us(fused, copies)
     del weights
     torch.cuda.empty_cache()
-    return (f"| {name} | {rows} | norm + skinny + rotary_store: {base:.2f} µs; in one launch | {us:.2f} | "
-            f"{base / us:.2f} | {err:.1e} |")
+    return (f"| {name} | {rows} | norm + {project_name} + rotary_store: {base:.2f} µs; in one launch {tile} | "
+            f"{us:.2f} | {base / us:.2f} | {err:.1e} |")
 
 
 def draft_qk(name: str, q_heads: int, kv_heads: int, head_dim: int, requests: int) -> str:

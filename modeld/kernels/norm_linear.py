@@ -67,13 +67,12 @@ def _normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x
 
 
 @triton.jit
-def normed_dot_pair(x, residual, norm_w, residual_out, w, first, second, n_in, M, K, x_row, r_row, eps,
+def normed_dot_pair(x, residual, norm_w, residual_out, w, rows, first, second, n_in, M, K, x_row, r_row, eps,
                     store_residual, PAIR: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The product of the 16 normed rows h (x's M rows, then zeros) with W's rows `first` and, with PAIR, `second`
+    """The product of 16 normed rows h (x's rows `rows`, zeros past M) with W's rows `first` and, with PAIR, `second`
     ([BLOCK_N] row indices each, n_in where they exist): two [16, BLOCK_N] fp32 accumulators (the second zero
-    without PAIR). The program with store_residual also stores v = x (+ residual) to residual_out."""
-    rows = tl.arange(0, 16)
+    without PAIR). The program with store_residual also stores those rows of v = x (+ residual) to residual_out."""
     row_in = rows < M
     rstd = _row_rstd(x, residual, rows, row_in, K, x_row, r_row, eps, HAS_RESIDUAL, EVEN_K, BLOCK_K)
     first_rows = w + first.to(tl.int64)[:, None] * K
@@ -97,14 +96,15 @@ def _norm_linear_kernel(
     HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_PAIR: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Program (column block): h = norm_w * round(v * rstd(v)) rounded; y[:, n] = h @ W[n, :]^T (+ b[n]) for BLOCK_N
-    columns n. With SILU_PAIR, W is gate|up [2N, K] and y[:, n] = silu(gate_n) * up_n, up_n from row N + n of W."""
+    """Program (column block, block of 16 rows): h = norm_w * round(v * rstd(v)) rounded; y[:, n] = h @ W[n, :]^T
+    (+ b[n]) for BLOCK_N columns n. With SILU_PAIR, W is gate|up [2N, K] and y[:, n] = silu(gate_n) * up_n, up_n from
+    row N + n of W."""
     pid = tl.program_id(0)
-    rows = tl.arange(0, 16)
+    rows = tl.program_id(1) * 16 + tl.arange(0, 16)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_in = cols < N
-    acc, acc_up = normed_dot_pair(x, residual, norm_w, residual_out, w, cols, cols + N, col_in, M, K, x_row, r_row,
-                                  eps, pid == 0, SILU_PAIR, HAS_RESIDUAL, EVEN_K, BLOCK_N, BLOCK_K)
+    acc, acc_up = normed_dot_pair(x, residual, norm_w, residual_out, w, rows, cols, cols + N, col_in, M, K, x_row,
+                                  r_row, eps, pid == 0, SILU_PAIR, HAS_RESIDUAL, EVEN_K, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(b + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
         if SILU_PAIR:
@@ -127,13 +127,12 @@ def fits(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor) -> bo
 
 def norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_pair=False):
     """The kernel: (y, v) with v = x (+ residual) and y = linear(rms_norm(v) * norm_weight, weight, bias), or with
-    silu_pair, y = silu_mul of that (weight is gate|up [2I, K], y [rows, I]). v is x itself without residual."""
+    silu_pair, y = silu_mul of that (weight is gate|up [2I, K], y [rows, I]). v is x itself without residual. Any
+    number of rows, in blocks of 16 (each block streams W again: modeld sends at most MAX_ROWS, `fits`)."""
     rows, k = x.shape
     if weight.shape[1] != k or norm_weight.shape != (k,):
         raise ValueError(f"input of {k} columns for a norm of {tuple(norm_weight.shape)} and a weight of "
                          f"{weight.shape[1]}")
-    if rows > MAX_ROWS:
-        raise ValueError(f"{rows} rows: the fused norm and projection take at most {MAX_ROWS}")
     if residual is not None and (residual.shape != x.shape or residual.stride(-1) != 1):
         raise ValueError(f"residual of shape {tuple(residual.shape)} for an input of {tuple(x.shape)}")
     n = weight.shape[0] // 2 if silu_pair else weight.shape[0]
@@ -141,7 +140,9 @@ def norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_p
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     # residual_out: the residual stream after this add, written once by program 0; without an add it is x
     residual_out = x if residual is None else torch.empty(rows, k, dtype=x.dtype, device=x.device)
-    _norm_linear_kernel[(triton.cdiv(n, block_n),)](
+    if rows == 0:
+        return y, residual_out
+    _norm_linear_kernel[(triton.cdiv(n, block_n), triton.cdiv(rows, 16))](
         x, x if residual is None else residual, norm_weight, weight, weight if bias is None else bias, y, residual_out,
         rows, n, k, x.stride(0), 0 if residual is None else residual.stride(0), eps,
         HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, SILU_PAIR=silu_pair, EVEN_K=k % block_k == 0,

@@ -17,7 +17,7 @@ import triton.language as tl
 import modeld.kernels.norm_linear as fused_norm
 from modeld.kernels.fused import rotate_pair
 from modeld.kernels.norm_linear import launch_fitting, normed_dot_pair
-from modeld.kernels.skinny_linear import MAX_ROWS, TILES
+from modeld.kernels.skinny_linear import TILES
 
 
 @triton.jit
@@ -28,16 +28,16 @@ def _norm_qkv_rotary_kernel(
     HALF: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Program (head, j block), heads numbered q's, then k's, then v's, as W's rows are."""
+    """Program (head, j block, block of 16 rows), heads numbered q's, then k's, then v's, as W's rows are."""
     head = tl.program_id(0)
-    rows = tl.arange(0, 16)
+    rows = tl.program_id(2) * 16 + tl.arange(0, 16)
     row_in = rows < M
     j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
     j_in = j < HALF
     first = head * (2 * HALF) + j  # W's rows of the head's first half; the second half's are HALF further
-    acc1, acc2 = normed_dot_pair(x, residual, norm_w, residual_out, w, first, first + HALF, j_in, M, K, x_row, r_row,
-                                 eps, (head == 0) & (tl.program_id(1) == 0), True, HAS_RESIDUAL, EVEN_K, BLOCK_J,
-                                 BLOCK_K)
+    acc1, acc2 = normed_dot_pair(x, residual, norm_w, residual_out, w, rows, first, first + HALF, j_in, M, K, x_row,
+                                 r_row, eps, (head == 0) & (tl.program_id(1) == 0), True, HAS_RESIDUAL, EVEN_K,
+                                 BLOCK_J, BLOCK_K)
     if HAS_BIAS:
         acc1 += tl.load(b + first, mask=j_in, other=0.0).to(tl.float32)[None, :]
         acc2 += tl.load(b + first + HALF, mask=j_in, other=0.0).to(tl.float32)[None, :]
@@ -71,15 +71,16 @@ def norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin
     """The kernel: (q, v) with v = x (+ residual), q [rows, q_heads, D] the rotated q of
     linear(rms_norm(v) * norm_weight, weight, bias), and the rotated k and v of the same projection written to
     k_cache, v_cache [pool rows, kv_heads, D] at slots (rows with a slot < 0 write nothing). v is x itself without
-    residual. cos, sin: [rows, D] of the rows' positions, as rotary_store takes them."""
+    residual. cos, sin: [rows, D] of the rows' positions, as rotary_store takes them. Any number of rows, in blocks
+    of 16 (each block streams W again: modeld sends at most MAX_ROWS, norm_linear.fits)."""
     rows, k = x.shape
     head_dim = weight.shape[0] // (q_heads + 2 * kv_heads)
     if weight.shape != ((q_heads + 2 * kv_heads) * head_dim, k) or norm_weight.shape != (k,):
         raise ValueError(f"a q|k|v weight of {tuple(weight.shape)} and a norm of {tuple(norm_weight.shape)} for "
                          f"{q_heads} + 2 x {kv_heads} heads and an input of {k} columns")
-    if rows > MAX_ROWS or head_dim % 2 or cos.shape != (rows, head_dim) or sin.shape != cos.shape:
-        raise ValueError(f"{rows} rows (at most {MAX_ROWS}), head_dim {head_dim}, cos / sin {tuple(cos.shape)} / "
-                         f"{tuple(sin.shape)}: the fused attention input takes even heads and a cos row per row")
+    if head_dim % 2 or cos.shape != (rows, head_dim) or sin.shape != cos.shape:
+        raise ValueError(f"head_dim {head_dim}, cos / sin {tuple(cos.shape)} / {tuple(sin.shape)} for {rows} rows: "
+                         f"the fused attention input takes even heads and a cos row per row")
     if residual is not None and (residual.shape != x.shape or residual.stride(-1) != 1):
         raise ValueError(f"residual of shape {tuple(residual.shape)} for an input of {tuple(x.shape)}")
     if cos.stride(-1) != 1 or sin.stride(-1) != 1:
@@ -88,7 +89,9 @@ def norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin
     q = torch.empty(rows, q_heads, head_dim, dtype=x.dtype, device=x.device)
     # residual_out: the residual stream after this add, written once by program (0, 0); without an add it is x
     residual_out = x if residual is None else torch.empty(rows, k, dtype=x.dtype, device=x.device)
-    _norm_qkv_rotary_kernel[(q_heads + 2 * kv_heads, triton.cdiv(head_dim // 2, block_j))](
+    if rows == 0:
+        return q, residual_out
+    _norm_qkv_rotary_kernel[(q_heads + 2 * kv_heads, triton.cdiv(head_dim // 2, block_j), triton.cdiv(rows, 16))](
         x, x if residual is None else residual, norm_weight, weight, weight if bias is None else bias, cos, sin, q,
         k_cache, v_cache, slots, residual_out, rows, k, eps, x.stride(0), 0 if residual is None else residual.stride(0),
         cos.stride(0), sin.stride(0), q_heads, kv_heads, *k_cache.stride(), *v_cache.stride(),

@@ -24,8 +24,9 @@ def _skinny_kernel(
     x, w, b, y, M, N, K, x_row,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Program (column block): y[:, n] = x @ W[n, :]^T (+ b[n]) for BLOCK_N columns n, every row of x at once."""
-    rows = tl.arange(0, 16)
+    """Program (column block, block of 16 rows): y[:, n] = x @ W[n, :]^T (+ b[n]) for BLOCK_N columns n of those
+    rows (one block holds a few-row step's every row)."""
+    rows = tl.program_id(1) * 16 + tl.arange(0, 16)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_in = rows < M
     col_in = cols < N
@@ -67,15 +68,16 @@ def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def skinny_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   tile: tuple[int, int, int, int]) -> torch.Tensor:
-    """The kernel on x [M <= 16, K] and weight [N, K] with the given tile: y [M, N]. Any device Triton runs on."""
+    """The kernel on x [M, K] and weight [N, K] with the given tile: y [M, N]. Any device Triton runs on. Any M, in
+    blocks of 16 rows, each streaming W again (modeld sends at most MAX_ROWS, `fits`)."""
     rows, n, k = x.shape[0], weight.shape[0], weight.shape[1]
     if x.shape[1] != k:
         raise ValueError(f"input of {x.shape[1]} columns for a weight of {k}")
-    if rows > MAX_ROWS:
-        raise ValueError(f"{rows} rows: the skinny kernel takes at most {MAX_ROWS}")
     block_n, block_k, warps, stages = tile
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    _skinny_kernel[(triton.cdiv(n, block_n),)](
+    if rows == 0:
+        return y
+    _skinny_kernel[(triton.cdiv(n, block_n), triton.cdiv(rows, 16))](
         x, weight, bias if bias is not None else weight, y, rows, n, k, x.stride(0),
         HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, num_stages=stages)

@@ -62,7 +62,7 @@ def _within_an_ulp(got, want, dtype):
 
 @pytest.mark.parametrize("with_residual", [True, False], ids=["add", "no_add"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
-@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("rows", [1, 5, 16, 37])
 def test_equals_the_norm_projection_then_rotary_store(device, dtype, with_residual, bias, rows):
     c = _case(device, dtype, rows, bias=bias)
     residual = c["residual"] if with_residual else None
@@ -84,14 +84,15 @@ def test_equals_the_norm_projection_then_rotary_store(device, dtype, with_residu
         assert got[untouched].isnan().all()  # rows of no slot, and the padding row's, are not written
 
 
-def test_a_row_alone_equals_the_same_row_among_sixteen(device, dtype):
-    c = _case(device, dtype, 16, seed=3)
-    slots = torch.arange(16, device=device) + 2
-    block_pools = _pools(device, dtype, 2, 32)
+def test_a_row_alone_equals_the_same_row_among_many(device, dtype):
+    """Among 40 rows: three programs' blocks of 16, the last partial."""
+    c = _case(device, dtype, 40, seed=3)
+    slots = torch.arange(40, device=device) + 2
+    block_pools = _pools(device, dtype, 2, 32, rows=64)
     q_block, _ = _run_fused(c, c["residual"], slots, block_pools)
-    for i in (0, 11, 15):
+    for i in (0, 11, 15, 16, 39):
         alone = {**c, "x": c["x"][i:i + 1], "cos": c["cos"][i:i + 1], "sin": c["sin"][i:i + 1]}
-        pools = _pools(device, dtype, 2, 32)
+        pools = _pools(device, dtype, 2, 32, rows=64)
         q, _ = _run_fused(alone, c["residual"][i:i + 1], slots[i:i + 1], pools)
         assert torch.equal(q[0], q_block[i])
         assert torch.equal(pools[0][slots[i]], block_pools[0][slots[i]])
