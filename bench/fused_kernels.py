@@ -30,6 +30,7 @@ from modeld.kernels.norm_qkv_rotary import norm_qkv_rotary_launch, tile_for
 from modeld.kernels.qk_norm_rotary import qk_norm_rotary
 from modeld.kernels.rotary_store import rotary_store
 from modeld.kernels.skinny_linear import MAX_ROWS, TILES, skinny_launch
+from modeld.kernels.tile_fitting import tile_in_use
 
 # (name, N, K, with SiLU-mul): the projections that follow a norm
 SHAPES = [("8B qkv", 6144, 4096, False), ("8B gate_up", 28672, 4096, True),
@@ -65,7 +66,7 @@ def one_shape(name: str, n: int, k: int, silu: bool, rows: int, sweep: bool) -> 
     lines = [f"| {name} | {rows} | norm + {project_name}{' + silu_mul' if silu else ''} | {base:.2f} | 1.00 | - |"]
     timed = []
     fused_norm.norm_linear(x, residual, norm_weight, EPS, weights[0], None, silu)  # settles the tile modeld runs
-    used = fused_norm.tile_in_use(weights[0], silu)
+    used = tile_in_use(fused_norm.fitting_key(weights[0], silu, True))
     if used is None:
         return lines + [f"| {name} | {rows} | fused: no tile fits this card's shared memory (modeld runs the ops "
                         f"apart) | - | - | - |"]

@@ -14,18 +14,14 @@ same dot; SiLU on the rounded gate, rounded, times the rounded up, rounded. Only
 another order (by K chunk), so a normalised value can differ by a last ulp. A row's result depends on that row alone.
 """
 
-import logging
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from triton.runtime.errors import OutOfResources
 
 from modeld.kernels.fused import rms_norm, silu_mul
 from modeld.kernels.skinny_linear import MAX_ROWS, TILES, linear
-
-log = logging.getLogger(__name__)
+from modeld.kernels.tile_fitting import launch_fitting
 
 
 @triton.jit
@@ -156,43 +152,17 @@ def tile_for(weight: torch.Tensor, silu_pair: bool) -> tuple[int, int, int, int]
     return (max(16, block_n // 2) if silu_pair else block_n), block_k, warps, stages
 
 
-# (kernel, N, K, its variant) -> the tile that compiled within this card's shared memory, or None if none did. The
-# fused kernels stage the residual's tiles beside the projection's, so a TILES entry may need fewer stages here.
-_TILE_THAT_FITS: dict[tuple, tuple[int, int, int, int] | None] = {}
-
-
-def launch_fitting(key: tuple, tile: tuple[int, int, int, int], launch):
-    """launch(tile), or where the card's shared memory does not hold the tile, launch with fewer stages (down to 2);
-    the tile that fitted is kept per key and used from then on. None (and a warning, once) where none fits: the
-    caller runs the ops apart. A launch that does not fit fails when its kernel loads, before anything runs (in a
-    CUDA graph's eager run, before its capture)."""
-    if key in _TILE_THAT_FITS:
-        kept = _TILE_THAT_FITS[key]
-        return None if kept is None else launch(kept)
-    block_n, block_k, warps, stages = tile
-    for fewer in range(stages, 1, -1):
-        try:
-            out = launch((block_n, block_k, warps, fewer))
-        except OutOfResources:
-            continue
-        _TILE_THAT_FITS[key] = (block_n, block_k, warps, fewer)
-        return out
-    log.warning("the fused kernel %s does not fit this GPU's shared memory: its ops run apart", key)
-    _TILE_THAT_FITS[key] = None
-    return None
+def fitting_key(weight: torch.Tensor, silu_pair: bool, has_residual: bool) -> tuple:
+    """The kernel variant launch_fitting keeps a tile for (tile_fitting.tile_in_use reads it back)."""
+    return ("norm_linear", *weight.shape, silu_pair, has_residual)
 
 
 def norm_linear(x, residual, norm_weight, eps, weight, bias, silu_pair=False):
     """(y, v) as `norm_linear_launch` computes them, with the projection's tile from TILES (fewer stages where the
     card needs), or None where no tile fits (launch_fitting). Callers check `fits`."""
     return launch_fitting(
-        ("norm_linear", *weight.shape, silu_pair, residual is not None), tile_for(weight, silu_pair),
+        fitting_key(weight, silu_pair, residual is not None), tile_for(weight, silu_pair),
         lambda tile: norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_pair))
-
-
-def tile_in_use(weight: torch.Tensor, silu_pair: bool, has_residual: bool = True):
-    """The tile norm_linear settled on for this weight after its first call, or None where none fitted."""
-    return _TILE_THAT_FITS[("norm_linear", *weight.shape, silu_pair, has_residual)]
 
 
 def norm_project(x, residual, norm_weight, eps, weight, bias, silu=False, skinny=True, fuse=True):

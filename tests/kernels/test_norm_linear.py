@@ -8,6 +8,7 @@ from triton.runtime.errors import OutOfResources
 
 from modeld.kernels.fused import rms_norm, silu_mul
 from modeld.kernels.norm_linear import fits, norm_linear, norm_linear_launch
+from modeld.kernels import tile_fitting
 from modeld.kernels.skinny_linear import MAX_ROWS, TILES, skinny_launch
 
 TILE = (16, 64, 4, 2)  # a small tile: the interpreter's cost grows with it
@@ -92,7 +93,7 @@ def test_a_tile_past_the_cards_shared_memory_takes_fewer_stages_then_none(device
 
     x, residual, norm_weight, w, b = _inputs(device, torch.float16, 2, 64, 128)
     monkeypatch.setitem(TILES, tuple(w.shape), (32, 64, 4, 4))
-    monkeypatch.setattr(nl, "_TILE_THAT_FITS", {})
+    monkeypatch.setattr(tile_fitting, "_TILE_THAT_FITS", {})
     real, tried, limit = nl.norm_linear_launch, [], [2]
 
     def launch(*args):
@@ -145,11 +146,11 @@ def _fuse_shapes(monkeypatch, device, shapes, tile_fits=True) -> list:
 
     for shape in shapes:
         monkeypatch.setitem(TILES, shape, (32, 32, 4, 2))
-    monkeypatch.setattr(nl, "_TILE_THAT_FITS", {})
+    monkeypatch.setattr(tile_fitting, "_TILE_THAT_FITS", {})
     if device == "cpu":
         monkeypatch.setattr(nl, "fits", lambda x, norm_weight, weight: x.shape[0] <= MAX_ROWS
                             and tuple(weight.shape) in TILES)
-    launches, launch_fitting = [], nl.launch_fitting
+    launches, launch_fitting = [], tile_fitting.launch_fitting
 
     def counted(key, tile, launch):
         launches.append(key[0])
@@ -253,7 +254,7 @@ def test_the_default_models_and_drafts_shapes_take_the_fused_kernels(monkeypatch
     cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5,
                       tie_word_embeddings=True)
-    launches, launch_fitting = [], nl.launch_fitting
+    launches, launch_fitting = [], tile_fitting.launch_fitting
 
     def counted(key, tile, launch):
         out = launch_fitting(key, tile, launch)
