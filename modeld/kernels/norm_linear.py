@@ -6,7 +6,7 @@ Why: a batch-1 decode step of the 8B geometry ran 297 kernels, nine a layer, and
 are each a few microseconds of latency for a few kilobytes of work (BENCHMARKS.md, the thirteenth session's profile).
 Here every program of the skinny projection (modeld/kernels/skinny_linear.py) first sums the squares of its rows of
 v = x + residual (a few kilobytes from L2), then normalises each K chunk as it goes and multiplies it into its columns
-of W. Program 0 also stores v, the residual stream the next layer adds to.
+of W. The programs of the first column block also store their rows of v, the residual stream the next layer adds to.
 
 Numerics are those of the unfused ops (modeld/kernels/fused.py, then the skinny kernel): v rounded to the activation
 dtype, statistics in fp32, the normalised row rounded, times the norm's weight rounded, then the same tile of the
@@ -134,7 +134,7 @@ def norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_p
     n = weight.shape[0] // 2 if silu_pair else weight.shape[0]
     block_n, block_k, warps, stages = tile
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    # residual_out: the residual stream after this add, written once by program 0; without an add it is x
+    # residual_out: the residual stream after this add, each row written once (first column block); without an add, x
     residual_out = x if residual is None else torch.empty(rows, k, dtype=x.dtype, device=x.device)
     if rows == 0:
         return y, residual_out

@@ -88,7 +88,7 @@ def norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin
         raise ValueError("cos and sin need a contiguous last dimension")
     block_j, block_k, warps, stages = tile
     q = torch.empty(rows, q_heads, head_dim, dtype=x.dtype, device=x.device)
-    # residual_out: the residual stream after this add, written once by program (0, 0); without an add it is x
+    # residual_out: the residual stream after this add, each row written once (head 0, j block 0); without an add, x
     residual_out = x if residual is None else torch.empty(rows, k, dtype=x.dtype, device=x.device)
     if rows == 0:
         return q, residual_out
