@@ -81,9 +81,6 @@ class ServingDraft:
         """As CausalLM.use_skinny_linear, for the block's layers; capture graphs after."""
         self.skinny, self.fuse_norms = on, fuse_norms
 
-    def _linear(self, x, weight, bias=None):
-        return linear(x, weight, bias) if self.skinny else F.linear(x, weight, bias)
-
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         flat = positions.reshape(-1)
         return self.cos[flat], self.sin[flat]
@@ -115,7 +112,7 @@ class ServingDraft:
             h = self._attention(layer, qkv, n, b, cos, sin, context)
             act, residual = norm_project(h, residual, layer.post_norm, self.eps, *layer.gate_up, silu=True,
                                          skinny=self.skinny, fuse=self.fuse_norms)
-            x = self._linear(act, *layer.down)
+            x = linear(act, *layer.down, skinny=self.skinny)
         return rms_norm(x, self.norm, self.eps, residual)[0].view(n, b, hidden)
 
     def _attention(self, layer: _Layer, qkv, n: int, b: int, cos, sin, context) -> torch.Tensor:
@@ -129,4 +126,4 @@ class ServingDraft:
             out = context.attend(q, k, v, self.spec.causal, hd**-0.5)
         else:
             out = draft_attention(q, k, v, *context, self.spec.causal, hd**-0.5)
-        return self._linear(out.reshape(n * b, self.heads * hd), layer.o)
+        return linear(out.reshape(n * b, self.heads * hd), layer.o, skinny=self.skinny)

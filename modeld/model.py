@@ -65,7 +65,7 @@ class RowLinear(nn.Linear):
     skinny = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias) if self.skinny else super().forward(x)
+        return linear(x, self.weight, self.bias, self.skinny)
 
 
 def head_dim_of(cfg) -> int:

@@ -15,7 +15,6 @@ another order (by K chunk), so a normalised value can differ by a last ulp. A ro
 """
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -175,5 +174,5 @@ def norm_project(x, residual, norm_weight, eps, weight, bias, silu=False, skinny
         if fused is not None:
             return fused
     h, residual = rms_norm(x, norm_weight, eps, residual)
-    out = linear(h, weight, bias) if skinny else F.linear(h, weight, bias)
+    out = linear(h, weight, bias, skinny)
     return (silu_mul(out) if silu else out), residual

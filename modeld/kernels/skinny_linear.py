@@ -84,8 +84,10 @@ def skinny_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """torch's linear, through the skinny kernel for at most MAX_ROWS rows on a GPU and a weight shape in TILES."""
-    if fits(x, weight):
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           skinny: bool = True) -> torch.Tensor:
+    """torch's linear, through the skinny kernel (while `skinny`, modeld's switch) for at most MAX_ROWS rows on a GPU
+    and a weight shape in TILES."""
+    if skinny and fits(x, weight):
         return skinny_launch(x, weight, bias, TILES[tuple(weight.shape)])
     return torch.nn.functional.linear(x, weight, bias)
