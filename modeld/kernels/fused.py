@@ -168,6 +168,14 @@ def rotated_halves(src, cos_row, sin_row, d, half):
 
 
 @triton.jit
+def scaled_normed(v, rstd, scale):
+    """RMSNorm's output in v's dtype: v * rstd rounded to that dtype, times the norm's weight `scale`, rounded again
+    (rms_norm's numerics; rstd and scale broadcast against v)."""
+    normed = (v.to(tl.float32) * rstd).to(v.dtype).to(tl.float32)
+    return (scale.to(tl.float32) * normed).to(v.dtype)
+
+
+@triton.jit
 def rotate_pair(x1, x2, c1, c2, s1, s2):
     """(x1 c1 - x2 s1, x2 c2 + x1 s2) in x1's dtype, every product and the sum rounded to that dtype as the torch
     reference rounds them; x1, x2 hold values of their dtype, cos and sin values of any float dtype."""

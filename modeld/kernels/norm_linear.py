@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from modeld.kernels.fused import rms_norm, silu_mul
+from modeld.kernels.fused import rms_norm, scaled_normed, silu_mul
 from modeld.kernels.skinny_linear import MAX_ROWS, TILES, linear
 from modeld.kernels.tile_fitting import launch_fitting
 
@@ -56,9 +56,7 @@ def _normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x
     if HAS_RESIDUAL:
         if store_residual:
             tl.store(residual_out + rows[:, None] * K + ks[None, :], v, mask=row_in[:, None] & k_in[None, :])
-    normed = (v.to(tl.float32) * rstd[:, None]).to(v.dtype).to(tl.float32)
-    scale = tl.load(norm_w + ks, mask=k_in, other=0.0).to(tl.float32)
-    return (scale[None, :] * normed).to(v.dtype)
+    return scaled_normed(v, rstd[:, None], tl.load(norm_w + ks, mask=k_in, other=0.0)[None, :])
 
 
 @triton.jit

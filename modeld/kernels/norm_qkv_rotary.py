@@ -17,8 +17,8 @@ import triton.language as tl
 import modeld.kernels.norm_linear as fused_norm
 from modeld.kernels.fused import rotate_pair
 from modeld.kernels.norm_linear import normed_dot_pair
-from modeld.kernels.tile_fitting import launch_fitting
 from modeld.kernels.skinny_linear import TILES
+from modeld.kernels.tile_fitting import launch_fitting
 
 
 @triton.jit

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from modeld.kernels.fused import _require_unit_last_stride, rms_norm_torch, rotary_torch, rotate_pair
+from modeld.kernels.fused import _require_unit_last_stride, rms_norm_torch, rotary_torch, rotate_pair, scaled_normed
 
 
 @triton.jit
@@ -39,10 +39,8 @@ def _qk_norm_rotary_kernel(
     x2 = tl.load(src + half + d, mask=in_half, other=0.0)
     a, b = x1.to(tl.float32), x2.to(tl.float32)
     rstd = tl.math.rsqrt((tl.sum(a * a, axis=0) + tl.sum(b * b, axis=0)) / (2 * half) + eps)
-    w1 = tl.load(weight + d, mask=in_half, other=0.0).to(tl.float32)
-    w2 = tl.load(weight + half + d, mask=in_half, other=0.0).to(tl.float32)
-    n1 = (w1 * (a * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype)
-    n2 = (w2 * (b * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype)
+    n1 = scaled_normed(x1, rstd, tl.load(weight + d, mask=in_half, other=0.0))
+    n2 = scaled_normed(x2, rstd, tl.load(weight + half + d, mask=in_half, other=0.0))
     cos_row, sin_row = cos + token * cos_tok, sin + token * sin_tok
     out1, out2 = rotate_pair(n1, n2, tl.load(cos_row + d, mask=in_half, other=0.0),
                              tl.load(cos_row + half + d, mask=in_half, other=0.0),
