@@ -55,7 +55,7 @@ class Variant:
     speculate_below: int = 0  # DFLASH verifies only while fewer requests run (0: always)
     several_from: int = 16  # the smallest batch that runs several steps a replay (modeld's SEVERAL_STEPS_FROM_BATCH)
     skinny: bool = True  # projections of <= 16 rows through the skinny Triton kernel (False: cuBLAS)
-    fuse_norms: bool = True  # with skinny: the norms and SiLU-mul inside it (False: kernels of their own)
+    fuse_norms: bool = True  # with skinny: norms, SiLU-mul, rotary + K/V write inside it (False: kernels of their own)
 
 
 VARIANTS = [

@@ -49,11 +49,16 @@ def projection(rows: int, tile):
     return (lambda h, w: torch.nn.functional.linear(h, w)), "cuBLAS"
 
 
-def one_shape(name: str, n: int, k: int, silu: bool, rows: int, sweep: bool) -> list[str]:
+def norm_projection_inputs(n: int, k: int, rows: int):
+    """(copies, weights, x, residual, norm weight): enough copies of an [n, k] weight that none is read from L2."""
     copies = max(2, -(-ROTATION_BYTES // (n * k * 2)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
     x, residual = (torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    norm_weight = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+    return copies, weights, x, residual, torch.ones(k, device="cuda", dtype=torch.bfloat16)
+
+
+def one_shape(name: str, n: int, k: int, silu: bool, rows: int, sweep: bool) -> list[str]:
+    copies, weights, x, residual, norm_weight = norm_projection_inputs(n, k, rows)
     project, project_name = projection(rows, TILES[(n, k)])
 
     def unfused(i):
@@ -93,10 +98,7 @@ def one_shape(name: str, n: int, k: int, silu: bool, rows: int, sweep: bool) -> 
 
 def attention_input(name: str, k: int, q_heads: int, kv_heads: int, head_dim: int, rows: int) -> str:
     n = (q_heads + 2 * kv_heads) * head_dim
-    copies = max(2, -(-ROTATION_BYTES // (n * k * 2)))
-    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
-    x, residual = (torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    norm_weight = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+    copies, weights, x, residual, norm_weight = norm_projection_inputs(n, k, rows)
     cos, sin = (torch.rand(rows, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     caches = [torch.zeros(4096, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
     slots = torch.arange(rows, device="cuda") + 7
