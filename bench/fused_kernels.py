@@ -10,8 +10,9 @@ fused kernels for at most 16 rows, and against its path above that, norm + cuBLA
 - the two-launch argmax (modeld/kernels/argmax.py) against torch.argmax over the vocabularies.
 
 Timing as in bench.skinny_linear: a CUDA graph of many launches over weight copies that do not fit in L2, device
-time per launch from CUDA events. The fused kernel is timed with the tile modeld uses (the projection's TILES entry,
-half the columns for gate|up); with --sweep also with 18 others, and the fastest is printed after it.
+time per launch from CUDA events. The fused kernel is timed with the tile modeld uses (its FUSED_TILES or
+ATTENTION_TILES entry); where modeld has none (it runs the ops apart there), and with --sweep, also with 18 other
+tiles (for the attention input those of at most half a head's columns), and the fastest is printed after it.
 
     python -m bench.fused_kernels [--rows 1,16,64,256] [--sweep]
 """
@@ -25,8 +26,8 @@ from bench.skinny_linear import ROTATION_BYTES, device_us
 from modeld.kernels.argmax import argmax_rows
 from modeld.kernels.fused import rms_norm, rotary, silu_mul
 from modeld.kernels import norm_linear as fused_norm
-from modeld.kernels.norm_linear import norm_linear_launch
-from modeld.kernels.norm_qkv_rotary import norm_qkv_rotary_launch, tile_for
+from modeld.kernels.norm_linear import FUSED_TILES, norm_linear_launch
+from modeld.kernels.norm_qkv_rotary import ATTENTION_TILES, norm_qkv_rotary_launch
 from modeld.kernels.qk_norm_rotary import qk_norm_rotary
 from modeld.kernels.rotary_store import rotary_store
 from modeld.kernels.skinny_linear import MAX_ROWS, TILES, skinny_launch
@@ -57,6 +58,28 @@ def norm_projection_inputs(n: int, k: int, rows: int):
     return copies, weights, x, residual, torch.ones(k, device="cuda", dtype=torch.bfloat16)
 
 
+def fused_lines(name: str, rows: int, base: float, used, candidates, run, copies: int, reference) -> list[str]:
+    """Timings of a fused kernel, run(i, tile) on weight copy i: modeld's tile `used` (None: modeld runs these ops
+    apart) and the other candidate tiles, printed as modeld's tile, the fastest where it is another, and failures
+    (a tile that does not compile, shared memory, is reported, not fatal). `base`: the unfused launches' µs."""
+    timed, lines = [], []
+    for tile in ([used] if used else []) + [t for t in candidates if t != used]:
+        try:
+            out = run(0, tile).float()
+            err = ((out - reference).abs().max() / reference.abs().max()).item()
+            timed.append((device_us(lambda i: run(i, tile), copies), tile, err))  # noqa: B023
+        except Exception as e:
+            lines.append(f"| {name} | {rows} | fused {tile} | failed: {type(e).__name__} | - | - |")
+    if used is None:
+        lines.append(f"| {name} | {rows} | fused: not in modeld's table (modeld runs the ops apart) | - | - | - |")
+    best = min(timed, default=None)
+    for us, tile, err in timed:
+        if tile == used or tile == best[1]:
+            label = "fused, modeld's tile" if tile == used else "fused, fastest tile"
+            lines.append(f"| {name} | {rows} | {label} {tile} | {us:.2f} | {base / us:.2f} | {err:.1e} |")
+    return lines
+
+
 def one_shape(name: str, n: int, k: int, silu: bool, rows: int, sweep: bool) -> list[str]:
     copies, weights, x, residual, norm_weight = norm_projection_inputs(n, k, rows)
     project, project_name = projection(rows, TILES[(n, k)])
@@ -66,37 +89,26 @@ def one_shape(name: str, n: int, k: int, silu: bool, rows: int, sweep: bool) -> 
         y = project(h, weights[i])
         return silu_mul(y) if silu else y
 
-    reference = unfused(0).float()
+    def fused(i, tile):
+        return norm_linear_launch(x, residual, norm_weight, EPS, weights[i], None, tile, silu)[0]
+
     base = device_us(unfused, copies)
     lines = [f"| {name} | {rows} | norm + {project_name}{' + silu_mul' if silu else ''} | {base:.2f} | 1.00 | - |"]
-    timed = []
-    fused_norm.norm_linear(x, residual, norm_weight, EPS, weights[0], None, silu)  # settles the tile modeld runs
-    used = tile_in_use(fused_norm.fitting_key(weights[0], silu, True))
-    if used is None:
-        return lines + [f"| {name} | {rows} | fused: no tile fits this card's shared memory (modeld runs the ops "
-                        f"apart) | - | - | - |"]
-    for fused_tile in [used] + ([t for t in OTHER_TILES if t != used] if sweep else []):
-        try:
-            out = norm_linear_launch(x, residual, norm_weight, EPS, weights[0], None, fused_tile, silu)[0].float()
-            err = ((out - reference).abs().max() / reference.abs().max()).item()
-            us = device_us(lambda i: norm_linear_launch(x, residual, norm_weight, EPS, weights[i], None,  # noqa: B023
-                                                        fused_tile, silu), copies)
-        except Exception as e:  # a tile that does not compile (shared memory) is reported, not fatal
-            lines.append(f"| {name} | {rows} | fused {fused_tile} | failed: {type(e).__name__} | - | - |")
-            continue
-        timed.append((us, fused_tile, err))
-    if not timed:
-        return lines
-    best = min(timed)
-    for us, fused_tile, err in [t for t in timed if t[1] == used] + ([best] if best[1] != used else []):
-        label = "fused, modeld's tile" if fused_tile == used else "fused, fastest tile"
-        lines.append(f"| {name} | {rows} | {label} {fused_tile} | {us:.2f} | {base / us:.2f} | {err:.1e} |")
+    used = None
+    if (n, k, silu) in FUSED_TILES:  # the tile modeld runs, after any fewer stages this card needs
+        if fused_norm.norm_linear(x, residual, norm_weight, EPS, weights[0], None, silu) is None:
+            return lines + [f"| {name} | {rows} | fused: no tile fits this card's shared memory (modeld runs the ops "
+                            f"apart) | - | - | - |"]
+        used = tile_in_use(fused_norm.fitting_key(weights[0], silu, True))
+    lines += fused_lines(name, rows, base, used, OTHER_TILES if sweep or used is None else [], fused, copies,
+                         unfused(0).float())
     del weights
     torch.cuda.empty_cache()
     return lines
 
 
-def attention_input(name: str, k: int, q_heads: int, kv_heads: int, head_dim: int, rows: int) -> str:
+def attention_input(name: str, k: int, q_heads: int, kv_heads: int, head_dim: int, rows: int,
+                    sweep: bool) -> list[str]:
     n = (q_heads + 2 * kv_heads) * head_dim
     copies, weights, x, residual, norm_weight = norm_projection_inputs(n, k, rows)
     cos, sin = (torch.rand(rows, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -104,7 +116,6 @@ def attention_input(name: str, k: int, q_heads: int, kv_heads: int, head_dim: in
     slots = torch.arange(rows, device="cuda") + 7
     split = (q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim)
     project, project_name = projection(rows, TILES[(n, k)])
-    tile = tile_for(weights[0], head_dim)
 
     def apart(i):
         h, _ = rms_norm(x, norm_weight, EPS, residual)
@@ -112,16 +123,18 @@ def attention_input(name: str, k: int, q_heads: int, kv_heads: int, head_dim: in
         return rotary_store(q.unflatten(-1, (q_heads, head_dim)), kk.unflatten(-1, (kv_heads, head_dim)),
                             v.unflatten(-1, (kv_heads, head_dim)), cos, sin, *caches, slots)
 
-    def fused(i):
+    def fused(i, tile):
         return norm_qkv_rotary_launch(x, residual, norm_weight, EPS, weights[i], None, cos, sin, *caches, slots,
                                       q_heads, kv_heads, tile)[0]
 
-    err = ((fused(0).float() - apart(0).float()).abs().max() / apart(0).float().abs().max()).item()
-    base, us = device_us(apart, copies), device_us(fused, copies)
+    base = device_us(apart, copies)
+    lines = [f"| {name} attention input | {rows} | norm + {project_name} + rotary_store | {base:.2f} | 1.00 | - |"]
+    used = ATTENTION_TILES.get((n, k))
+    candidates = [t for t in OTHER_TILES if t[0] <= head_dim // 2] if sweep or used is None else []
+    lines += fused_lines(f"{name} attention input", rows, base, used, candidates, fused, copies, apart(0).float())
     del weights
     torch.cuda.empty_cache()
-    return (f"| {name} | {rows} | norm + {project_name} + rotary_store: {base:.2f} µs; in one launch {tile} | "
-            f"{us:.2f} | {base / us:.2f} | {err:.1e} |")
+    return lines
 
 
 def draft_qk(name: str, q_heads: int, kv_heads: int, head_dim: int, requests: int) -> str:
@@ -164,7 +177,7 @@ def main() -> None:
         for name, n, k, silu in SHAPES:
             print("\n".join(one_shape(name, n, k, silu, rows, args.sweep)), flush=True)
         for name, k, q_heads, kv_heads, head_dim in ATTENTION_INPUTS:
-            print(attention_input(name, k, q_heads, kv_heads, head_dim, rows), flush=True)
+            print("\n".join(attention_input(name, k, q_heads, kv_heads, head_dim, rows, args.sweep)), flush=True)
         for name, q_heads, kv_heads, head_dim in DRAFT_HEADS:
             print(draft_qk(name, q_heads, kv_heads, head_dim, rows), flush=True)
         for name, vocab in VOCABS:

@@ -7,6 +7,8 @@ are each a few microseconds of latency for a few kilobytes of work (BENCHMARKS.m
 Here every program of the skinny projection (modeld/kernels/skinny_linear.py) first sums the squares of its rows of
 v = x + residual (a few kilobytes from L2), then normalises each K chunk as it goes and multiplies it into its columns
 of W. The programs of the first column block also store their rows of v, the residual stream the next layer adds to.
+Measured on a GPU, that pays only where the weight is small (the default model's shapes); FUSED_TILES lists where
+modeld runs it.
 
 Numerics are those of the unfused ops (modeld/kernels/fused.py, then the skinny kernel): v rounded to the activation
 dtype, statistics in fp32, the normalised row rounded, times the norm's weight rounded, then the same tile of the
@@ -19,8 +21,17 @@ import triton
 import triton.language as tl
 
 from modeld.kernels.fused import rms_norm, scaled_normed, silu_mul
-from modeld.kernels.skinny_linear import MAX_ROWS, TILES, linear
+from modeld.kernels.skinny_linear import MAX_ROWS, linear
 from modeld.kernels.tile_fitting import launch_fitting
+
+# (N, K, gate|up with SiLU-mul) of a projection after a norm -> the fused kernel's tile, only for the shapes where
+# `python -m bench.fused_kernels --sweep` measured the fused launch faster than the norm, skinny projection (and
+# SiLU-mul) launches it replaces (BENCHMARKS.md, the fifteenth session, H100): the default model's and its draft's.
+# The 8B geometry is not here: its fused tiles ran 0.84x (q|k|v) and at best 0.90x (gate|up) of the launches apart,
+# and the 8B step took 7.7 ms of device time fused against 5.8 ms apart, so its norms run apart.
+FUSED_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
+    (960, 576, False): (16, 256, 4, 3), (3072, 576, True): (32, 256, 4, 3),
+}
 
 
 @triton.jit
@@ -110,12 +121,19 @@ def _norm_linear_kernel(
     tl.store(out, acc.to(y.dtype.element_ty), mask=(rows < M)[:, None] & col_in[None, :])
 
 
-def fits(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `norm_linear` takes x [rows, K] with this norm and projection (the skinny kernel's shapes and dtypes,
-    a norm weight of x's dtype); otherwise the caller runs the norm and the projection apart."""
+def fits_inputs(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the fused kernels (this one and norm_qkv_rotary) take x [rows, K] with this norm weight and
+    projection weight: a few rows on a GPU, half precision, one dtype for all three, contiguous rows. Each kernel
+    also needs the weight's shape in its table of measured tiles."""
     return (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and norm_weight.dtype == x.dtype and weight.is_contiguous()
-            and x.stride(-1) == 1 and tuple(weight.shape) in TILES)
+            and x.stride(-1) == 1)
+
+
+def fits(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, silu_pair: bool = False) -> bool:
+    """Whether `norm_linear` takes x with this norm and projection (`fits_inputs`, a shape in FUSED_TILES);
+    otherwise the caller runs the norm and the projection apart."""
+    return fits_inputs(x, norm_weight, weight) and (*weight.shape, silu_pair) in FUSED_TILES
 
 
 def norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_pair=False):
@@ -143,31 +161,25 @@ def norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_p
     return y, residual_out
 
 
-def tile_for(weight: torch.Tensor, silu_pair: bool) -> tuple[int, int, int, int]:
-    """The projection's skinny tile; a gate|up program loads a gate and an up row per column, so half the columns."""
-    block_n, block_k, warps, stages = TILES[tuple(weight.shape)]
-    return (max(16, block_n // 2) if silu_pair else block_n), block_k, warps, stages
-
-
 def fitting_key(weight: torch.Tensor, silu_pair: bool, has_residual: bool) -> tuple:
     """The kernel variant launch_fitting keeps a tile for (tile_fitting.tile_in_use reads it back)."""
     return ("norm_linear", *weight.shape, silu_pair, has_residual)
 
 
 def norm_linear(x, residual, norm_weight, eps, weight, bias, silu_pair=False):
-    """(y, v) as `norm_linear_launch` computes them, with the projection's tile from TILES (fewer stages where the
+    """(y, v) as `norm_linear_launch` computes them, with the shape's tile from FUSED_TILES (fewer stages where the
     card needs), or None where no tile fits (launch_fitting). Callers check `fits`."""
     return launch_fitting(
-        fitting_key(weight, silu_pair, residual is not None), tile_for(weight, silu_pair),
+        fitting_key(weight, silu_pair, residual is not None), FUSED_TILES[(*weight.shape, silu_pair)],
         lambda tile: norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_pair))
 
 
 def norm_project(x, residual, norm_weight, eps, weight, bias, silu=False, skinny=True, fuse=True):
     """(proj(norm(x + residual)), x + residual), then SiLU-mul with silu: one launch of the fused kernel where it
-    fits (fuse and skinny on, a few rows on a GPU, a tuned shape, a tile within shared memory), else the norm
+    fits (fuse and skinny on, a few rows on a GPU, a shape in FUSED_TILES, a tile within shared memory), else the norm
     kernel, the projection (the skinny kernel where it fits while skinny is on, else cuBLAS) and the SiLU-mul
     kernel. The target's decoder layers and the DFLASH draft's serving layers both run their norms through this."""
-    if skinny and fuse and fits(x, norm_weight, weight):
+    if skinny and fuse and fits(x, norm_weight, weight, silu):
         fused = norm_linear(x, residual, norm_weight, eps, weight, bias, silu_pair=silu)
         if fused is not None:
             return fused

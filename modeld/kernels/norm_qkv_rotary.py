@@ -17,8 +17,12 @@ import triton.language as tl
 import modeld.kernels.norm_linear as fused_norm
 from modeld.kernels.fused import rotate_pair
 from modeld.kernels.norm_linear import normed_dot_pair
-from modeld.kernels.skinny_linear import TILES
 from modeld.kernels.tile_fitting import launch_fitting
+
+# q|k|v weight shape (N, K) -> (BLOCK_J, BLOCK_K, warps, stages), only where the one launch was measured faster than
+# the norm, skinny q|k|v and rotary_store launches it replaces (`python -m bench.fused_kernels --sweep`,
+# BENCHMARKS.md): the default model's. The 8B geometry's ran 0.92x of them, so it runs them apart.
+ATTENTION_TILES: dict[tuple[int, int], tuple[int, int, int, int]] = {(960, 576): (16, 256, 4, 3)}
 
 
 @triton.jit
@@ -73,7 +77,7 @@ def norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin
     linear(rms_norm(v) * norm_weight, weight, bias), and the rotated k and v of the same projection written to
     k_cache, v_cache [pool rows, kv_heads, D] at slots (rows with a slot < 0 write nothing). v is x itself without
     residual. cos, sin: [rows, D] of the rows' positions, as rotary_store takes them. Any number of rows, in blocks
-    of 16 (each block streams W again: modeld sends at most MAX_ROWS, norm_linear.fits)."""
+    of 16 (each block streams W again: modeld sends at most MAX_ROWS, norm_linear.fits_inputs)."""
     rows, k = x.shape
     head_dim = weight.shape[0] // (q_heads + 2 * kv_heads)
     if weight.shape != ((q_heads + 2 * kv_heads) * head_dim, k) or norm_weight.shape != (k,):
@@ -101,22 +105,15 @@ def norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin
     return q, residual_out
 
 
-def tile_for(weight: torch.Tensor, head_dim: int) -> tuple[int, int, int, int]:
-    """The q|k|v projection's skinny tile, its columns split over a head's two halves (at least 16, at most half a
-    head, rounded to a power of two)."""
-    block_n, block_k, warps, stages = TILES[tuple(weight.shape)]
-    block_j = max(16, min(block_n // 2, triton.next_power_of_2(head_dim // 2)))
-    return block_j, block_k, warps, stages
-
-
 def norm_qkv_rotary(x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache, slots,
                     q_heads: int, kv_heads: int):
-    """(q, v) as `norm_qkv_rotary_launch` computes them where the fused kernels take x and the weight (`fits`) and a
-    tile fits the card; else None, and the caller runs the norm + projection and rotary_store apart."""
-    if not fused_norm.fits(x, norm_weight, weight) or cos.dtype != x.dtype or sin.dtype != x.dtype:
+    """(q, v) as `norm_qkv_rotary_launch` computes them where the fused kernels take x and the weight
+    (`norm_linear.fits_inputs`, a shape in ATTENTION_TILES) and a tile fits the card; else None, and the caller runs
+    the norm + projection and rotary_store apart."""
+    if (not fused_norm.fits_inputs(x, norm_weight, weight) or tuple(weight.shape) not in ATTENTION_TILES
+            or cos.dtype != x.dtype or sin.dtype != x.dtype):
         return None
-    head_dim = weight.shape[0] // (q_heads + 2 * kv_heads)
     return launch_fitting(
-        ("norm_qkv_rotary", *weight.shape, residual is not None), tile_for(weight, head_dim),
+        ("norm_qkv_rotary", *weight.shape, residual is not None), ATTENTION_TILES[tuple(weight.shape)],
         lambda tile: norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache,
                                             slots, q_heads, kv_heads, tile))

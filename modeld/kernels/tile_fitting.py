@@ -1,6 +1,6 @@
 """Launching a Triton kernel with a tile the card's shared memory holds: the fused kernels (norm_linear,
-norm_qkv_rotary) stage the residual's tiles beside the projection's, so a projection's TILES entry, tuned for the
-skinny kernel on one card, may need fewer pipeline stages for them, or on another card."""
+norm_qkv_rotary) stage the residual's tiles beside the projection's, so a tile measured on one card (their
+FUSED_TILES, ATTENTION_TILES) may need fewer pipeline stages on another."""
 
 import logging
 

@@ -7,9 +7,9 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from modeld.kernels.fused import rms_norm, silu_mul
-from modeld.kernels.norm_linear import fits, norm_linear, norm_linear_launch
+from modeld.kernels.norm_linear import FUSED_TILES, fits, norm_linear, norm_linear_launch
 from modeld.kernels import tile_fitting
-from modeld.kernels.skinny_linear import MAX_ROWS, TILES, skinny_launch
+from modeld.kernels.skinny_linear import MAX_ROWS, skinny_launch
 
 TILE = (16, 64, 4, 2)  # a small tile: the interpreter's cost grows with it
 EPS = 1e-5
@@ -92,7 +92,7 @@ def test_a_tile_past_the_cards_shared_memory_takes_fewer_stages_then_none(device
     import modeld.kernels.norm_linear as nl
 
     x, residual, norm_weight, w, b = _inputs(device, torch.float16, 2, 64, 128)
-    monkeypatch.setitem(TILES, tuple(w.shape), (32, 64, 4, 4))
+    monkeypatch.setitem(FUSED_TILES, (*w.shape, False), (32, 64, 4, 4))
     monkeypatch.setattr(tile_fitting, "_TILE_THAT_FITS", {})
     real, tried, limit = nl.norm_linear_launch, [], [2]
 
@@ -119,11 +119,12 @@ def test_the_cpu_path_runs_the_ops_apart():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_on_the_gpu_a_tuned_shape_of_up_to_sixteen_rows_is_fused():
-    n, k = next(iter(TILES))
+def test_on_the_gpu_a_measured_shape_of_up_to_sixteen_rows_is_fused():
+    n, k, _ = next(key for key in FUSED_TILES if not key[2])
     x, residual, norm_weight, w, b = _inputs("cuda", torch.bfloat16, MAX_ROWS + 1, n, k)
     assert fits(x[:MAX_ROWS], norm_weight, w) and not fits(x, norm_weight, w)
     assert not fits(x[:1], norm_weight.float(), w)  # a norm weight of another dtype
+    assert not fits(x[:1], norm_weight, w, silu_pair=True)  # as gate|up this shape was not measured faster
     y, stream = norm_linear(x[:1], residual[:1], norm_weight, EPS, w, b)
     h, expected_stream = rms_norm(x[:1], norm_weight, EPS, residual[:1])
     assert torch.equal(stream, expected_stream)
@@ -138,18 +139,20 @@ def _tiny_llama():
 
 
 def _fuse_shapes(monkeypatch, device, shapes, tile_fits=True) -> list:
-    """The fused kernels on for these (N, K) weight shapes (a small tile in TILES), on the CPU too (the dispatcher
-    takes CUDA tensors only: here it takes the interpreter's); or, without tile_fits, every fused launch answering
-    None as where no tile fits the card. Returns the list that gets an entry per fused launch asked for."""
+    """The fused kernels on for these (N, K) weight shapes (a small tile in their tables: q|k|v, the attention input,
+    and gate|up with SiLU-mul), on the CPU too (the dispatcher takes CUDA tensors only: here it takes the
+    interpreter's); or, without tile_fits, every fused launch answering None as where no tile fits the card.
+    Returns the list that gets an entry per fused launch asked for."""
     import modeld.kernels.norm_linear as nl
     import modeld.kernels.norm_qkv_rotary as nqr
 
-    for shape in shapes:
-        monkeypatch.setitem(TILES, shape, (32, 32, 4, 2))
+    qkv, gate_up = shapes
+    monkeypatch.setitem(nl.FUSED_TILES, (*qkv, False), (32, 32, 4, 2))
+    monkeypatch.setitem(nqr.ATTENTION_TILES, qkv, (32, 32, 4, 2))
+    monkeypatch.setitem(nl.FUSED_TILES, (*gate_up, True), (32, 32, 4, 2))
     monkeypatch.setattr(tile_fitting, "_TILE_THAT_FITS", {})
     if device == "cpu":
-        monkeypatch.setattr(nl, "fits", lambda x, norm_weight, weight: x.shape[0] <= MAX_ROWS
-                            and tuple(weight.shape) in TILES)
+        monkeypatch.setattr(nl, "fits_inputs", lambda x, norm_weight, weight: x.shape[0] <= MAX_ROWS)
     launches, launch_fitting = [], tile_fitting.launch_fitting
 
     def counted(key, tile, launch):
