@@ -122,6 +122,8 @@ class CudaBuffers(SharedBuffers):
 
     def _allocate(self, name, dtype, shape):
         cupy = self.cupy
+        if dtype == "int32" and np.prod(shape) >= 2**31:  # sync packs a table's flat indices as int32
+            raise ValueError(f"table {name} of shape {shape} has 2**31 entries or more")
         size = int(np.prod(shape)) * ELEMENT_BYTES[dtype]
         with self.device:
             mem = cupy.cuda.Memory(max(size, 1))
@@ -138,17 +140,25 @@ class CudaBuffers(SharedBuffers):
         self.dirty.setdefault(name, []).append(flat_idx)
 
     def sync(self):
-        """One scatter per table per call, then the event recorded behind them: a client stream that
-        waits on it after the reply runs after the scatters (stream order on memd's side; the record
-        precedes the client's wait in time). The host mirror holds the final value of every index, so
-        an index written twice in one call (freed, then reused) ends right. memd's host never waits."""
+        """One host->device copy per call (every dirty table's indices and values, packed as int32: tables hold
+        fewer than 2**31 entries, _allocate checks), one scatter per table, then the event recorded behind them:
+        a client stream that waits on it after the reply runs after the scatters (stream order on memd's side;
+        the record precedes the client's wait in time). The host mirror holds the final value of every index, so
+        an index written twice in one call (freed, then reused) ends right. memd's host never waits on the GPU;
+        the copy from pageable memory returns once the bytes are staged."""
         cupy = self.cupy
         with self.device:
-            for name, parts in self.dirty.items():
-                idx = np.unique(np.concatenate(parts))
-                values = self.tables[name].reshape(-1)[idx]
-                self.device_tables[name].reshape(-1)[cupy.asarray(idx)] = cupy.asarray(values)
-            self.dirty.clear()
+            if self.dirty:
+                written = {name: np.unique(np.concatenate(parts)) for name, parts in self.dirty.items()}
+                packed = cupy.asarray(np.concatenate([
+                    part for name, idx in written.items()
+                    for part in (idx.astype(np.int32), self.tables[name].reshape(-1)[idx])]))
+                at = 0
+                for name, idx in written.items():
+                    n = len(idx)
+                    self.device_tables[name].reshape(-1)[packed[at:at + n]] = packed[at + n:at + 2 * n]
+                    at += 2 * n
+                self.dirty.clear()
             self.written.record()
 
     def close(self):
