@@ -26,9 +26,10 @@ from modeld.kernels.tile_fitting import launch_fitting
 
 # (N, K, gate|up with SiLU-mul) of a projection after a norm -> the fused kernel's tile, only for the shapes where
 # `python -m bench.fused_kernels --sweep` measured the fused launch faster than the norm, skinny projection (and
-# SiLU-mul) launches it replaces (BENCHMARKS.md, the fifteenth session, H100): the default model's and its draft's.
-# The 8B geometry is not here: its fused tiles ran 0.84x (q|k|v) and at best 0.90x (gate|up) of the launches apart,
-# and the 8B step took 7.7 ms of device time fused against 5.8 ms apart, so its norms run apart.
+# SiLU-mul) launches it replaces (BENCHMARKS.md, the fifteenth session, H100): the default model's and its draft's,
+# 1.03x (q|k|v) and 1.17x (gate|up) at one row with these tiles. The 8B geometry is not here: its fused tiles ran at
+# best 0.82x (q|k|v) and 0.90x (gate|up) of the launches apart, and the 8B step took 7.7 ms of device time fused
+# against 5.8 ms apart, so its norms run apart.
 FUSED_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (960, 576, False): (16, 256, 4, 3), (3072, 576, True): (32, 256, 4, 3),
 }
