@@ -131,6 +131,36 @@ def test_on_the_gpu_a_measured_shape_of_up_to_sixteen_rows_is_fused():
     torch.testing.assert_close(y, torch.nn.functional.linear(h, w, b), atol=2e-2, rtol=2e-2)
 
 
+def test_only_a_shape_measured_faster_is_fused(device, monkeypatch):
+    """The dispatch follows the measured tables, not the inputs alone: with every input condition met, a projection
+    is fused only where its (N, K, SiLU-mul) is in FUSED_TILES, and the attention input only where its q|k|v shape
+    is in ATTENTION_TILES; elsewhere (the 8B geometry's shapes, say) the ops run apart, with the same results."""
+    import modeld.kernels.norm_linear as nl
+    import modeld.kernels.norm_qkv_rotary as nqr
+
+    x, residual, norm_weight, w, b = _inputs(device, torch.float16, 2, 64, 96)
+    launches = []
+    monkeypatch.setattr(nl, "fits_inputs", lambda *a: True)  # on the CPU too: the tables alone decide
+    monkeypatch.setattr(nl, "launch_fitting", lambda key, tile, launch: launches.append(key[0]) or launch(tile))
+    monkeypatch.setattr(nqr, "launch_fitting", lambda key, tile, launch: launches.append(key[0]) or launch(tile))
+    apart = nl.norm_project(x, residual, norm_weight, EPS, w, b, fuse=False)
+    assert torch.equal(nl.norm_project(x, residual, norm_weight, EPS, w, b)[0], apart[0]) and launches == []
+    monkeypatch.setitem(nl.FUSED_TILES, (64, 96, True), TILE)  # measured as gate|up only
+    nl.norm_project(x, residual, norm_weight, EPS, w, b)
+    assert launches == []
+    monkeypatch.setitem(nl.FUSED_TILES, (64, 96, False), TILE)
+    fused = nl.norm_project(x, residual, norm_weight, EPS, w, b)
+    assert launches == ["norm_linear"]
+    torch.testing.assert_close(fused[0], apart[0], atol=2e-2, rtol=2e-2)
+    cos, sin = (torch.ones(2, 16, dtype=torch.float16, device=device) for _ in range(2))
+    caches = [torch.zeros(8, 1, 16, dtype=torch.float16, device=device) for _ in range(2)]
+    slots = torch.tensor([1, 2], device=device)
+    args = (x, residual, norm_weight, EPS, w, b, cos, sin, *caches, slots, 2, 1)
+    assert nqr.norm_qkv_rotary(*args) is None and launches == ["norm_linear"]  # (64, 96) not in ATTENTION_TILES
+    monkeypatch.setitem(nqr.ATTENTION_TILES, (64, 96), TILE)
+    assert nqr.norm_qkv_rotary(*args) is not None and launches == ["norm_linear", "norm_qkv_rotary"]
+
+
 def _tiny_llama():
     from transformers import LlamaConfig
 
