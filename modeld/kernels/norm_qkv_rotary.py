@@ -111,10 +111,11 @@ def norm_qkv_rotary(x, residual, norm_weight, eps, weight, bias, cos, sin, k_cac
     """(q, v) as `norm_qkv_rotary_launch` computes them where the fused kernels take x and the weight
     (`norm_linear.fits_inputs`, a shape in ATTENTION_TILES) and a tile fits the card; else None, and the caller runs
     the norm + projection and rotary_store apart."""
-    if (not fused_norm.fits_inputs(x, norm_weight, weight) or tuple(weight.shape) not in ATTENTION_TILES
-            or cos.dtype != x.dtype or sin.dtype != x.dtype):
+    tile = ATTENTION_TILES.get(tuple(weight.shape))
+    if (tile is None or not fused_norm.fits_inputs(x, norm_weight, weight) or cos.dtype != x.dtype
+            or sin.dtype != x.dtype):
         return None
     return launch_fitting(
-        ("norm_qkv_rotary", *weight.shape, residual is not None), ATTENTION_TILES[tuple(weight.shape)],
-        lambda tile: norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache,
-                                            slots, q_heads, kv_heads, tile))
+        ("norm_qkv_rotary", *weight.shape, residual is not None), tile,
+        lambda fitted: norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache,
+                                              v_cache, slots, q_heads, kv_heads, fitted))
