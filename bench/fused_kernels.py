@@ -14,7 +14,7 @@ time per launch from CUDA events. The fused kernel is timed with the tile modeld
 ATTENTION_TILES entry); where modeld has none (it runs the ops apart there), and with --sweep, also with 18 other
 tiles (for the attention input those of at most half a head's columns), and the fastest is printed after it.
 
-    python -m bench.fused_kernels [--rows 1,16,64,256] [--sweep]
+    python -m bench.fused_kernels [--rows 1,16,64,256] [--sweep] [--only 8B|135M]
 """
 
 import argparse
@@ -165,22 +165,28 @@ def argmax_row(name: str, vocab: int, rows: int) -> str:
             f"{base / us:.2f} | - |")
 
 
+def of_geometry(shapes: list[tuple], prefix: str) -> list[tuple]:
+    """The shapes whose name starts with `prefix` ("8B", "135M"; "": all)."""
+    return [shape for shape in shapes if shape[0].startswith(prefix)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1,16")
     parser.add_argument("--sweep", action="store_true", help="time 18 other tiles of the fused kernel too")
+    parser.add_argument("--only", default="", help="the shapes of one geometry: 8B or 135M (default: both)")
     args = parser.parse_args()
     print(f"GPU: {torch.cuda.get_device_name()}; bf16; device time per launch (µs) over rotating weight copies\n")
     print("| shape | rows | kernels (block_n, block_k, warps, stages) | µs | x unfused | max rel err vs unfused |")
     print("|---|---|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):
-        for name, n, k, silu in SHAPES:
+        for name, n, k, silu in of_geometry(SHAPES, args.only):
             print("\n".join(one_shape(name, n, k, silu, rows, args.sweep)), flush=True)
-        for name, k, q_heads, kv_heads, head_dim in ATTENTION_INPUTS:
+        for name, k, q_heads, kv_heads, head_dim in of_geometry(ATTENTION_INPUTS, args.only):
             print("\n".join(attention_input(name, k, q_heads, kv_heads, head_dim, rows, args.sweep)), flush=True)
-        for name, q_heads, kv_heads, head_dim in DRAFT_HEADS:
+        for name, q_heads, kv_heads, head_dim in of_geometry(DRAFT_HEADS, args.only):
             print(draft_qk(name, q_heads, kv_heads, head_dim, rows), flush=True)
-        for name, vocab in VOCABS:
+        for name, vocab in of_geometry(VOCABS, args.only):
             print(argmax_row(name, vocab, rows), flush=True)
 
 
