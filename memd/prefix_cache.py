@@ -20,12 +20,12 @@ pages are protected while it has holders, else evictable; its live draft pages a
 while it has draft holders, else evictable. Every mutation goes through _account(-1) ... _account(+1).
 """
 
-import heapq
 import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
 from memd.errors import InvariantViolation
+from memd.lru_heap import LruHeap
 from memd.pages import PagePool
 
 Holder = tuple[str, str]  # (session, rid)
@@ -44,6 +44,7 @@ class Node:
     holders: set = field(default_factory=set)
     draft_holders: set = field(default_factory=set)
     last_access: int = 0
+    detached: bool = False  # evicted: out of its tree for good
 
     @property
     def end(self) -> int:
@@ -74,6 +75,10 @@ class PrefixCache:
         self.locks: dict[Holder, Node] = {}
         self.evictable_t = self.protected_t = self.evictable_d = self.protected_d = 0  # pages
         self._clock = itertools.count(1)
+        # What eviction takes, least recently used first: unprotected leaves (target), nodes with unprotected live
+        # draft KV (draft). Every node is offered to both at each _account(+1).
+        self.lru_target = LruHeap(lambda n: not n.detached and not n.children and not n.holders)
+        self.lru_draft = LruHeap(lambda n: not n.detached and not n.draft_holders and any(n.draft_pages))
 
     # ---- bookkeeping -------------------------------------------------------------------
     def _account(self, node: Node, sign: int) -> None:
@@ -88,6 +93,9 @@ class PrefixCache:
             self.protected_d += sign * live
         else:
             self.evictable_d += sign * live
+        if sign > 0:  # the mutation is done: the node may be a candidate now, or one touched since its last entry
+            self.lru_target.offer(node)
+            self.lru_draft.offer(node)
 
     def _path(self, node: Node):
         while node.parent is not None:
@@ -293,21 +301,22 @@ class PrefixCache:
         """Free least-recently-used unprotected leaves of any tree (target and draft KV) until `pages`
         target pages came back or nothing is evictable; drop the trees left empty. Returns target pages
         freed."""
-        heap = [(n.last_access, id(n), n) for n in self._nodes() if not n.children and not n.holders]
-        heapq.heapify(heap)
         freed = 0
-        while heap and freed < pages:
-            _, _, node = heapq.heappop(heap)
+        while freed < pages:
+            node = self.lru_target.pop()
+            if node is None:
+                break
             self._account(node, -1)
             parent = node.parent
             del parent.children[node.key[: self.P]]
+            node.detached = True
             self.set_mapping(node.target_pages, None)
             self.target.free(node.target_pages)
             if self.draft is not None:
                 self.draft.free(node.live_draft())
             freed += len(node.target_pages)
-            if parent.parent is not None and not parent.children and not parent.holders:
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+            if parent.parent is not None:
+                self.lru_target.offer(parent)  # a leaf now, perhaps
         for model in [model for model, root in self.roots.items() if not root.children]:
             del self.roots[model]
         return freed
@@ -315,10 +324,10 @@ class PrefixCache:
     def evict_draft(self, pages: int) -> int:
         """Free the draft KV of least-recently-used nodes of any tree outside every protected window, keeping
         their target KV (they become tombstones). Returns draft pages freed."""
-        order = sorted((n for n in self._nodes() if not n.draft_holders and n.live_draft()), key=lambda n: n.last_access)
         freed = 0
-        for node in order:
-            if freed >= pages:
+        while freed < pages:
+            node = self.lru_draft.pop()
+            if node is None:
                 break
             self._account(node, -1)
             live = [(t, d) for t, d in zip(node.target_pages, node.draft_pages) if d]
@@ -361,7 +370,17 @@ class PrefixCache:
             live = len(node.live_draft())
             counts[1 if node.holders else 0] += pages
             counts[3 if node.draft_holders else 2] += live
+        self._check_lru()
         if counts != [self.evictable_t, self.protected_t, self.evictable_d, self.protected_d]:
             raise InvariantViolation(
                 f"prefix cache counters (evictable/protected target, draft) {[self.evictable_t, self.protected_t, self.evictable_d, self.protected_d]}"
                 f" != recounted {counts}")
+
+    def _check_lru(self) -> None:
+        """Every node eviction may take is in its heap, with its current last access (memd.lru_heap's invariant)."""
+        for heap, side in ((self.lru_target, "target"), (self.lru_draft, "draft")):
+            listed = heap.current_ids()
+            for node in self._nodes():
+                if heap.is_candidate(node) and id(node) not in listed:
+                    raise InvariantViolation(f"prefix cache: node at page {node.start} is evictable ({side}) but not "
+                                             "in the eviction heap")
