@@ -98,6 +98,14 @@ class ShmBuffers(SharedBuffers):
         self.segments.clear()
 
 
+SCATTER_SOURCE = r"""
+extern "C" __global__ void scatter_packed(const int* packed, const long long n, int* table) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) table[packed[i]] = packed[n + i];
+}
+"""
+
+
 class CudaBuffers(SharedBuffers):
     """One cudaMalloc per buffer (legacy IPC shares whole allocations); host mirrors of tables."""
 
@@ -116,7 +124,10 @@ class CudaBuffers(SharedBuffers):
         self.memory: dict[str, object] = {}
         self.device_tables: dict[str, object] = {}
         self.dirty: dict[str, list[np.ndarray]] = {}
+        # table[idx[i]] = values[i] for i < n, idx and values packed back to back: one launch per written table
+        self.scatter = cupy.RawKernel(SCATTER_SOURCE, "scatter_packed")
         with self.device:  # recorded after every call's scatters; clients open it from its handle
+            self.scatter.compile()  # at start, not in the first call's reply
             self.written = cupy.cuda.Event(block=False, disable_timing=True, interprocess=True)
             self.tables_written_event = bytes(cupy.cuda.runtime.ipcGetEventHandle(self.written.ptr))
 
@@ -154,9 +165,9 @@ class CudaBuffers(SharedBuffers):
                     part for name, idx in written.items()
                     for part in (idx.astype(np.int32), self.tables[name].reshape(-1)[idx])]))
                 at = 0
-                for name, idx in written.items():
+                for name, idx in written.items():  # one launch a table; its indices are unique (np.unique)
                     n = len(idx)
-                    self.device_tables[name].reshape(-1)[packed[at:at + n]] = packed[at + n:at + 2 * n]
+                    self.scatter(((n + 255) // 256,), (256,), (packed[at:], np.int64(n), self.device_tables[name]))
                     at += 2 * n
                 self.dirty.clear()
             self.written.record()
