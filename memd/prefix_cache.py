@@ -355,10 +355,13 @@ class PrefixCache:
         return target, live
 
     def check(self) -> None:
-        """Counters, keys, page positions and holder sets, recomputed from scratch; no tree is empty."""
+        """Counters, keys, page positions and holder sets, recomputed from scratch; no tree is empty; every node
+        eviction may take is in its heap with its current last access (memd.lru_heap's invariant)."""
         if not all(root.children for root in self.roots.values()):
             raise InvariantViolation("prefix cache: an empty tree is kept")
         counts = [0, 0, 0, 0]
+        heaps = [(heap, side, heap.current_ids())
+                 for heap, side in ((self.lru_target, "target"), (self.lru_draft, "draft"))]
         for node in self._nodes():
             pages = len(node.target_pages)
             if pages == 0 or len(node.key) != pages * self.P or node.parent.children.get(node.key[: self.P]) is not node:
@@ -370,17 +373,11 @@ class PrefixCache:
             live = len(node.live_draft())
             counts[1 if node.holders else 0] += pages
             counts[3 if node.draft_holders else 2] += live
-        self._check_lru()
+            for heap, side, listed in heaps:
+                if heap.is_candidate(node) and id(node) not in listed:
+                    raise InvariantViolation(f"prefix cache: node at page {node.start} is evictable ({side}) but not "
+                                             "in the eviction heap")
         if counts != [self.evictable_t, self.protected_t, self.evictable_d, self.protected_d]:
             raise InvariantViolation(
                 f"prefix cache counters (evictable/protected target, draft) {[self.evictable_t, self.protected_t, self.evictable_d, self.protected_d]}"
                 f" != recounted {counts}")
-
-    def _check_lru(self) -> None:
-        """Every node eviction may take is in its heap, with its current last access (memd.lru_heap's invariant)."""
-        for heap, side in ((self.lru_target, "target"), (self.lru_draft, "draft")):
-            listed = heap.current_ids()
-            for node in self._nodes():
-                if heap.is_candidate(node) and id(node) not in listed:
-                    raise InvariantViolation(f"prefix cache: node at page {node.start} is evictable ({side}) but not "
-                                             "in the eviction heap")
