@@ -5,8 +5,8 @@ training differentiates through) computed with fused weights and kernels, as the
   norms with rotary, in one Triton launch each (modeld.kernels.fused, modeld.kernels.qk_norm_rotary; their torch
   references on the CPU);
 - a block of at most 16 rows (one request's) through the target's few-row kernels where its shapes are tuned: the
-  skinny projections, with the norm before q|k|v and gate|up and the SiLU-mul after gate|up inside them
-  (modeld.kernels.norm_linear; the default draft has the default model's shapes, the 8B draft the 8B's);
+  skinny projections, with the norm before gate|up and the SiLU-mul after it inside them where that measured faster
+  (modeld.kernels.norm_linear: the default draft's gate|up; its q|k|v and the 8B draft's layers run the norm apart);
 - cos / sin gathered from a table filled once, not recomputed per call;
 - the context K/V of all layers from one projection (k_proj|v_proj of every layer stacked), and one launch that
   norms (each layer's k_norm) and rotates the keys of all layers;

@@ -26,13 +26,13 @@ from modeld.kernels.tile_fitting import launch_fitting
 
 # (N, K, gate|up with SiLU-mul) of a projection after a norm -> the fused kernel's tile, only for the shapes where
 # `python -m bench.fused_kernels --sweep` measured the fused launch faster than the norm, skinny projection (and
-# SiLU-mul) launches it replaces (BENCHMARKS.md, the fifteenth session, H100): the default model's and its draft's,
-# 1.03x (q|k|v) and 1.17x (gate|up) at one row with these tiles. The 8B geometry is not here: its fused tiles ran at
-# best 0.82x (q|k|v) and 0.90x (gate|up) of the launches apart, and the 8B step took 7.7 ms of device time fused
-# against 5.8 ms apart, so its norms run apart.
-FUSED_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
-    (960, 576, False): (16, 256, 4, 3), (3072, 576, True): (32, 256, 4, 3),
-}
+# SiLU-mul) launches it replaces, at the rows modeld sends it (BENCHMARKS.md, H100): the default model's and its
+# draft's gate|up, 1.17x at one row and 1.13x at 16. q|k|v alone is not here: the target's attention input takes
+# the norm, q|k|v and rotary in one launch (norm_qkv_rotary), so this kernel's q|k|v served only the draft's block of
+# 16 rows, where every tile of the sweep ran at best 0.90x the launches apart (seventeenth session). The 8B geometry
+# is not here: its fused tiles ran at best 0.82x (q|k|v) and 0.90x (gate|up) of the launches apart, and the 8B step
+# took 7.7 ms of device time fused against 5.8 ms apart, so its norms run apart.
+FUSED_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {(3072, 576, True): (32, 256, 4, 3)}
 
 
 @triton.jit
