@@ -56,6 +56,7 @@ class Variant:
     several_from: int = 16  # the smallest batch that runs several steps a replay (modeld's SEVERAL_STEPS_FROM_BATCH)
     skinny: bool = True  # projections of <= 16 rows through the skinny Triton kernel (False: cuBLAS)
     fuse_norms: bool = True  # with skinny: norms, SiLU-mul, rotary + K/V write inside it (False: kernels of their own)
+    overlap: bool = False  # --overlap-decode: a plain decode step queued before the one before it is committed
 
 
 VARIANTS = [
@@ -86,6 +87,13 @@ VARIANTS = [
             fuse_norms=False),
     Variant("modeld DFLASH as served, norms unfused (before)", graphs=True, lookahead=32, dflash=True, steps=4,
             speculate_below=16, fuse_norms=False),
+    # --overlap-decode: the host's work of a plain decode step (commit, output, scheduling, packing, launch) while
+    # the GPU computes the next one (modeld.step_ahead), plain and as DFLASH is served (its plain decodes from 16).
+    # Their tokens/s is the measure: the breakdown synchronises after every forward, which undoes the overlap
+    Variant("modeld graphs + lookahead, 4 steps a replay, decode overlapped", graphs=True, lookahead=32, dflash=False,
+            steps=4, overlap=True),
+    Variant("modeld DFLASH as served, decode overlapped", graphs=True, lookahead=32, dflash=True, steps=4,
+            speculate_below=16, overlap=True),
 ]
 
 
@@ -186,7 +194,8 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
                        draft_model=args.draft if v.dflash else None, speculative_algorithm="dflash" if v.dflash else "none",
                        decode_lookahead=v.lookahead, disable_cuda_graph=not v.graphs, chunked_prefill_size=2048,
                        steps_per_replay=v.steps, speculative_disable_by_batch_size=v.speculate_below,
-                       disable_skinny_linear=not v.skinny, disable_norm_fusion=not v.fuse_norms)
+                       disable_skinny_linear=not v.skinny, disable_norm_fusion=not v.fuse_norms,
+                       overlap_decode=v.overlap)
     built = build_engine(cfg, lambda serving: None)
     engine = built.engine
     if engine.runner.graphs is not None:

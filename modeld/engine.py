@@ -23,13 +23,15 @@ from modeld.request import Finish, Request
 from modeld.runner import ModelRunner, row_index
 from modeld.sampling import sample
 from modeld.scheduler import Scheduler, StepItem
+from modeld.step_ahead import HostCopy, StepAhead
 
 log = logging.getLogger("modeld")
 
 
 class Engine:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer, eos_ids: set[int], context_len: int,
-                 link: MemdLink, dflash: DflashWorker | None = None, trim_draft: bool = False, stream_interval: int = 1):
+                 link: MemdLink, dflash: DflashWorker | None = None, trim_draft: bool = False, stream_interval: int = 1,
+                 overlap_decode: bool = False):
         self.runner = runner
         self.link = link
         self.dflash = dflash
@@ -37,6 +39,7 @@ class Engine:
         self.spec = {"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
         self.verifies_by_accepted = [0] * (dflash.block if dflash is not None else 0)  # [a]: verifies accepting a drafts
         self.scheduler = scheduler
+        self.ahead = StepAhead(runner, dflash, overlap_decode)  # a decode step queued before the last is committed
         self.output = OutputProcessor(tokenizer, eos_ids, context_len, stream_interval)
         self.inbox: queue.Queue = queue.Queue()
         self.wake = threading.Event()
@@ -134,16 +137,24 @@ class Engine:
 
     def _step(self) -> bool:
         started = time.perf_counter()
-        items, hopeless = self.scheduler.next_step()
-        for req in hopeless:
-            self._complete(req)
-        if not items:
-            self.scheduler.flush_releases()
-            return False
+        queued = self.ahead.take()
+        if queued is None:
+            items, hopeless = self.scheduler.next_step()
+            for req in hopeless:
+                self._complete(req)
+            if not items:
+                self.scheduler.flush_releases()
+                return False
+        else:  # a request finished or aborted since that step was queued: its token there is dropped
+            items = [item for item in queued.items if item.req.finish is None]
+            if not items:
+                queued.copy.wait()  # the device is done with it before memd frees what it wrote
+                return True
         try:
-            committed = self._run(items)
+            committed = self._run(items) if queued is None else self._run_queued(queued, items)
         except Exception as exc:  # a bug or a device error: fail the batch, keep serving
             log.exception("step failed")
+            self.ahead.drop()
             for item in items:
                 item.req.finish = Finish("abort", error_code="INTERNAL", error=f"step failed: {exc}")
                 self._complete(item.req)
@@ -161,6 +172,19 @@ class Engine:
             if finished:
                 self._complete(item.req)
         return True
+
+    def _queues_next(self, items: list[StepItem]) -> bool:
+        """Whether to queue the decode step after these items before committing them (modeld.step_ahead)."""
+        return self.ahead.enabled and self.inbox.empty() and self.scheduler.continues(items)
+
+    def _run_queued(self, queued, items: list[StepItem]) -> list[tuple[StepItem, list[int], list[int]]]:
+        """The tokens of a decode step queued ahead (`items`: its requests still running), after queueing the step
+        after it when the batch goes on unchanged."""
+        if len(items) == len(queued.items) and self._queues_next(items):
+            self.ahead.queue_next(items, queued.inputs, queued.tokens)
+        host = queued.copy.values()
+        live = {id(item) for item in items}
+        return self._commit_tokens(items, [[[token]] for item, token in zip(queued.items, host) if id(item) in live])
 
     def _run(self, items: list[StepItem]) -> list[tuple[StepItem, list[int], list[int]]]:
         """Draft (DFLASH), one target forward, sampling, acceptance: the tokens each item commits. Everything
@@ -206,7 +230,12 @@ class Engine:
             verify_rows = [firsts[i] + j for i in verify for j in range(counts[i])]
             target = sampled[row_index(verify_rows, len(owners), sampled.device)] if verify else None
             lengths = self.dflash.after_forward(inputs, out, drafts, target)
-        host = (sampled if lengths is None else torch.cat([sampled, lengths])).tolist() if owners else []
+        if lengths is None and owners and self._queues_next(items):  # the next step first, then this one's tokens
+            copied = HostCopy.of(sampled)
+            self.ahead.queue_next(items, inputs, sampled)
+            host = copied.values()
+        else:
+            host = (sampled if lengths is None else torch.cat([sampled, lengths])).tolist() if owners else []
         committed_lens = iter(host[len(owners):])
         return self._commit_tokens(items, [[host[first : first + n][: next(committed_lens) if item.verify else n]]
                                            for item, n, first in zip(items, counts, firsts)])
@@ -255,6 +284,7 @@ class Engine:
         self.delivered.append(req)
 
     def _fail_all(self, code: str, message: str, memd_alive: bool) -> None:
+        self.ahead.drop()  # before any release reaches memd
         for req in list(self.requests.values()):
             req.finish = Finish("abort", error_code=code, error=message)
             if not memd_alive:

@@ -144,6 +144,18 @@ class Scheduler(MemdCalls):
         return bool(self.waiting) or releasing or any(
             r.pending > 1 or r.computed + self._decode_tokens(r, spec) > r.held for r in self.running)
 
+    def continues(self, items: list[StepItem]) -> bool:
+        """Whether the step after these items (queued before they are committed: each request's computed position
+        is the one they compute) would be the same batch one token further with no memd call due: nothing waits and
+        nothing is to be released or cached, every running request is in it as a one-token decode (no DFLASH
+        verify), and each holds the position that step computes with half the lookahead to spare (so a top-up goes
+        out at its usual time, on a step of its own)."""
+        if self.waiting or self.releases or self.cache or not self.lookahead or len(items) != len(self.running) \
+                or self._speculating():
+            return False
+        return all(not item.verify and item.num_tokens == 1 and item.req.pending == 1
+                   and item.req.held - (item.req.computed + 2) >= self.lookahead // 2 for item in items)
+
     def _leave_out(self, plan, admitted, hopeless):
         """Drops from the step the requests memd refused alone: failed with memd's error, or (no room) waiting."""
         if not self.left_out:

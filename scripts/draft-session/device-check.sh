@@ -1,7 +1,7 @@
 # On the GPU machine after device-setup.sh: the GPU suites with CUDA graphs on (kernels, graph replay,
 # device sampling, greedy equals HF, DFLASH on equals off) and the engine's speed against the engine-speed
 # issue's goals (tables in $OUT/engine_speed.md), then bench.step_profile at batch 1 and 16 ($OUT/profile-b*.txt;
-# about 80 s). Run it after every change to the engine's hot path. The suites' whole output: $OUT/suite-*.txt.
+# about 80 s) and bench.step_span ($OUT/span.md). Run it after every change to the engine's hot path. The suites' whole output: $OUT/suite-*.txt.
 # With the argument `suites`, the tests alone (a session that trains a draft and changed the hot path only a little).
 # With `speed`, the benchmarks alone: the second of two calls on one held machine (the whole run passes 600 s).
 # With the argument `dummy`, on a bare machine (carry .whl only: no model parts, no set-up), what needs no real
@@ -51,9 +51,11 @@ fi
 python3 -m bench.sampler_speed > "$OUT/sampler_speed.md" 2>&1; cat "$OUT/sampler_speed.md"
 python3 -m bench.memd_waits --device cuda --batch1 20 --new-tokens 32 > "$OUT/memd_waits.md" 2> "$OUT/memd_waits.log"
 cat "$OUT/memd_waits.md"  # 20 admissions at batch 1: what each costs in the engine, and memd's handler time
-python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --variants 2,5,7,10,11 > "$OUT/engine_speed.md" 2> "$OUT/engine_speed.log"
+python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --variants 2,5,7,10,11,12,13 > "$OUT/engine_speed.md" 2> "$OUT/engine_speed.log"
 cat "$OUT/engine_speed.md"
 # where a step's time goes, plain against DFLASH (device-busy against wall time per step; ops by device and host time)
 python3 -m bench.step_profile --batch 1 --new-tokens 64 --rows 40 > "$OUT/profile-b1.txt" 2> "$OUT/profile-b1.log"
 python3 -m bench.step_profile --batch 16 --new-tokens 64 --rows 40 > "$OUT/profile-b16.txt" 2> "$OUT/profile-b16.log"
 grep -h '###' "$OUT"/profile-b*.txt
+# a batch-1 step's host parts against the device's span, and what makes a graph's launch slow in the engine (40 s)
+python3 -m bench.step_span > "$OUT/span.md" 2> "$OUT/span.log"; cat "$OUT/span.md"
