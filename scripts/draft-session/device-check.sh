@@ -44,7 +44,7 @@ python3 -m pytest -q tests/kernels tests/memd/test_tables_written.py tests/model
     tests/dflash/test_dummy_draft.py tests/dflash/test_draft_serving.py tests/dflash/test_greedy_cycle_gpu.py \
     tests/dflash/test_draft_attention.py tests/modeld/test_decode_chain.py > "$OUT/suite-kernels.txt" 2>&1; tail -3 "$OUT/suite-kernels.txt"
 python3 -m pytest -q tests/modeld/test_forward_vs_hf.py tests/e2e/test_generate.py tests/dflash/test_dflash_gpu.py \
-    tests/e2e/test_several_steps_gpu.py -k "cuda or gpu or graph or several" > "$OUT/suite-model.txt" 2>&1; tail -3 "$OUT/suite-model.txt"
+    tests/e2e/test_several_steps_gpu.py tests/modeld/test_step_ahead.py -k "cuda or gpu or graph or several" > "$OUT/suite-model.txt" 2>&1; tail -3 "$OUT/suite-model.txt"
 python3 -m pytest -q tests/dflash/test_default_draft.py 2>&1 | tail -2  # the shipped draft, lossless (its daemons run on the CPU)
 [ "${1:-}" = suites ] && exit 0  # `device-check.sh suites`: the suites alone (about half the call), no benchmarks
 fi
