@@ -1,7 +1,8 @@
 # On the GPU machine after device-setup.sh: the GPU suites with CUDA graphs on (kernels, graph replay,
 # device sampling, greedy equals HF, DFLASH on equals off) and the engine's speed against the engine-speed
 # issue's goals (tables in $OUT/engine_speed.md), then bench.step_profile at batch 1 and 16 ($OUT/profile-b*.txt;
-# about 80 s) and bench.step_span ($OUT/span.md). Run it after every change to the engine's hot path. The suites' whole output: $OUT/suite-*.txt.
+# about 80 s) and bench.step_span ($OUT/span*.md). Run it after every change to the engine's hot path. The
+# suites' whole output: $OUT/suite-*.txt.
 # With the argument `suites`, the tests alone (a session that trains a draft and changed the hot path only a little).
 # With `speed`, the benchmarks alone: the second of two calls on one held machine (the whole run passes 600 s).
 # With the argument `dummy`, on a bare machine (carry .whl only: no model parts, no set-up), what needs no real

@@ -8,11 +8,10 @@ off while 2 or more run). memd ends idle: slots written past a request's end are
 import pytest
 
 from modeld.config import ModeldConfig
-from modeld.engine import make_generator
-from modeld.request import Request
-from modeld.sampling_params import SamplingParams
 from modeld.engine_build import build_engine
 from tests.daemons import is_idle, memd_args, run_memd
+from tests.modeld.engine_workloads import context_draft, draft_settings, mixed_requests
+
 
 def chained_steps(items, inputs) -> int:
     """ModelRunner.steps_ahead's rule for a decode batch, without graphs: 1, or up to 4 held steps."""
@@ -23,9 +22,8 @@ def chained_steps(items, inputs) -> int:
 
 
 def answers(memd, model, prompts: list[list[int]], chained: bool, draft) -> tuple[list[list[int]], int]:
-    extra = dict(draft_model=str(draft), speculative_algorithm="dflash", speculative_disable_by_batch_size=2) \
-        if draft else {}
-    built = build_engine(ModeldConfig(memd=memd.address, target_model=str(model), **extra), lambda serving: None)
+    built = build_engine(ModeldConfig(memd=memd.address, target_model=str(model), **draft_settings(draft)),
+                         lambda serving: None)
     engine, ran = built.engine, []
     if chained:
         steps_ahead = engine.runner.steps_ahead
@@ -36,13 +34,9 @@ def answers(memd, model, prompts: list[list[int]], chained: bool, draft) -> tupl
             return k
 
         engine.runner.steps_ahead = counted
-    reqs = []
-    for i, ids in enumerate(prompts[:4]):
-        params = SamplingParams(max_new_tokens=24, temperature=0) if i % 2 else \
-            SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=i)
-        reqs.append(Request(rid=f"r{i}", prompt_ids=list(ids), params=params,
-                            generator=None if params.greedy else make_generator(params.seed, "cpu")))
-        assert engine.submit(reqs[-1])
+    reqs = mixed_requests(prompts, [24] * 4, "cpu")
+    for r in reqs:
+        assert engine.submit(r)
     engine.start()  # after every submit: the first step takes all of them, in both runs
     try:
         for r in reqs:
@@ -57,12 +51,7 @@ def answers(memd, model, prompts: list[list[int]], chained: bool, draft) -> tupl
 
 @pytest.mark.parametrize("with_draft", [False, True], ids=["plain", "draft-context"])
 def test_chained_decode_steps_answer_as_single_steps(default_model, chat_ids, tmp_path, with_draft):
-    draft = None
-    if with_draft:
-        from tests.dflash.tiny_models import write_draft
-
-        draft = write_draft(tmp_path / "draft", default_model, layers=2, block_size=4, target_layer_ids=(1, 15, 27),
-                            sliding_window=64)
+    draft = context_draft(tmp_path / "draft", default_model) if with_draft else None
     settings = dict(draft=draft, window=64) if draft else {}
     with run_memd(default_model, *memd_args(max_running=4, budget=60_000_000, chunk=512, **settings)) as memd:
         single, _ = answers(memd, default_model, chat_ids, False, draft)

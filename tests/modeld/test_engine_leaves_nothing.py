@@ -4,15 +4,14 @@ wait and while they run, the engine's and the scheduler's per-request state is e
 engine stops (a stop fails and flushes whatever is left, which would hide a leak). On the CPU, through a real memd
 and the default model."""
 
-import time
-
 from modeld.config import ModeldConfig
 from modeld.engine import make_generator
 from modeld.engine_build import build_engine
 from modeld.request import Request
 from modeld.sampling_params import SamplingParams
-from tests.daemons import is_idle, memd_args, run_memd
+from tests.daemons import memd_args, run_memd
 from tests.dflash.tiny_models import write_draft
+from tests.modeld.engine_workloads import wait_until_released
 
 
 def request(rid: str, ids: list[int], i: int) -> Request:
@@ -47,10 +46,7 @@ def test_nothing_of_a_served_workload_stays_in_the_engine(default_model, chat_id
             assert reqs[9].finish.reason == "abort"
             assert {req.finish.reason for req in reqs[1:9]} <= {"stop", "length"}
             assert any(req.spec_verify_ct for req in reqs), "no request was verified by the draft"
-            deadline = time.monotonic() + 10
-            while not is_idle(memd.capacity()) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert is_idle(memd.capacity())
+            wait_until_released(memd, engine)
             assert engine.requests == {} and engine.live == {}
             assert sched.running == [] and not sched.waiting
             assert sched.releases == [] and sched.cache == {} and sched.commits == {} and sched.trims == {}

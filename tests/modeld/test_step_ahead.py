@@ -7,16 +7,12 @@ the same requests give the same tokens with steps queued ahead as without, greed
 and without a DFLASH draft's context writes; requests that end at EOS or at their length while a step for them is
 queued, and one aborted while running, leave nothing behind: memd ends idle and the engine holds no request."""
 
-import time
-
 import pytest
 
 from modeld.config import ModeldConfig
-from modeld.engine import make_generator
 from modeld.engine_build import build_engine
-from modeld.request import Request
-from modeld.sampling_params import SamplingParams
-from tests.daemons import cuda_available, is_idle, memd_args, run_memd
+from tests.daemons import cuda_available, memd_args, run_memd
+from tests.modeld.engine_workloads import context_draft, draft_settings, mixed_requests, wait_until_released
 from tests.modeld.test_scheduler import Sim, expected_outputs
 
 
@@ -74,10 +70,8 @@ def answers(memd, model, prompts, overlap: bool, draft, abort_running: bool = Fa
     """Requests of these lengths (greedy and seeded sampled in turn) through an engine; with abort_running, the
     first is aborted once it has streamed a token. Returns the requests, how many steps were queued ahead, how many
     of those dropped a request's token (it ended at the step before) and how many dropped every token."""
-    extra = dict(draft_model=str(draft), speculative_algorithm="dflash", speculative_disable_by_batch_size=2) \
-        if draft else {}
     built = build_engine(ModeldConfig(device=device, memd=memd.address, target_model=str(model),
-                                      overlap_decode=overlap, **extra), lambda serving: None)
+                                      overlap_decode=overlap, **draft_settings(draft)), lambda serving: None)
     engine, queued, dropped, committed = built.engine, [0], [0], [0]
     queue_next, run_queued = engine.ahead.queue_next, engine._run_queued
 
@@ -98,13 +92,9 @@ def answers(memd, model, prompts, overlap: bool, draft, abort_running: bool = Fa
         return fail_all(code, message, memd_alive)
 
     engine._fail_all = recorded_failure
-    reqs = []
-    for i, (ids, length) in enumerate(zip(prompts, lengths)):
-        params = SamplingParams(max_new_tokens=length, temperature=0) if i % 2 else \
-            SamplingParams(max_new_tokens=length, temperature=0.8, top_p=0.95, seed=i)
-        reqs.append(Request(rid=f"r{i}", prompt_ids=list(ids), params=params,
-                            generator=None if params.greedy else make_generator(params.seed, device)))
-        assert engine.submit(reqs[-1])
+    reqs = mixed_requests(prompts, lengths, device)
+    for r in reqs:
+        assert engine.submit(r)
     engine.start()  # after every submit: the first step takes all of them, in both runs
     try:
         if abort_running:
@@ -114,10 +104,7 @@ def answers(memd, model, prompts, overlap: bool, draft, abort_running: bool = Fa
         for r in reqs:
             while r.events.get(timeout=120)[0] != "complete":
                 pass
-        deadline = time.monotonic() + 10  # the engine thread clears its releases once memd has answered them
-        while not (is_idle(memd.capacity()) and not engine.scheduler.releases) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert is_idle(memd.capacity())
+        wait_until_released(memd, engine)
         assert engine.requests == {} and engine.live == {} and engine.ahead.queued is None and not failures
         assert engine.scheduler.running == [] and engine.scheduler.releases == []
     finally:
@@ -132,12 +119,7 @@ def answers(memd, model, prompts, overlap: bool, draft, abort_running: bool = Fa
 def test_steps_queued_ahead_answer_as_steps_one_at_a_time(default_model, chat_ids, tmp_path, with_draft, device):
     """On the GPU with CUDA graphs (bf16): the step ahead's tokens are copied out before the next replay writes the
     graph's buffers, and its inputs are moved on by the device; the same batches give the same tokens exactly."""
-    draft = None
-    if with_draft:
-        from tests.dflash.tiny_models import write_draft
-
-        draft = write_draft(tmp_path / "draft", default_model, layers=2, block_size=4, target_layer_ids=(1, 15, 27),
-                            sliding_window=64)
+    draft = context_draft(tmp_path / "draft", default_model) if with_draft else None
     settings = dict(draft=draft, window=64) if draft else {}
     args = memd_args(max_running=4, budget=60_000_000, chunk=512, **settings)
     if device == "cuda":
