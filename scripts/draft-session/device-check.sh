@@ -3,6 +3,7 @@
 # issue's goals (tables in $OUT/engine_speed.md), then bench.step_profile at batch 1 and 16 ($OUT/profile-b*.txt;
 # about 80 s) and bench.step_span ($OUT/span*.md). Run it after every change to the engine's hot path. The
 # suites' whole output: $OUT/suite-*.txt.
+# With the argument `model`, the model suite and the shipped draft alone (about 500 s, a call of its own).
 # With the argument `suites`, the tests alone (a session that trains a draft and changed the hot path only a little).
 # With `speed`, the benchmarks alone: the second of two calls on one held machine (the whole run passes 600 s).
 # With the argument `dummy`, on a bare machine (carry .whl only: no model parts, no set-up), what needs no real
@@ -41,13 +42,15 @@ if [ "${1:-}" = dummy-speed ]; then
     exit 0
 fi
 if [ "${1:-}" != speed ]; then  # `device-check.sh speed`: the benchmarks alone, after a `suites` call on this machine
+if [ "${1:-}" != model ]; then  # `device-check.sh model`: the model suite and the shipped draft alone
 python3 -m pytest -q tests/kernels tests/memd/test_tables_written.py tests/modeld/test_cuda_graph.py tests/modeld/test_device_sampling.py \
     tests/dflash/test_dummy_draft.py tests/dflash/test_draft_serving.py tests/dflash/test_greedy_cycle_gpu.py \
     tests/dflash/test_draft_attention.py tests/modeld/test_decode_chain.py > "$OUT/suite-kernels.txt" 2>&1; tail -3 "$OUT/suite-kernels.txt"
+fi
 python3 -m pytest -q tests/modeld/test_forward_vs_hf.py tests/e2e/test_generate.py tests/dflash/test_dflash_gpu.py \
     tests/e2e/test_several_steps_gpu.py tests/modeld/test_step_ahead.py -k "cuda or gpu or graph or several" > "$OUT/suite-model.txt" 2>&1; tail -3 "$OUT/suite-model.txt"
 python3 -m pytest -q tests/dflash/test_default_draft.py 2>&1 | tail -2  # the shipped draft, lossless (its daemons run on the CPU)
-[ "${1:-}" = suites ] && exit 0  # `device-check.sh suites`: the suites alone (about half the call), no benchmarks
+[ "${1:-}" = suites ] || [ "${1:-}" = model ] && exit 0  # `device-check.sh suites`: the suites alone (about half the call), no benchmarks
 fi
 python3 -m bench.sampler_speed > "$OUT/sampler_speed.md" 2>&1; cat "$OUT/sampler_speed.md"
 python3 -m bench.memd_waits --device cuda --batch1 20 --new-tokens 32 > "$OUT/memd_waits.md" 2> "$OUT/memd_waits.log"
