@@ -56,7 +56,7 @@ class Variant:
     several_from: int = 16  # the smallest batch that runs several steps a replay (modeld's SEVERAL_STEPS_FROM_BATCH)
     skinny: bool = True  # projections of <= 16 rows through the skinny Triton kernel (False: cuBLAS)
     fuse_norms: bool = True  # with skinny: norms, SiLU-mul, rotary + K/V write inside it (False: kernels of their own)
-    overlap: bool = False  # --overlap-decode: a plain decode step queued before the one before it is committed
+    overlap: bool = False  # a plain decode step queued before the one before it is committed (modeld's default on CUDA)
 
 
 VARIANTS = [
@@ -67,7 +67,7 @@ VARIANTS = [
     # four verify steps reach 64 positions: a lookahead of 32 would rarely hold them (memd runs with 96 for this one)
     Variant("modeld DFLASH graphs + lookahead 96, 4 steps a replay", graphs=True, lookahead=96, dflash=True, steps=4),
     Variant("modeld DFLASH as served by default (4 steps a replay, speculation off from 16 running)", graphs=True,
-            lookahead=32, dflash=True, steps=4, speculate_below=16),
+            lookahead=32, dflash=True, steps=4, speculate_below=16, overlap=True),
     # the same one step at a time: how a batch too large to speculate decoded until plain decodes with a draft's
     # context ran several steps as a chain (modeld.decode_chain)
     Variant("modeld DFLASH as served, one step at a time", graphs=True, lookahead=32, dflash=True, steps=1,
@@ -87,14 +87,16 @@ VARIANTS = [
             fuse_norms=False),
     Variant("modeld DFLASH as served, norms unfused (before)", graphs=True, lookahead=32, dflash=True, steps=4,
             speculate_below=16, fuse_norms=False),
-    # --overlap-decode: the host's work of a plain decode step (commit, output, scheduling, packing, launch) while
-    # the GPU computes the next one (modeld.step_ahead), plain and as DFLASH is served (its plain decodes from 16).
-    # Their tokens/s is the measure: the breakdown synchronises after every forward, which undoes the overlap
+    # decode overlapped: the host's work of a plain decode step (commit, output, scheduling, packing, launch) while
+    # the GPU computes the next one (modeld.step_ahead): plain decoding as served, and DFLASH as served before the
+    # overlap (--disable-overlap-decode). Their tokens/s is the measure: the breakdown synchronises after every
+    # forward, which undoes the overlap
     Variant("modeld graphs + lookahead, 4 steps a replay, decode overlapped", graphs=True, lookahead=32, dflash=False,
             steps=4, overlap=True),
-    Variant("modeld DFLASH as served, decode overlapped", graphs=True, lookahead=32, dflash=True, steps=4,
-            speculate_below=16, overlap=True),
+    Variant("modeld DFLASH as served, decode not overlapped (before)", graphs=True, lookahead=32, dflash=True, steps=4,
+            speculate_below=16),
 ]
+SERVED = {"plain": VARIANTS[12].name, "dflash": VARIANTS[5].name}  # modeld's defaults on CUDA, without and with a draft
 
 
 def bandwidth() -> float | None:
@@ -148,9 +150,10 @@ def submit_requests(engine, prompts: list[list[int]], new_tokens: int, ignore_eo
 
 
 def generate_all(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: bool, tag: str,
-                 temperature: float = 0.0) -> tuple[int, float, int]:
+                 temperature: float = 0.0, first_tokens: list[tuple[float, int]] | None = None) -> tuple[int, float, int]:
     """Submits every prompt at once; (generated tokens, seconds, verify steps) when all completed. This thread makes
-    each request's text from its streamed ids, as a gRPC handler does (modeld.service), beside the engine's thread."""
+    each request's text from its streamed ids, as a gRPC handler does (modeld.service), beside the engine's thread.
+    With `first_tokens`, each request's first streamed tokens go there: (seconds from the submission, how many)."""
     begin = time.perf_counter()
     reqs = submit_requests(engine, prompts, new_tokens, ignore_eos, tag, temperature)
     for r in reqs:
@@ -159,6 +162,8 @@ def generate_all(engine, prompts: list[list[int]], new_tokens: int, ignore_eos: 
             kind, *payload = r.events.get(timeout=600)
             if kind == "complete":
                 break
+            if first_tokens is not None and not text.ids and payload[0]:
+                first_tokens.append((time.perf_counter() - begin, len(payload[0])))
             text.add(payload[0], payload[2])
     seconds = time.perf_counter() - begin
     failed = [r.finish for r in reqs if r.finish.reason == "abort"]
@@ -182,9 +187,10 @@ def batches(concurrency: int, prompts: list[list[int]], batch1: int, rounds: int
     return [[prompts[(i + k) % len(prompts)] for i in range(concurrency)] for k in range(rounds)]
 
 
-def run_batches(engine, concurrency: int, prompts, args, ignore_eos: bool, tag: str, temperature: float = 0.0) -> tuple[int, float, int]:
+def run_batches(engine, concurrency: int, prompts, args, ignore_eos: bool, tag: str, temperature: float = 0.0,
+                first_tokens: list[tuple[float, int]] | None = None) -> tuple[int, float, int]:
     """(generated tokens, seconds, verify steps) over every batch of a run at this concurrency."""
-    done = [generate_all(engine, batch, args.new_tokens, ignore_eos, f"{tag}-{k}", temperature)
+    done = [generate_all(engine, batch, args.new_tokens, ignore_eos, f"{tag}-{k}", temperature, first_tokens)
             for k, batch in enumerate(batches(concurrency, prompts, args.batch1, args.rounds))]
     return sum(d[0] for d in done), sum(d[1] for d in done), sum(d[2] for d in done)
 
@@ -204,8 +210,12 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
     try:
         generate_all(engine, prompts[:2], 8, True, "warm")
         row = {"name": v.name, "graphs": v.graphs, "steps": v.steps, "always_speculates": not v.speculate_below}
-        tokens, seconds, verifies = run_batches(engine, 1, prompts, args, ignore_eos, "b1")
+        firsts = []
+        tokens, seconds, verifies = run_batches(engine, 1, prompts, args, ignore_eos, "b1", first_tokens=firsts)
         row["bs1"] = tokens / seconds
+        # one request at a time: its first tokens (admission, prefill, the first step), then its decoding
+        row["first_ms1"] = 1000 * sum(t for t, _ in firsts) / len(firsts)
+        row["decode1"] = (tokens - sum(n for _, n in firsts)) / (seconds - sum(t for t, _ in firsts))
         row["accept"] = tokens / verifies if verifies else None
         for c in args.concurrency:
             tokens, seconds, _ = run_batches(engine, c, prompts, args, ignore_eos, f"c{c}")
@@ -269,6 +279,15 @@ def report(rows: list[dict], hf: float | None, args) -> str:
         xhf = f"{r['bs1'] / hf:.2f}" if hf else "-"
         lines.append(f"| {r['name']} | {accept} | {r['bs1']:.1f} | {xhf} | {r['bs1'] / plain['bs1']:.2f} | " + " | ".join(
             f"{r[f'c{c}']:.1f} | {r[f'c{c}'] / plain[f'c{c}']:.2f}" for c in cs) + " |")
+    lines += ["", "Batch 1, one request at a time: its first tokens (admission, prefill, the first step) and its decoding "
+              "after them:", "", "| config | first tokens, ms a request | decode tok/s after them | x plain |", "|---|---|---|---|"]
+    lines += [f"| {r['name']} | {r['first_ms1']:.1f} | {r['decode1']:.1f} | {r['decode1'] / plain['decode1']:.2f} |"
+              for r in rows]
+    served = {kind: next((r for r in rows if r["name"] == name), None) for kind, name in SERVED.items()}
+    if None not in served.values():
+        lines += ["", "DFLASH as served / plain as served, tokens/s: " + "; ".join(
+            f"{c}: {served['dflash'][k] / served['plain'][k]:.2f}"
+            for c, k in [("batch 1", "bs1"), ("batch 1 decoding", "decode1"), *((str(c), f"c{c}") for c in cs)])]
     peak = bandwidth()
     lines += ["", f"MBU at batch 1 from its tokens/s (prompts' prefills and admissions included; the weights a step reads, "
               f"{rows[0]['weight_bytes'] / 1e9:.2f} GB, over the datasheet's "

@@ -25,7 +25,9 @@ class ModeldConfig:
     disable_skinny_linear: bool = False  # projections of <= 16 rows on cuBLAS instead of the skinny Triton kernel
     disable_norm_fusion: bool = False  # with the skinny kernel: norms, SiLU-mul, rotary as kernels of their own
     steps_per_replay: int = 4  # decode (greedy DFLASH: verify) steps a graph replay, or a chain of them, runs back to back
-    overlap_decode: bool = False  # queue a decode step before committing the one before it (modeld.step_ahead)
+    # queue a plain decode step before committing the one before it (modeld.step_ahead); None: on CUDA only (on the
+    # CPU the queued step would run before the last one streams: later tokens, no overlap)
+    overlap_decode: bool | None = None
     speculative_disable_by_batch_size: int = 16  # DFLASH verifies only while fewer requests run (0: always)
     max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
     stream_interval: int = 1  # new tokens a stream's chunk waits for (the last goes when the request ends)
@@ -33,6 +35,10 @@ class ModeldConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no metrics endpoint
     log_level: str = "INFO"
+
+    @property
+    def overlaps_decode(self) -> bool:
+        return self.device == "cuda" if self.overlap_decode is None else self.overlap_decode
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda"):
@@ -107,10 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "one-step replays for requests that sample and for a target's plain decodes with a draft; a "
                         "batch of 16 or more runs them when its every request holds the slots they reach (the decode "
                         "lookahead). Tokens then stream in groups of that many steps; 1: one step at a time")
-    p.add_argument("--overlap-decode", action="store_true",
-                   help="queue a plain decode step of an unchanged batch on the device before committing the tokens "
-                        "of the step before it, so that the host's work of a step runs while the GPU computes the "
-                        "next (off by default: not yet measured on a GPU)")
+    p.add_argument("--disable-overlap-decode", action="store_true",
+                   help="commit each plain decode step before queueing the next (default on CUDA: the next step of "
+                        "an unchanged batch is queued on the device first, so the host commits and streams one step "
+                        "while the GPU computes the next)")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for memd at start")
     add_metrics_arguments(p)
     p.add_argument("--log-level", default="INFO")
@@ -147,7 +153,7 @@ def config_from_args(argv=None) -> ModeldConfig:
         disable_skinny_linear=args.disable_skinny_linear,
         disable_norm_fusion=args.disable_norm_fusion,
         steps_per_replay=args.steps_per_replay,
-        overlap_decode=args.overlap_decode,
+        overlap_decode=False if args.disable_overlap_decode else None,
         max_open_streams=args.max_open_streams,
         stream_interval=args.stream_interval,
         connect_timeout=args.connect_timeout,

@@ -102,7 +102,7 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
         link.rebinders.append(lambda session, pools: worker.bind(pools))
     engine = Engine(runner, scheduler, tokenizer, eos_token_ids(tokenizer, hf_config, cfg.target_model),
                     limits.context_len, link, dflash=worker, trim_draft=limits.trim_draft,
-                    stream_interval=cfg.stream_interval, overlap_decode=cfg.overlap_decode)
+                    stream_interval=cfg.stream_interval, overlap_decode=cfg.overlaps_decode)
     info = dict(
         target_model=cfg.target_model, draft_model=cfg.draft_model or "", dtype=dtype, device=cfg.device,
         speculative_algorithm=cfg.speculative_algorithm, block_size=worker.block if worker else 0,

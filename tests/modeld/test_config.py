@@ -60,3 +60,12 @@ def test_speculation_off_from_a_batch_size():
     assert config_from_args([*flags, "0"]).speculative_disable_by_batch_size == 0
     with pytest.raises(ValueError, match="must be >= 0"):
         config_from_args([*flags, "-1"])
+
+
+def test_decode_overlaps_on_cuda_unless_disabled():
+    def overlaps(*flags: str) -> bool:
+        return config_from_args([*ADDRESSES, *flags]).overlaps_decode
+
+    assert overlaps("--device", "cuda")
+    assert not overlaps("--device", "cuda", "--disable-overlap-decode")
+    assert not overlaps("--device", "cpu")  # a step queued ahead would run before the last one streams
