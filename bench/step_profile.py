@@ -4,7 +4,7 @@ per step the wall time against the device's busy time (a step whose device time 
 host-bound).
 
     python -m bench.step_profile [--target DIR] [--load-format dummy] [--draft DIR] [--batch 1] [--new-tokens 64]
-        [--rows 20] [--device cuda|cpu] [--steps-per-replay 1]
+        [--rows 20] [--device cuda|cpu] [--steps-per-replay 1] [--disable-overlap-decode] [--trace PREFIX]
 
 One memd (a child process) serves both configurations in turn; requests are `--batch` chat prompts generating
 `--new-tokens` each (EOS ignored), after a warm-up that leaves graphs captured and kernels compiled. The engine's
@@ -52,6 +52,7 @@ def profile_config(memd: str, args, prompts, dflash: bool) -> str:
     cfg = ModeldConfig(device=args.device, memd=memd, target_model=args.target,
                        load_format=args.load_format, steps_per_replay=args.steps_per_replay,
                        disable_skinny_linear=args.disable_skinny_linear, disable_norm_fusion=args.disable_norm_fusion,
+                       overlap_decode=False if args.disable_overlap_decode else None,
                        draft_model=args.draft if dflash else None, speculative_algorithm="dflash" if dflash else "none")
     built = build_engine(cfg, lambda serving: None)
     engine = built.engine
@@ -66,6 +67,8 @@ def profile_config(memd: str, args, prompts, dflash: bool) -> str:
     finally:
         engine.scheduler.flush_releases()
         built.link.close()
+    if args.trace:  # the timeline: where the device waits between a step's kernels and the next step's
+        prof.export_chrome_trace(f"{args.trace}-{'dflash' if dflash else 'plain'}.json")
     averages = prof.key_averages()
     n = max(steps, 1)
     device_key = "self_device_time_total" if cuda else "self_cpu_time_total"
@@ -93,6 +96,9 @@ def main(argv=None) -> int:
     p.add_argument("--disable-skinny-linear", action="store_true", help="modeld's: few-row projections on cuBLAS")
     p.add_argument("--disable-norm-fusion", action="store_true", help="modeld's: few-row norms as kernels of their own")
     p.add_argument("--steps-per-replay", type=int, default=1, help="modeld's (default here 1: a step is one forward)")
+    p.add_argument("--disable-overlap-decode", action="store_true", help="modeld's: each plain decode step committed "
+                                                                          "before the next is queued")
+    p.add_argument("--trace", help="also write each configuration's Chrome trace to TRACE-plain.json, TRACE-dflash.json")
     args = p.parse_args(argv)
     args.target = args.target or str(ensure_default_model())
     prompts = prompts_for(args.target, args.load_format, max(args.batch, 2))

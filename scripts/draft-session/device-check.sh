@@ -37,7 +37,7 @@ fi
 if [ "${1:-}" = dummy-speed ]; then
     timeout 560 python3 -m bench.engine_speed --target bench/configs/llama3-8b --draft bench/configs/llama3-8b-draft \
         --load-format dummy --concurrency 16 --batch1 2 --new-tokens 256 --ignore-eos --skip-hf --variants 8,10 \
-        > "$OUT/engine_speed_8b.md" 2> "$OUT/engine_speed_8b.log"
+        > "$OUT/engine_speed_8b.md" 2> "/tmp/engine_speed_8b.log"
     grep -v "^{" "$OUT/engine_speed_8b.md"  # cut off at 560 s, the rows of the variants that ran are in the file
     exit 0
 fi
@@ -53,14 +53,16 @@ python3 -m pytest -q tests/dflash/test_default_draft.py 2>&1 | tail -2  # the sh
 [ "${1:-}" = suites ] || [ "${1:-}" = model ] && exit 0  # `device-check.sh suites`: the suites alone (about half the call), no benchmarks
 fi
 python3 -m bench.sampler_speed > "$OUT/sampler_speed.md" 2>&1; cat "$OUT/sampler_speed.md"
-python3 -m bench.memd_waits --device cuda --batch1 20 --new-tokens 32 > "$OUT/memd_waits.md" 2> "$OUT/memd_waits.log"
+python3 -m bench.memd_waits --device cuda --batch1 20 --new-tokens 32 > "$OUT/memd_waits.md" 2> "/tmp/memd_waits.log"
 cat "$OUT/memd_waits.md"  # 20 admissions at batch 1: what each costs in the engine, and memd's handler time
-python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --variants 2,5,7,10,11,12,13 > "$OUT/engine_speed.md" 2> "$OUT/engine_speed.log"
+python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --variants 2,5,7,10,11,12,13 > "$OUT/engine_speed.md" 2> "/tmp/engine_speed.log"
 cat "$OUT/engine_speed.md"
 # where a step's time goes, plain against DFLASH (device-busy against wall time per step; ops by device and host time)
-python3 -m bench.step_profile --batch 1 --new-tokens 64 --rows 40 > "$OUT/profile-b1.txt" 2> "$OUT/profile-b1.log"
-python3 -m bench.step_profile --batch 16 --new-tokens 64 --rows 40 > "$OUT/profile-b16.txt" 2> "$OUT/profile-b16.log"
+python3 -m bench.step_profile --batch 1 --new-tokens 64 --rows 40 > "$OUT/profile-b1.txt" 2> "/tmp/profile-b1.log"
+# the overlap's gap: device busy against wall per step with plain decode steps queued ahead (as served) and without
+python3 -m bench.step_profile --batch 1 --new-tokens 64 --rows 40 --disable-overlap-decode > "$OUT/profile-b1-apart.txt" 2> "/tmp/profile-b1-apart.log"
+python3 -m bench.step_profile --batch 16 --new-tokens 64 --rows 40 > "$OUT/profile-b16.txt" 2> "/tmp/profile-b16.log"
 grep -h '###' "$OUT"/profile-b*.txt
 # a batch-1 step's host parts against the device's span, and what makes a graph's launch slow in the engine (40 s)
-python3 -m bench.step_span > "$OUT/span.md" 2> "$OUT/span.log"; cat "$OUT/span.md"
-python3 -m bench.step_span --overlap-decode > "$OUT/span-overlap.md" 2> "$OUT/span-overlap.log"; head -6 "$OUT/span-overlap.md"
+python3 -m bench.step_span > "$OUT/span.md" 2> "/tmp/span.log"; cat "$OUT/span.md"
+python3 -m bench.step_span --overlap-decode > "$OUT/span-overlap.md" 2> "/tmp/span-overlap.log"; head -6 "$OUT/span-overlap.md"
