@@ -3,7 +3,8 @@ served), each engine step's host time split into its parts (scheduling, packing 
 the rest: the wait for the tokens, commit and output), beside the device's span of the step's work (CUDA events
 from the packing to the end of the forward) and the same graphs replayed back to back (the device's time for a step
 when the host keeps up), with nothing between the launches and with what the engine does before one (the inputs'
-copy, the wait on memd's table event, a synchronise), to find what makes the engine's launch cost more.
+copy, the wait on memd's table event, a synchronise), to find what makes the engine's launch cost more. The passes
+that admit a request (its MatchPrefix, the prompt's prefill: its first tokens) are timed apart from decode steps.
 
     python -m bench.step_span [--target DIR] [--load-format dummy] [--new-tokens 128] [--steps-per-replay 4]
         [--several-from N]
@@ -29,13 +30,20 @@ from modeld.fetch_default import ensure_default_model
 PARTS = ("next_step", "prepare", "launch")
 
 
+KINDS = ("admission", "decode")  # the passes that admit a request (its MatchPrefix, the prompt's prefill), the others
+
+
 class StepSpans:
-    """Host seconds of each part per engine step, and a pair of CUDA events around each step's device work."""
+    """Host seconds of each part per engine step, and a pair of CUDA events around each step's device work, apart
+    for the steps that admit a request and the others."""
 
     def __init__(self, engine):
-        self.host = dict.fromkeys(PARTS, 0.0)
-        self.wall, self.steps, self.events, self.patches = 0.0, 0, [], Patches()
+        self.host = {kind: dict.fromkeys(PARTS, 0.0) for kind in KINDS}
+        self.wall, self.steps = dict.fromkeys(KINDS, 0.0), dict.fromkeys(KINDS, 0)
+        self.events = {kind: [] for kind in KINDS}
+        self.kind, self.patches = "decode", Patches()
         sched, runner = engine.scheduler, engine.runner
+        self.scheduler = sched
         self.patches.replace(sched, "next_step", self._timed("next_step"))
         self.patches.replace(runner, "prepare", self._timed("prepare", start_event=True))
         for name in ("forward", "replay_decode_steps"):
@@ -46,12 +54,12 @@ class StepSpans:
         def make(original):
             def timed(*a, **kw):
                 if start_event:
-                    self.events.append([self._event(), None])
+                    self.events[self.kind].append([self._event(), None])
                 begin = time.perf_counter()
                 out = original(*a, **kw)
-                self.host[part] += time.perf_counter() - begin
-                if end_event:
-                    self.events[-1][1] = self._event()
+                self.host[self.kind][part] += time.perf_counter() - begin
+                if end_event and self.events[self.kind]:
+                    self.events[self.kind][-1][1] = self._event()
                 return out
             return timed
         return make
@@ -63,25 +71,35 @@ class StepSpans:
         return event
 
     def _timed_step(self, step):
+        """An admission counts every pass while the request waits (the first may only send its MatchPrefix); a
+        decode pass that ran nothing is not a step, and its parts are not counted."""
         def timed():
+            self.kind = "admission" if self.scheduler.waiting else "decode"
+            parts = dict(self.host[self.kind])
             begin = time.perf_counter()
             busy = step()
-            if busy:
-                self.wall += time.perf_counter() - begin
-                self.steps += 1
+            if busy or self.kind == "admission":
+                self.wall[self.kind] += time.perf_counter() - begin
+                self.steps[self.kind] += busy
+            else:
+                self.host[self.kind] = parts
             return busy
         return timed
 
-    def close(self) -> dict[str, float]:
-        """Milliseconds per engine step: wall, each host part, the rest, and the device span."""
+    def close(self) -> dict[str, dict[str, float]]:
+        """Per kind of step, milliseconds per engine step: wall, each host part, the rest, and the device span."""
         self.patches.undo()
         torch.cuda.synchronize()
-        n = max(self.steps, 1)
-        out = {"wall": 1e3 * self.wall / n, **{part: 1e3 * s / n for part, s in self.host.items()}}
-        out["rest"] = out["wall"] - sum(out[part] for part in PARTS)
-        spans = [start.elapsed_time(end) for start, end in self.events if end is not None]
-        out["device span"] = sum(spans) / max(len(spans), 1)
-        return out
+        rows = {}
+        for kind in KINDS:
+            n = max(self.steps[kind], 1)
+            out = {"steps": self.steps[kind], "wall": 1e3 * self.wall[kind] / n,
+                   **{part: 1e3 * s / n for part, s in self.host[kind].items()}}
+            out["rest"] = out["wall"] - sum(out[part] for part in PARTS)
+            spans = [start.elapsed_time(end) for start, end in self.events[kind] if end is not None]
+            out["device span"] = sum(spans) / max(len(spans), 1)
+            rows[kind] = out
+        return rows
 
 
 def back_to_back(graphs, replay, repeats: int, before=None) -> tuple[float, float]:
@@ -160,7 +178,7 @@ def main(argv=None) -> int:
             spans, tokens = StepSpans(engine), 0
             for i, prompt in enumerate(prompts[: args.prompts]):
                 tokens += run_in_this_thread(engine, [prompt], args.new_tokens, f"span{i}")[1]
-            row = spans.close()
+            rows = spans.close()
             replays = [(1, lambda: graphs.replay((1, 1)))] + [
                 (k, lambda k=k: graphs.replay_decode_steps(1, k)) for k in graphs.repeats if graphs.has_decode_steps(1, k)]
             timed = [(name, k, *back_to_back(graphs, replay, 100, before))
@@ -171,13 +189,17 @@ def main(argv=None) -> int:
             built.link.close()
     gpu = torch.cuda.get_device_name()
     print(f"GPU: {gpu}; batch 1, {args.prompts} requests of {args.new_tokens} tokens one at a time, {tokens} tokens "
-          f"in {spans.steps} engine steps (several-from {graphs.several_from}"
+          f"in {sum(spans.steps.values())} engine steps (several-from {graphs.several_from}"
           f"{', decode overlapped' if args.overlap_decode else ''})\n")
-    span = "-" if args.overlap_decode else f"{row['device span']:.3f}"  # the queued steps' events overlap
-    print("| ms per engine step | wall | scheduling | packing + copy | launch | rest (wait, commit, output) "
-          "| device span |\n|---|---|---|---|---|---|---|")
-    print(f"| engine loop | {row['wall']:.3f} | {row['next_step']:.3f} | {row['prepare']:.3f} | {row['launch']:.3f} "
-          f"| {row['rest']:.3f} | {span} |\n")
+    print("| ms per engine step (admission: per request, its passes) | steps | wall | scheduling (admission: its "
+          "MatchPrefix) | packing + copy | launch (admission: the prefill's forward) | rest (wait, commit, output) "
+          "| device span |\n|---|---|---|---|---|---|---|---|")
+    for kind, row in rows.items():
+        # overlapped decode steps: the queued steps' events overlap, their span is not one step's
+        span = "-" if args.overlap_decode and kind == "decode" else f"{row['device span']:.3f}"
+        print(f"| {kind} steps | {row['steps']} | {row['wall']:.3f} | {row['next_step']:.3f} | {row['prepare']:.3f} "
+              f"| {row['launch']:.3f} | {row['rest']:.3f} | {span} |")
+    print()
     print("| graph replayed back to back, before each launch | decode steps a replay | device ms per decode step "
           "| host ms per launch call |\n|---|---|---|---|")
     for name, k, ms, host in timed:

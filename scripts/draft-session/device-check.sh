@@ -65,4 +65,4 @@ python3 -m bench.step_profile --batch 16 --new-tokens 64 --rows 40 > "$OUT/profi
 grep -h '###' "$OUT"/profile-b*.txt
 # a batch-1 step's host parts against the device's span, and what makes a graph's launch slow in the engine (40 s)
 python3 -m bench.step_span > "$OUT/span.md" 2> "/tmp/span.log"; cat "$OUT/span.md"
-python3 -m bench.step_span --overlap-decode > "$OUT/span-overlap.md" 2> "/tmp/span-overlap.log"; head -6 "$OUT/span-overlap.md"
+python3 -m bench.step_span --overlap-decode > "$OUT/span-overlap.md" 2> "/tmp/span-overlap.log"; head -8 "$OUT/span-overlap.md"
