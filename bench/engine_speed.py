@@ -294,8 +294,8 @@ def report(rows: list[dict], hf: float | None, args) -> str:
               f"{'-' if peak is None else f'{peak / 1e12:.2f} TB/s'}): " + "; ".join(
                   f"{r['name']} {mbu(r['weight_bytes'], r['bs1'])}" for r in rows if not r["accept"])]
     lines += ["", "Per-step breakdown (ms per decode step: a replay of k steps counts k, a DFLASH verify step one;"
-              " separate runs that synchronise after each phase; memd between steps: the releases flushed on idle"
-              " passes, per step, in no step's time):", "",
+              " separate runs that synchronise after each phase; memd between steps: what idle passes waited for memd,"
+              " per step, in no step's time):", "",
               "| config | batch | step | forward | draft | sampling | memd | host | memd share | waited memd calls / 100 steps"
               " | memd between steps | MBU (bs 1) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]

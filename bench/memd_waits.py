@@ -8,7 +8,9 @@ share of a GPU step). Runs on the CPU (memd's shared-memory backend) or, with --
 Kinds: "MatchPrefix" (a lone arrival's match, with its first chunk's grant), "MatchPrefixBatch" (a burst of
 arrivals registered in one call), "Alloc" (a call the step waited for: admissions, prefill chunks, decodes short of
 slots, releases when nothing else carries them), "Alloc sent ahead, awaited" (a call sent without waiting whose
-answer was not there when a step needed it), "Free" (releases flushed when the engine is idle).
+answer was not there when a step needed it; since 2026-12-06 also an idle pass's releases, sent ahead, when the
+next pass waits for them), "Free" (releases waited for: running requests that got no step give back their spare
+slots; until 2026-12-06 every idle pass's releases).
 
 Beside each kind, memd's own time for a call of its method (its handler, from memd's `memd:rpc_duration_seconds`
 over every call of the run, waited or not): what the engine waits beyond it is the transport and the two processes'

@@ -143,7 +143,7 @@ class Engine:
             for req in hopeless:
                 self._complete(req)
             if not items:
-                self.scheduler.flush_releases()
+                self.scheduler.release_idle()
                 return False
         else:  # a request finished or aborted since that step was queued: its token there is dropped
             items = [item for item in queued.items if item.req.finish is None]

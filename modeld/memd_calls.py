@@ -119,6 +119,17 @@ class MemdCalls:
                 return
             self._sent(commits)
 
+    def release_idle(self) -> None:
+        """A pass with no step: the releases go to memd now. With nothing running (the usual idle) they go in a call
+        sent ahead, not waited for: the engine thread is free for the next arrival at once, and that arrival's
+        MatchPrefix follows them on the same stream, so memd frees first. Running requests that got no step (memd
+        had no room) give their spare slots back too, in a waited call (flush_releases)."""
+        if self.running or not self.async_top_ups:
+            self.flush_releases()
+            return
+        self._settle_in_flight(wait=True)
+        self._send_async([])
+
     def _releases_one_by_one(self, lean: bool) -> None:
         """Sends each pending release on its own, in memd's order (commits, checkpoints, trims, finishes with
         their cache ops); one memd refuses (a request it no longer holds, say) is logged and dropped."""

@@ -38,8 +38,9 @@ def mixed_requests(prompts: list[list[int]], lengths: list[int], device: str) ->
 
 def wait_until_released(memd, engine, timeout: float = 10.0) -> None:
     """memd idle (MemdProcess.wait_idle), then the engine thread past the call that freed it: it drops its pending
-    releases only once memd has answered."""
+    releases once they are sent, and the call sent ahead once memd's answer is applied (an idle pass's releases
+    go without waiting: the next pass applies the answer)."""
     assert is_idle(memd.wait_idle(timeout))
     deadline = time.monotonic() + timeout
-    while engine.scheduler.releases and time.monotonic() < deadline:
+    while (engine.scheduler.releases or engine.scheduler.in_flight is not None) and time.monotonic() < deadline:
         time.sleep(0.01)

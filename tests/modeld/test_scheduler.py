@@ -229,7 +229,7 @@ class Sim:
             self.failed[req.rid] = req
             self.sched.remove(req)  # engine._complete
         if not items:
-            self.sched.flush_releases()
+            self.sched.release_idle()  # what the engine does on a pass with no step
         else:
             produced = [self._run(item) for item in items]
             for item, tokens in zip(items, produced):
@@ -316,12 +316,13 @@ class Sim:
         return not self.sched.running and not self.sched.waiting
 
     def run(self, max_steps: int = 500, each=None) -> int:
-        """Steps until nothing runs or waits (releases flushed); returns the number of steps."""
+        """Steps until nothing runs or waits (releases sent, and memd's answer applied: an idle pass sends them
+        ahead, the next applies the answer); returns the number of steps."""
         for n in range(1, max_steps + 1):
             items, hopeless = self.step()
             if each:
                 each(items, hopeless)
-            if self.idle() and not self.sched.releases:
+            if self.idle() and not self.sched.releases and self.sched.in_flight is None:
                 return n
         raise AssertionError(f"not idle after {max_steps} steps: running {[r.rid for r in self.sched.running]}, "
                              f"waiting {[r.rid for r in self.sched.waiting]}")
@@ -956,6 +957,39 @@ def test_with_calls_sent_ahead_a_request_waits_for_memd_only_at_its_admission():
     assert len(ahead_finishes) >= 2 and sum(len(c.finishes) for c in waited) <= 2
     assert {rid: r.output_ids for rid, r in sim.done.items()} == {
         f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)}
+    sim.assert_all_free()
+
+
+def test_an_idle_pass_sends_its_releases_ahead_and_the_next_arrival_finds_them_applied():
+    """Nothing running: the idle pass's releases go in a call sent ahead (no waited Free), the next pass applies
+    memd's answer, and an arrival after them matches the prefix the release cached."""
+    sim = Sim(pages=128, max_running=4, chunk=64, context=64, lookahead=8, async_top_ups=True)
+    first = sim.request("a", 20, max_new=3)
+    while "a" not in sim.done:
+        sim.step()
+    sim.step()  # the idle pass
+    call = sim.session.calls[-1]
+    assert call.kind == "ahead" and call.finishes == ["a"] and call.ok and not call.allocated
+    assert not any(c.kind == "free" for c in sim.session.calls), "an idle pass waited for a Free"
+    assert sim.sched.releases == [] and sim.sched.in_flight is not None
+    again = Request(rid="b", prompt_ids=list(first.prompt_ids), params=SamplingParams(max_new_tokens=3, temperature=0))
+    sim.sched.add(again)
+    sim.step()  # applies the answer, then the admission
+    assert "a" not in {r.rid for r in sim.mgr.requests()}
+    assert again.cached_tokens == 16, "the arrival matched the pages the release cached"
+    sim.run()
+    assert sim.done["b"].output_ids == expected_outputs(3) and not sim.failed
+    sim.assert_all_free()
+
+
+def test_without_calls_sent_ahead_an_idle_pass_waits_for_its_release():
+    """No lookahead, so no calls sent ahead: the idle pass's releases go in a waited Free."""
+    sim = Sim(pages=128, max_running=4, chunk=64, context=64, lookahead=0, async_top_ups=True)
+    sim.request("a", 5, max_new=2)
+    while "a" not in sim.done:
+        sim.step()
+    sim.step()
+    assert [c.kind for c in sim.session.calls if c.finishes == ["a"]] == ["free"]
     sim.assert_all_free()
 
 
