@@ -20,6 +20,7 @@ import threading
 
 from memd.plan import ConfigError
 from modeld.config import ModeldConfig
+from modeld.heap_freeze import freeze_heap, refreeze
 from modeld.memd_link import StartupError
 from modeld.metrics import start_metrics
 from modeld.output import take_events
@@ -85,6 +86,7 @@ def run_engine(cfg: ModeldConfig, conn) -> None:
         return
     engine, link = built.engine, built.link
     link.rebinders.append(lambda session, pools: send(("limits", dict(built.info), engine.output.context_len)))
+    link.rebinders.append(lambda session, pools: refreeze("after the re-attach"))  # after the graphs' capture
     engine.listener = lambda requests: send(("out", outcomes(requests)))
     engine.on_death = lambda: send(("dead",))  # the front fails what is open at once; this process exits after
     if cfg.metrics_port is not None:
@@ -94,6 +96,7 @@ def run_engine(cfg: ModeldConfig, conn) -> None:
             link.close()
             send(("failed", f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: {exc}"))
             return
+    freeze_heap("at start")  # the model, its graphs and the engine: no full collection walks them mid-step
     engine.start()
     link.start_watching()
     send(("ready", dict(built.info), built.vocab_size, engine.output.context_len, built.tokenizer))

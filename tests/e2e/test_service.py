@@ -372,6 +372,7 @@ def test_memd_lost_makes_modeld_unavailable_then_it_reattaches(default_model):
                     assert modeld.wait(timeout=30) == 0, modeld.log_path.read_text()
             log = modeld.log_path.read_text()
             assert "memd session lost" in log and "re-attached to memd" in log and "modeld stopped" in log
+            assert "heap frozen at start" in log and "heap frozen after the re-attach" in log
         finally:
             for path in shm:  # memd died without unlinking its segments
                 path.unlink(missing_ok=True)
