@@ -1,4 +1,4 @@
-"""A decode step queued before the step before it is committed (--overlap-decode, modeld.step_ahead).
+"""A decode step queued before the step before it is committed (modeld.step_ahead; on CUDA by default).
 
 The scheduler's side (Scheduler.continues) through the scheduler tests' simulator over a real memd allocator: a
 step it lets the engine queue ahead is one the scheduler would have planned itself, the same requests one token
