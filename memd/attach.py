@@ -42,7 +42,11 @@ class MemdSession:
         attach = memd_pb2.AttachRequest(client_name=client_name, writes_draft_kv=writes_draft_kv,
                                         model_fingerprint=model_fingerprint)
         self._events = self.stub.Attach(attach)
-        first = next(self._events)
+        try:
+            first = next(self._events)
+        except grpc.RpcError:
+            self.channel.close()  # memd refused the session (shutting down, say): nothing of the attempt stays open
+            raise
         self.session_id = first.attached.session_id
         self.label = first.attached.label
         self.layout = first.attached.layout

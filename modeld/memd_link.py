@@ -46,6 +46,11 @@ class MemdLink:
             except grpc.FutureTimeoutError:
                 if time.monotonic() > deadline:
                     raise StartupError(f"memd does not answer at {address}") from None
+            except grpc.RpcError as exc:  # memd refuses the session: shutting down (tried again until the deadline)
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise StartupError(f"memd at {address} refused the session: {exc.code().name}: "
+                                       f"{exc.details()}") from None
+                time.sleep(0.5)
         try:
             self.pools = map_pools(self.session)
         except StartupError:
@@ -105,6 +110,11 @@ class MemdLink:
             try:
                 session = self._attach(5.0)
             except grpc.FutureTimeoutError:
+                continue
+            except grpc.RpcError as exc:  # something answers but refuses the session: memd still shutting down, say
+                log.warning("memd at %s refused the session (%s: %s): trying again", self.address, exc.code().name,
+                            exc.details())
+                stopped.wait(0.5 if exc.code() == grpc.StatusCode.UNAVAILABLE else 5.0)
                 continue
             try:
                 self.check(session.layout)
