@@ -3,6 +3,7 @@
 import contextlib
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -113,6 +114,19 @@ def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: 
     finally:
         memd.channel.close()
         stop_daemon(proc, timeout=10)
+
+
+def link_to_a_stopped_memd(target: pathlib.Path, health: list[bool]):
+    """modeld's MemdLink (health reports into `health`) attached to a memd that then stopped on SIGTERM: the link's
+    session is lost, and memd's address is free for the next one. Returns (link, address)."""
+    from modeld.memd_link import MemdLink
+
+    with run_memd(target, *memd_args(), check_free=False) as first:
+        link = MemdLink(first.address, 10, health.append, writes_draft_kv=False)
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.proc.wait(timeout=10) == 0
+    assert link.session.lost.wait(10)
+    return link, first.address
 
 
 def memd_args(**settings) -> list[str]:

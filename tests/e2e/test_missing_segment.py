@@ -3,7 +3,6 @@ with a message naming the segment, a re-attach is refused and health is never tu
 created in the segment's place."""
 
 import logging
-import signal
 import threading
 import time
 
@@ -11,8 +10,7 @@ import pytest
 
 import modeld.server
 from memd.segments import SHM_DIR
-from modeld.memd_link import MemdLink
-from tests.daemons import memd_args, run_memd
+from tests.daemons import link_to_a_stopped_memd, memd_args, run_memd
 from tests.models import tiny_target
 
 MEMD_ARGS = ["--page-size", "1", "--max-running-requests", "4", "--max-total-tokens", "4096",
@@ -45,12 +43,8 @@ def test_modeld_refuses_to_start_on_a_missing_segment(default_model):
 def test_a_reattach_to_a_memd_with_a_missing_segment_never_turns_serving(tmp_path, caplog):
     target = tiny_target(tmp_path / "t")
     health: list[bool] = []
-    with run_memd(target, *memd_args(), check_free=False) as first:
-        link = MemdLink(first.address, 10, health.append, writes_draft_kv=False)
-        first.proc.send_signal(signal.SIGTERM)
-        assert first.proc.wait(timeout=10) == 0
-    assert link.session.lost.wait(10)
-    with run_memd(target, *memd_args(), address=first.address) as second:
+    link, address = link_to_a_stopped_memd(target, health)
+    with run_memd(target, *memd_args(), address=address) as second:
         gone = remove_segment(second, "target_kv")
         stopped, attached = threading.Event(), []
         with caplog.at_level(logging.ERROR, logger="modeld"):

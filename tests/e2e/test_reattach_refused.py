@@ -4,7 +4,6 @@ comes next; start-up tries until its deadline, then fails with memd's reason. Be
 re-attach and stopped the engine thread (a CI run caught it: the integration test that stops and starts memd)."""
 
 import logging
-import signal
 import threading
 import time
 from concurrent import futures
@@ -13,7 +12,7 @@ import grpc
 import pytest
 
 from modeld.memd_link import MemdLink, StartupError
-from tests.daemons import memd_args, run_memd
+from tests.daemons import link_to_a_stopped_memd, memd_args, run_memd
 from tests.models import tiny_target
 
 
@@ -42,12 +41,8 @@ def refusing_server(address: str) -> tuple[grpc.Server, Refusing]:
 def test_a_reattach_refused_by_a_stopping_memd_tries_again_and_attaches_to_the_next(tmp_path, caplog):
     target = tiny_target(tmp_path / "t")
     health: list[bool] = []
-    with run_memd(target, *memd_args(), check_free=False) as first:
-        link = MemdLink(first.address, 10, health.append, writes_draft_kv=False)
-        first.proc.send_signal(signal.SIGTERM)
-        assert first.proc.wait(timeout=10) == 0
-    assert link.session.lost.wait(10)
-    server, handler = refusing_server(first.address)
+    link, address = link_to_a_stopped_memd(target, health)
+    server, handler = refusing_server(address)
     stopped, attached = threading.Event(), []
     thread = threading.Thread(target=lambda: attached.append(link.reattach(stopped)))
     try:
@@ -59,7 +54,7 @@ def test_a_reattach_refused_by_a_stopping_memd_tries_again_and_attaches_to_the_n
                 time.sleep(0.05)
         assert any("refused the session (UNAVAILABLE: memd is shutting down)" in r.getMessage() for r in caplog.records)
         server.stop(None).wait()
-        with run_memd(target, *memd_args(), address=first.address) as second:
+        with run_memd(target, *memd_args(), address=address) as second:
             thread.join(timeout=30)
             assert attached == [True] and health == [True]
             assert second.capacity().sessions == 1
