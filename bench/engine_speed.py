@@ -54,6 +54,7 @@ class Variant:
     steps: int = 1  # decode (verify) steps a replay may run
     speculate_below: int = 0  # DFLASH verifies only while fewer requests run (0: always)
     several_from: int = 16  # the smallest batch that runs several steps a replay (modeld's SEVERAL_STEPS_FROM_BATCH)
+    cycles_from: int = 16  # the same for greedy verify steps (modeld's SEVERAL_CYCLES_FROM_BATCH)
     skinny: bool = True  # projections of <= 16 rows through the skinny Triton kernel (False: cuBLAS)
     fuse_norms: bool = True  # with skinny: norms, SiLU-mul, rotary + K/V write inside it (False: kernels of their own)
     overlap: bool = False  # a plain decode step queued before the one before it is committed (modeld's default on CUDA)
@@ -95,6 +96,16 @@ VARIANTS = [
             steps=4, overlap=True),
     Variant("modeld DFLASH as served, decode not overlapped (before)", graphs=True, lookahead=32, dflash=True, steps=4,
             speculate_below=16),
+    # several greedy verify steps a replay below 16 running too (the host's work of a DFLASH step paid once per
+    # replay; a request that ends inside one computed steps for nothing): with modeld's lookahead, whose spare holds
+    # two verify steps, and with 96, which holds four
+    Variant("modeld DFLASH as served, several verify steps a replay from batch 1", graphs=True, lookahead=32,
+            dflash=True, steps=4, speculate_below=16, overlap=True, cycles_from=1),
+    Variant("modeld DFLASH as served, several verify steps a replay from batch 1, lookahead 96", graphs=True,
+            lookahead=96, dflash=True, steps=4, speculate_below=16, overlap=True, cycles_from=1),
+    # and speculating at every batch size (16 running included), four verify steps a replay
+    Variant("modeld DFLASH graphs + lookahead 96, 4 steps a replay from batch 1", graphs=True, lookahead=96,
+            dflash=True, steps=4, overlap=True, cycles_from=1),
 ]
 SERVED = {"plain": VARIANTS[12].name, "dflash": VARIANTS[5].name}  # modeld's defaults on CUDA, without and with a draft
 
@@ -206,6 +217,7 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
     engine = built.engine
     if engine.runner.graphs is not None:
         engine.runner.graphs.several_from = v.several_from
+        engine.runner.graphs.cycles_from = v.cycles_from
     engine.start()
     try:
         generate_all(engine, prompts[:2], 8, True, "warm")

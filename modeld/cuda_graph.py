@@ -33,6 +33,9 @@ log = logging.getLogger("modeld")
 # 16 / 64, 1.04x / 1.23x DFLASH); at batch 1 they did not (0.98x plain, 0.79x DFLASH: short answers end inside a
 # replay), so a smaller batch runs one step a replay.
 SEVERAL_STEPS_FROM_BATCH = 16
+# Greedy DFLASH verify steps: the smallest batch that runs several a replay (set apart from plain decoding's, which
+# overlaps its host work with the device's instead: modeld.step_ahead).
+SEVERAL_CYCLES_FROM_BATCH = 1
 
 
 def batch_buckets(max_requests: int) -> list[int]:
@@ -50,11 +53,13 @@ def replay_repeats(steps_per_replay: int) -> list[int]:
 
 class GraphRunner:
     def __init__(self, max_requests: int, tokens_per_request: tuple[int, ...], fields: int, device: str,
-                 steps_per_replay: int = 1, several_from: int = SEVERAL_STEPS_FROM_BATCH):
+                 steps_per_replay: int = 1, several_from: int = SEVERAL_STEPS_FROM_BATCH,
+                 cycles_from: int = SEVERAL_CYCLES_FROM_BATCH):
         self.buckets = batch_buckets(max_requests)
         self.tokens_per_request = tokens_per_request
         self.repeats = replay_repeats(steps_per_replay)
-        self.several_from = several_from  # smaller batches run one step a replay
+        self.several_from = several_from  # smaller batches run one decode step a replay
+        self.cycles_from = cycles_from  # smaller batches run one greedy verify step a replay
         width = max_requests * max(tokens_per_request)
         self.static = torch.zeros((fields, width), dtype=torch.int64, device=device)
         self.staging = torch.zeros((fields, width), dtype=torch.int64).pin_memory()
@@ -80,9 +85,10 @@ class GraphRunner:
         """Steps one engine step runs for a batch of `requests` in this (bucket, q) whose every request holds at
         least `spare` positions beyond what it computed: the most whose k steps reach no further (k * q <= spare),
         for verify steps only with a graph of k greedy cycles (decode steps without a fused graph of k run as a
-        chain of one-step replays: modeld.decode_chain); 1 for a batch smaller than `several_from`."""
+        chain of one-step replays: modeld.decode_chain); 1 for a batch smaller than `several_from` (decode steps) or
+        `cycles_from` (verify steps)."""
         bucket, q = shape
-        if requests < self.several_from:
+        if requests < (self.several_from if q == 1 else self.cycles_from):
             return 1
         fused = (lambda k: True) if q == 1 else (lambda k: (bucket, k) in self.cycle_graphs)
         return max([k for k in self.repeats if k * q <= spare and fused(k)], default=1)

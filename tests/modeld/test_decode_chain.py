@@ -49,7 +49,7 @@ def setup(request, tmp_path_factory):
     worker = DflashWorker(draft, model, bound)
     graphs = None
     if device == "cuda":  # one-step graphs only for the draft's taps: a chain serves several steps
-        graphs = GraphRunner(8, (1, worker.block), FIELDS, "cuda", steps_per_replay=STEPS, several_from=1)
+        graphs = GraphRunner(8, (1, worker.block), FIELDS, "cuda", steps_per_replay=STEPS, several_from=1, cycles_from=1)
     runner = ModelRunner(model, bound, device, taps=worker.taps, graphs=graphs)
     if graphs is not None:
         worker.use_graphs(graphs)
