@@ -106,6 +106,8 @@ VARIANTS = [
     # and speculating at every batch size (16 running included), four verify steps a replay
     Variant("modeld DFLASH graphs + lookahead 96, 4 steps a replay from batch 1", graphs=True, lookahead=96,
             dflash=True, steps=4, overlap=True, cycles_from=1),
+    Variant("modeld DFLASH graphs + lookahead 96, 4 steps a replay from batch 1, speculation off from 32 running",
+            graphs=True, lookahead=96, dflash=True, steps=4, speculate_below=32, overlap=True, cycles_from=1),
 ]
 SERVED = {"plain": VARIANTS[12].name, "dflash": VARIANTS[5].name}  # modeld's defaults on CUDA, without and with a draft
 
