@@ -54,7 +54,7 @@ class Variant:
     steps: int = 1  # decode (verify) steps a replay may run
     speculate_below: int = 0  # DFLASH verifies only while fewer requests run (0: always)
     several_from: int = 16  # the smallest batch that runs several steps a replay (modeld's SEVERAL_STEPS_FROM_BATCH)
-    cycles_from: int = 16  # the same for greedy verify steps (modeld's SEVERAL_CYCLES_FROM_BATCH)
+    cycles_from: int = 1  # the same for greedy verify steps (modeld's SEVERAL_CYCLES_FROM_BATCH)
     skinny: bool = True  # projections of <= 16 rows through the skinny Triton kernel (False: cuBLAS)
     fuse_norms: bool = True  # with skinny: norms, SiLU-mul, rotary + K/V write inside it (False: kernels of their own)
     overlap: bool = False  # a plain decode step queued before the one before it is committed (modeld's default on CUDA)
@@ -96,18 +96,16 @@ VARIANTS = [
             steps=4, overlap=True),
     Variant("modeld DFLASH as served, decode not overlapped (before)", graphs=True, lookahead=32, dflash=True, steps=4,
             speculate_below=16),
-    # several greedy verify steps a replay below 16 running too (the host's work of a DFLASH step paid once per
-    # replay; a request that ends inside one computed steps for nothing): with modeld's lookahead, whose spare holds
-    # two verify steps, and with 96, which holds four
-    Variant("modeld DFLASH as served, several verify steps a replay from batch 1", graphs=True, lookahead=32,
-            dflash=True, steps=4, speculate_below=16, overlap=True, cycles_from=1),
-    Variant("modeld DFLASH as served, several verify steps a replay from batch 1, lookahead 96", graphs=True,
-            lookahead=96, dflash=True, steps=4, speculate_below=16, overlap=True, cycles_from=1),
-    # and speculating at every batch size (16 running included), four verify steps a replay
-    Variant("modeld DFLASH graphs + lookahead 96, 4 steps a replay from batch 1", graphs=True, lookahead=96,
-            dflash=True, steps=4, overlap=True, cycles_from=1),
-    Variant("modeld DFLASH graphs + lookahead 96, 4 steps a replay from batch 1, speculation off from 32 running",
-            graphs=True, lookahead=96, dflash=True, steps=4, speculate_below=32, overlap=True, cycles_from=1),
+    # one greedy verify step a replay below 16 running, as served before several verify steps ran a replay at every
+    # batch size (SEVERAL_CYCLES_FROM_BATCH); and as served with a lookahead of 96, whose spare holds four verify
+    # steps (modeld's 32 holds two)
+    Variant("modeld DFLASH as served, one verify step a replay below 16 running (before)", graphs=True, lookahead=32,
+            dflash=True, steps=4, speculate_below=16, overlap=True, cycles_from=16),
+    Variant("modeld DFLASH as served, lookahead 96", graphs=True, lookahead=96, dflash=True, steps=4,
+            speculate_below=16, overlap=True),
+    # speculating below 32 running instead of 16
+    Variant("modeld DFLASH graphs + lookahead 96, 4 steps a replay, speculation off from 32 running", graphs=True,
+            lookahead=96, dflash=True, steps=4, speculate_below=32, overlap=True),
 ]
 SERVED = {"plain": VARIANTS[12].name, "dflash": VARIANTS[5].name}  # modeld's defaults on CUDA, without and with a draft
 

@@ -13,8 +13,9 @@ logits: their argmax is that of their exact fp32 values), and with DFLASH a "gre
 whole verify step (draft, target, argmax, acceptance, draft K/V of the committed prefixes), so such a step is one
 replay and one copy of its tokens to the host. Greedy batches also have graphs of k such steps back to back (k in
 `repeats`: powers of two up to --steps-per-replay), each step's inputs made on the device from the one before
-(modeld.step_advance): the host's work and the replay's launch are paid once per k steps. Plain decoding gets them
-only without DFLASH (with a draft, a plain decode also writes the draft's context, outside the graph).
+(modeld.step_advance): the host's work and the replay's launch are paid once per k steps (decode steps from 16
+running, verify steps at every batch size). Plain decoding gets them only without DFLASH (with a draft, a plain
+decode also writes the draft's context, outside the graph).
 """
 
 import logging
@@ -31,10 +32,13 @@ from modeld.step_advance import advance_inputs
 log = logging.getLogger("modeld")
 # Several steps a replay pay at 16 concurrent requests and more (BENCHMARKS.md, eighth run: 1.06x / 1.40x plain at
 # 16 / 64, 1.04x / 1.23x DFLASH); at batch 1 they did not (0.98x plain, 0.79x DFLASH: short answers end inside a
-# replay), so a smaller batch runs one step a replay.
+# replay), so a smaller batch runs one decode step a replay (verify steps: below; the 0.79x was four of them at a
+# lookahead of 96, before the fused layers).
 SEVERAL_STEPS_FROM_BATCH = 16
-# Greedy DFLASH verify steps: the smallest batch that runs several a replay (set apart from plain decoding's, which
-# overlaps its host work with the device's instead: modeld.step_ahead).
+# Greedy DFLASH verify steps run several a replay at every batch size: a verify step's host work is not overlapped
+# with the device's (plain decoding's is: modeld.step_ahead), and paying it once per replay gave DFLASH at batch 1
+# 1.06-1.25x the tokens/s of one verify step a replay in two runs (BENCHMARKS.md, "Several verify steps a replay from
+# batch 1"). With modeld's lookahead of 32 the spare of a verify step holds two blocks, so mostly two run a replay.
 SEVERAL_CYCLES_FROM_BATCH = 1
 
 

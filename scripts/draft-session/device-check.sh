@@ -58,7 +58,7 @@ cat "$OUT/memd_waits.md"  # 20 admissions at batch 1: what each costs in the eng
 python3 -m bench.idle_release --device cuda --rounds 4 > "$OUT/idle_release.md" 2> /tmp/idle_release.log
 cat "$OUT/idle_release.md"  # batch 1's first tokens: an idle pass's releases sent ahead against waited for
 python3 -m bench.gc_pause --device cuda 2> /tmp/gc_pause.log | tail -4  # a full collection, heap frozen or not
-python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --variants 2,5,7,10,11,12,13 > "$OUT/engine_speed.md" 2> "/tmp/engine_speed.log"
+python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --variants 2,5,7,10,11,12,13,14 > "$OUT/engine_speed.md" 2> "/tmp/engine_speed.log"
 cat "$OUT/engine_speed.md"
 # where a step's time goes, plain against DFLASH (device-busy against wall time per step; ops by device and host time)
 python3 -m bench.step_profile --batch 1 --new-tokens 64 --rows 40 > "$OUT/profile-b1.txt" 2> "/tmp/profile-b1.log"
