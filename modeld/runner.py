@@ -38,6 +38,13 @@ class StepInputs:
         self.batch.input_ids.index_copy_(0, self.draft_at, drafts.reshape(-1))
 
 
+def advances_on_device(items: list[StepItem]) -> bool:
+    """Whether the step after this one is each item's own output fed back, as modeld.step_advance makes it on the
+    device: every item a verify block, or one token that samples (a decode, or a prompt's last token). A prompt
+    chunk of several tokens is neither, even one as long as a DFLASH block (whose verify graph it replays)."""
+    return all(item.verify or item.num_tokens == 1 == item.req.pending for item in items)
+
+
 def row_index(rows: list[int], total: int, device) -> slice | torch.Tensor:
     """An index of `rows` out of `total`: a slice when it is all of them in order (no copy to the device)."""
     if len(rows) == total and rows == list(range(total)):
@@ -131,10 +138,10 @@ class ModelRunner:
         return StepInputs(batch, offsets, n_tok, dev[DRAFT_AT, : len(draft_at)], verify, graph, dev)
 
     def steps_ahead(self, items: list[StepItem], inputs: StepInputs) -> int:
-        """Steps one engine step may run for this batch: 1, or more when the step replays a graph, every item samples
-        its next token (a decode or verify, or the last token of a prompt) and every request holds the positions the
-        steps can reach (modeld.step_advance's invariant). Verify steps run several only as greedy cycles."""
-        if inputs.graph is None or any(item.num_tokens != item.req.pending and not item.verify for item in items):
+        """Steps one engine step may run for this batch: 1, or more when the step replays a graph, every item steps
+        on by its own output (advances_on_device) and every request holds the positions the steps can reach
+        (modeld.step_advance's invariant). Verify steps run several only as greedy cycles."""
+        if inputs.graph is None or not advances_on_device(items):
             return 1
         if inputs.verify and not all(item.req.params.greedy for item in items):
             return 1

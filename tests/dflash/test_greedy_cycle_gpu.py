@@ -156,3 +156,16 @@ def test_cycles_in_one_replay_equal_single_cycles(setup):
     for k in after:
         assert torch.equal(bound[k].nan_to_num(7.0), after[k].nan_to_num(7.0)), f"{k} differs after the replay"
     assert all(r.computed > c for r, (c, _) in zip(reqs, state))
+
+
+def test_a_block_long_prompt_replays_the_verify_graph_one_step_at_a_time(setup):
+    """A prompt chunk exactly one block long has the verify graph's shape, and its request holds the positions of
+    several blocks; still it runs one step (the step after a prompt chunk is not that chunk fed back)."""
+    model, cfg, pools, bound, worker, runner = setup
+    b = worker.block
+    req = Request(rid="whole", prompt_ids=list(range(1, b + 1)), params=SamplingParams(temperature=0))
+    req.row, req.held = 1, 4 * b
+    items = [StepItem(req, b, req.row, [-1] * b)]  # packed only: nothing runs, nothing is written
+    inputs = runner.prepare(items)
+    assert inputs.graph == (1, b) and not inputs.verify
+    assert runner.steps_ahead(items, inputs) == 1

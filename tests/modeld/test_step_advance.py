@@ -5,6 +5,10 @@ req_to_token; padding requests keep slot -1 and write nothing."""
 import torch
 
 from modeld.packed_inputs import FIELDS, IDS, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
+from modeld.request import Request
+from modeld.runner import advances_on_device
+from modeld.sampling_params import SamplingParams
+from modeld.scheduler import StepItem
 from modeld.step_advance import advance_inputs
 
 
@@ -53,3 +57,25 @@ def test_decode_steps_feed_back_their_tokens_over_granted_slots():
         assert static[SLOTS, 0] == table[2, 18 + step] and static[KV_LENS, 0] == 19 + step
         assert static[IDS, 0] == 40 + step
         assert static[SLOTS, 1] == -1
+
+
+def test_only_decodes_verifies_and_a_prompts_last_token_advance_on_the_device():
+    """The gate of several steps a replay (ModelRunner.steps_ahead): a prompt chunk as long as a DFLASH block
+    replays the block's verify graph, but its next step is the rest of the prompt or a decode, not itself fed
+    back; several steps of it ran a decode chain over a prompt."""
+    block = 16
+    prompt = Request(rid="p", prompt_ids=list(range(1, block + 1)), params=SamplingParams(temperature=0))
+    chunk = StepItem(prompt, block, 1, list(range(block)))  # the whole prompt, block-long
+    assert not advances_on_device([chunk])
+    decoding = Request(rid="d", prompt_ids=[5, 6, 7], params=SamplingParams(temperature=0))
+    decoding.output_ids.append(9)
+    decoding.computed = 3  # the sampled token is pending
+    decode = StepItem(decoding, 1, 2, [40])
+    verify = StepItem(decoding, block, 2, list(range(40, 40 + block)), verify=True)
+    last = Request(rid="l", prompt_ids=[5, 6, 7], params=SamplingParams(temperature=0))
+    last.computed = 2  # the prompt's last token, alone
+    assert advances_on_device([decode]) and advances_on_device([verify])
+    assert advances_on_device([StepItem(last, 1, 3, [50])])
+    assert not advances_on_device([decode, chunk]), "one prompt chunk in the batch still stepped on"
+    last.computed = 1  # two prompt tokens left: a chunk of two
+    assert not advances_on_device([StepItem(last, 2, 3, [50, 51])])
