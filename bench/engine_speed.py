@@ -58,6 +58,7 @@ class Variant:
     skinny: bool = True  # projections of <= 16 rows through the skinny Triton kernel (False: cuBLAS)
     fuse_norms: bool = True  # with skinny: norms, SiLU-mul, rotary + K/V write inside it (False: kernels of their own)
     overlap: bool = False  # a plain decode step queued before the one before it is committed (modeld's default on CUDA)
+    prompt_graphs: bool = True  # one request's prompt chunk of up to 128 tokens replays a graph (False: eager)
 
 
 VARIANTS = [
@@ -106,6 +107,11 @@ VARIANTS = [
     # speculating below 32 running instead of 16
     Variant("modeld DFLASH graphs + lookahead 96, 4 steps a replay, speculation off from 32 running", graphs=True,
             lookahead=96, dflash=True, steps=4, speculate_below=32, overlap=True),
+    # plain and DFLASH as served with every prompt chunk eager, as before one request's chunk replayed a graph
+    Variant("modeld graphs + lookahead, 4 steps a replay, decode overlapped, prompts eager (before)", graphs=True,
+            lookahead=32, dflash=False, steps=4, overlap=True, prompt_graphs=False),
+    Variant("modeld DFLASH as served, prompts eager (before)", graphs=True, lookahead=32, dflash=True, steps=4,
+            speculate_below=16, overlap=True, prompt_graphs=False),
 ]
 SERVED = {"plain": VARIANTS[12].name, "dflash": VARIANTS[5].name}  # modeld's defaults on CUDA, without and with a draft
 
@@ -218,6 +224,8 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
     if engine.runner.graphs is not None:
         engine.runner.graphs.several_from = v.several_from
         engine.runner.graphs.cycles_from = v.cycles_from
+        if not v.prompt_graphs:  # a prompt chunk then has a graph only in a verify block's shape, as before
+            engine.runner.graphs.lone_tokens = []
     engine.start()
     try:
         generate_all(engine, prompts[:2], 8, True, "warm")

@@ -1,10 +1,14 @@
 """CUDA graphs of the target forward for the shapes decoding repeats every step: B requests of q tokens each,
-q = 1 (plain decode) or q = the DFLASH block (verify), B padded up to a bucket.
+q = 1 (plain decode) or q = the DFLASH block (verify), B padded up to a bucket; and one request's prompt chunk of
+up to 128 tokens, padded up to 16, 32, 64 or 128 (an eager forward of a short prompt was mostly kernel launches:
+about 16 ms of a batch-1 request's first tokens on an H100, bench.step_span).
 
 A graph reads its inputs from one static device array (the rows of modeld.runner's packed inputs), written by one
 host->device copy per step, so nothing per step is frozen at capture: token ids, positions, slots, request rows,
 lengths and offsets are all data. Padding requests use row 0 of req_to_token, which memd never hands out (its
-entries are 0, the sink slot), and slot -1, which writes no K/V. Graphs capture memd's buffers by address, so they
+entries are 0, the sink slot), and slot -1, which writes no K/V. A prompt chunk's padding rows (past its length)
+write no K/V either (slot -1), and attention stores nothing for them; every other op is row by row, so the real
+rows compute what the eager forward does, and the step reads only those. Graphs capture memd's buffers by address, so they
 are captured again whenever modeld maps new pools (a re-attach). Triton kernels are compiled by one eager run of
 each shape before its capture.
 
@@ -40,6 +44,8 @@ SEVERAL_STEPS_FROM_BATCH = 16
 # 1.06-1.25x the tokens/s of one verify step a replay in two runs (BENCHMARKS.md, "Several verify steps a replay from
 # batch 1"). With modeld's lookahead of 32 the spare of a verify step holds two blocks, so mostly two run a replay.
 SEVERAL_CYCLES_FROM_BATCH = 1
+# Graphs of one request's prompt chunk (bucket 1), padded up to the smallest that holds it; longer chunks run eagerly.
+PROMPT_TOKENS = (16, 32, 64, 128)
 
 
 def batch_buckets(max_requests: int) -> list[int]:
@@ -61,10 +67,12 @@ class GraphRunner:
                  cycles_from: int = SEVERAL_CYCLES_FROM_BATCH):
         self.buckets = batch_buckets(max_requests)
         self.tokens_per_request = tokens_per_request
+        # q of the graphs that run one request's prompt chunk (those of a verify block's size are the verify graphs)
+        self.lone_tokens = sorted({*PROMPT_TOKENS, *(q for q in tokens_per_request if q > 1)})
         self.repeats = replay_repeats(steps_per_replay)
         self.several_from = several_from  # smaller batches run one decode step a replay
         self.cycles_from = cycles_from  # smaller batches run one greedy verify step a replay
-        width = max_requests * max(tokens_per_request)
+        width = max(max_requests * max(tokens_per_request), max(self.lone_tokens))
         self.static = torch.zeros((fields, width), dtype=torch.int64, device=device)
         self.staging = torch.zeros((fields, width), dtype=torch.int64).pin_memory()
         # (bucket, q) -> (graph, hidden, taps, argmax of every row (decode graphs; None for q > 1))
@@ -79,7 +87,11 @@ class GraphRunner:
         self.pool = None
 
     def shape_for(self, q_lens: list[int]) -> tuple[int, int] | None:
-        """(bucket, q) of the graph that runs requests of these token counts, or None (eager)."""
+        """(bucket, q) of the graph that runs requests of these token counts, or None (eager): for one request of
+        several tokens, the smallest graph of one request that holds them."""
+        if len(q_lens) == 1 and q_lens[0] > 1:
+            q = next((q for q in self.lone_tokens if q >= q_lens[0]), None)
+            return None if q is None else (1, q)
         if not q_lens or len(set(q_lens)) != 1 or q_lens[0] not in self.tokens_per_request:
             return None
         bucket = next((b for b in self.buckets if b >= len(q_lens)), None)
@@ -164,16 +176,12 @@ class GraphRunner:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
+            forward = (stream, model, kv_pool, req_to_token, taps)
             for q in self.tokens_per_request:
                 for bucket in reversed(self.buckets):
-                    self._pad_inputs(bucket, q)
-                    batch = self._batch(bucket, q, req_to_token)
-                    model(batch, kv_pool, capture_layers=taps)  # compiles the Triton kernels of this shape
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                        hidden, captured = model(batch, kv_pool, capture_layers=taps)
-                        greedy = argmax_rows(model.lm_head(hidden)) if q == 1 else None
-                    self.graphs[(bucket, q)] = (graph, hidden, captured, greedy)
+                    self.graphs[(bucket, q)] = self._capture_forward(*forward, bucket, q)
+            for q in (q for q in self.lone_tokens if q not in self.tokens_per_request):  # one request's prompt chunk
+                self.graphs[(1, q)] = self._capture_forward(*forward, 1, q)
             for k in self.repeats if 1 in self.tokens_per_request and not taps else ():
                 for bucket in reversed(self.buckets):
                     batch = self._batch(bucket, 1, req_to_token)
@@ -184,6 +192,18 @@ class GraphRunner:
         log.info("captured %d CUDA graphs (batch buckets %s, tokens per request %s, steps per replay %s) in %.1f s",
                  len(self.graphs) + len(self.decode_steps), self.buckets, list(self.tokens_per_request),
                  [1, *self.repeats], time.monotonic() - began)
+
+    def _capture_forward(self, stream, model: CausalLM, kv_pool, req_to_token, taps, bucket: int, q: int):
+        """(graph, hidden, taps' outputs, argmax of every row (q = 1; else None)) of one forward of `bucket` padding
+        requests of q tokens, after one eager run that compiles the Triton kernels of this shape."""
+        self._pad_inputs(bucket, q)
+        batch = self._batch(bucket, q, req_to_token)
+        model(batch, kv_pool, capture_layers=taps)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            hidden, captured = model(batch, kv_pool, capture_layers=taps)
+            greedy = argmax_rows(model.lm_head(hidden)) if q == 1 else None
+        return graph, hidden, captured, greedy
 
     def _capture(self, stream, bucket: int, q: int, steps) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """A graph of `steps()` over padding requests (they write no K/V and commit nothing), after one eager run

@@ -4,7 +4,7 @@ A small Llama with random bf16 weights over paged pools laid out as memd lays th
 prefilled eagerly, then each decode / verify step runs twice over the same slots: eagerly, and as a graph padded into
 a bucket of 4. Hidden states agree to bf16 rounding (the padded GEMMs may pick other kernels) and the greedy tokens are
 the same; padding rows write no K/V. Re-binding to new pools (memd re-attached) captures the graphs again, and the
-replays read the new pools.
+replays read the new pools. One request's prompt chunk replays a graph of one request, padded.
 """
 
 import json
@@ -120,6 +120,27 @@ def test_padded_decode_and_verify_graphs_equal_eager(model):
     # a verify step: [last token, 3 drafts] per request, drafts placed on the device
     drafts = torch.randint(0, model[1].vocab_size, (len(reqs), BLOCK - 1), device="cuda")
     assert_same_step(model, run_both(eager, graphs, step_items(pools, reqs, BLOCK), drafts))
+    assert torch.equal(pools.kv[:, :, 0].nan_to_num(7.0), sink_before.nan_to_num(7.0)), "a padding row wrote K/V into the sink slot"
+
+
+@gpu
+def test_a_prompt_chunk_padded_into_a_graph_of_one_request_equals_eager(model):
+    """One request's prompt chunks (after what it computed already, as after a cached prefix) replay the smallest
+    graph of one request that holds them, padded: the same hidden states and taps as eager; padding rows write no
+    K/V; a chunk longer than the largest such graph runs eagerly."""
+    pools = cuda_pools(model[1])
+    prefilled(model, pools)  # rows 1-3
+    eager, graphs = runners(model, pools)
+    prompt = torch.randint(0, model[1].vocab_size, (160,), generator=torch.Generator().manual_seed(11)).tolist()
+    req = Request(rid="chunked", prompt_ids=prompt, params=SamplingParams(temperature=0))
+    req.row = 4
+    sink_before = pools.kv[:, :, 0].clone()
+    for n, shape in ((20, (1, 32)), (3, (1, BLOCK)), (37, (1, 64)), (100, (1, 128))):
+        outs = run_both(eager, graphs, [StepItem(req, n, req.row, pools.grow(req.row, n))])
+        assert outs[1][0] == shape
+        assert_same_step(model, outs)
+        req.computed += n
+    assert graphs.graphs.shape_for([129]) is None
     assert torch.equal(pools.kv[:, :, 0].nan_to_num(7.0), sink_before.nan_to_num(7.0)), "a padding row wrote K/V into the sink slot"
 
 
