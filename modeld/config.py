@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "their tokens reach the host: in one CUDA graph replay for greedy batches, as a chain of "
                         "one-step replays for requests that sample and for a target's plain decodes with a draft; a "
                         "batch of 16 or more (greedy verify steps: any batch) runs them when its every request holds "
-                        "the slots they reach (the decode lookahead). Tokens then stream in groups of that many steps; 1: one step at a time")
+                        "the slots they reach (the decode lookahead). Tokens then stream in groups of that many "
+                        "steps; 1: one step at a time")
     p.add_argument("--disable-overlap-decode", action="store_true",
                    help="commit each plain decode step before queueing the next (default on CUDA: the next step of "
                         "an unchanged batch is queued on the device first, so the host commits and streams one step "

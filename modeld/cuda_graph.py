@@ -8,8 +8,8 @@ host->device copy per step, so nothing per step is frozen at capture: token ids,
 lengths and offsets are all data. Padding requests use row 0 of req_to_token, which memd never hands out (its
 entries are 0, the sink slot), and slot -1, which writes no K/V. A prompt chunk's padding rows (past its length)
 write no K/V either (slot -1), and attention stores nothing for them; every other op is row by row, so the real
-rows compute what the eager forward does, and the step reads only those. Graphs capture memd's buffers by address, so they
-are captured again whenever modeld maps new pools (a re-attach). Triton kernels are compiled by one eager run of
+rows compute what the eager forward does, and the step reads only those. Graphs capture memd's buffers by address,
+so they are captured again whenever modeld maps new pools (a re-attach). Triton kernels are compiled by one eager run of
 each shape before its capture.
 
 Greedy steps need no logits on the host side: a decode graph also takes the argmax of every row (the LM head's bf16
