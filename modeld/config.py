@@ -7,6 +7,10 @@ from memd import defaults
 from memd.addresses import check_address
 from memd.config import add_metrics_arguments
 
+# Graphs of one request's prompt chunk (bucket 1), padded up to the smallest that holds it; longer chunks run eagerly
+# (modeld.cuda_graph).
+PROMPT_TOKENS = (16, 32, 64, 128)
+
 
 @dataclass(frozen=True)
 class ModeldConfig:
@@ -28,6 +32,9 @@ class ModeldConfig:
     # queue a plain decode step before committing the one before it (modeld.step_ahead); None: on CUDA only (on the
     # CPU the queued step would run before the last one streams: later tokens, no overlap)
     overlap_decode: bool | None = None
+    # with CUDA graphs: a lone prompt chunk of at most this many tokens runs in a step of its own while requests
+    # decode (a graph of one request instead of an eager step of the batch); 0: off
+    alone_prompt_tokens: int = 0
     speculative_disable_by_batch_size: int = 16  # DFLASH verifies only while fewer requests run (0: always)
     max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
     stream_interval: int = 1  # new tokens a stream's chunk waits for (the last goes when the request ends)
@@ -57,6 +64,8 @@ class ModeldConfig:
             raise ValueError("--decode-lookahead must be >= 0")
         if self.steps_per_replay < 1:
             raise ValueError("--steps-per-replay must be >= 1")
+        if not 0 <= self.alone_prompt_tokens <= max(PROMPT_TOKENS):
+            raise ValueError(f"--alone-prompt-tokens must lie in [0, {max(PROMPT_TOKENS)}] (the largest prompt graph)")
         if self.speculative_disable_by_batch_size < 0:
             raise ValueError("--speculative-disable-by-batch-size must be >= 0")
         if self.stream_interval < 1:
@@ -118,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="commit each plain decode step before queueing the next (default on CUDA: the next step of "
                         "an unchanged batch is queued on the device first, so the host commits and streams one step "
                         "while the GPU computes the next)")
+    p.add_argument("--alone-prompt-tokens", type=int, default=0,
+                   help="with CUDA graphs, run a lone prompt chunk of at most this many tokens (up to 128) in a step "
+                        "of its own while requests decode: it replays a graph of one request instead of an eager "
+                        "step of the whole batch, and the decodes wait that step (never two in a row). It pays where "
+                        "an eager step is mostly kernel launches (a small model) and costs a step where the forward "
+                        "reads weights for most of its time (a large one). Default 0: off")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for memd at start")
     add_metrics_arguments(p)
     p.add_argument("--log-level", default="INFO")
@@ -155,6 +170,7 @@ def config_from_args(argv=None) -> ModeldConfig:
         disable_norm_fusion=args.disable_norm_fusion,
         steps_per_replay=args.steps_per_replay,
         overlap_decode=False if args.disable_overlap_decode else None,
+        alone_prompt_tokens=args.alone_prompt_tokens,
         max_open_streams=args.max_open_streams,
         stream_interval=args.stream_interval,
         connect_timeout=args.connect_timeout,

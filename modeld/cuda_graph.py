@@ -28,6 +28,7 @@ import time
 import numpy as np
 import torch
 
+from modeld.config import PROMPT_TOKENS
 from modeld.kernels.argmax import argmax_rows
 from modeld.model import CausalLM, ForwardBatch
 from modeld.packed_inputs import IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
@@ -44,8 +45,6 @@ SEVERAL_STEPS_FROM_BATCH = 16
 # 1.06-1.25x the tokens/s of one verify step a replay in two runs (BENCHMARKS.md, "Several verify steps a replay from
 # batch 1"). With modeld's lookahead of 32 the spare of a verify step holds two blocks, so mostly two run a replay.
 SEVERAL_CYCLES_FROM_BATCH = 1
-# Graphs of one request's prompt chunk (bucket 1), padded up to the smallest that holds it; longer chunks run eagerly.
-PROMPT_TOKENS = (16, 32, 64, 128)
 
 
 def batch_buckets(max_requests: int) -> list[int]:

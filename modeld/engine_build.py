@@ -87,11 +87,13 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     if worker is not None:
         worker.draft.use_skinny_linear(not cfg.disable_skinny_linear, fuse_norms=not cfg.disable_norm_fusion)
     limits = step_limits(cfg, layout, worker is not None)
+    graphed = cfg.device == "cuda" and not cfg.disable_cuda_graph
     scheduler = Scheduler(link.session, limits.max_running, limits.chunk, limits.context_len,
                           worker.block if worker else 0, lookahead=limits.lookahead, async_top_ups=True,
-                          speculate_below=cfg.speculative_disable_by_batch_size)
+                          speculate_below=cfg.speculative_disable_by_batch_size,
+                          alone_prompt_tokens=cfg.alone_prompt_tokens if graphed else 0)
     graphs = None
-    if cfg.device == "cuda" and not cfg.disable_cuda_graph:
+    if graphed:
         graphs = GraphRunner(layout.max_running_requests, (1, worker.block) if worker else (1,), FIELDS, cfg.device,
                              steps_per_replay=cfg.steps_per_replay)
     runner = ModelRunner(model, link.pools, cfg.device, taps=worker.taps if worker else (), graphs=graphs)

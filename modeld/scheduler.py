@@ -11,6 +11,10 @@ plan). A request is admitted from the usable cached prefix memd matches for it (
 arrivals in one MatchPrefixBatch): only the rest is prefilled. An arrival whose prompt fits the step, with no
 earlier admission of the step asking memd after it, asks memd to grant the prompt (and the lookahead) in that same
 call, so that a lone arrival or a burst is admitted in one round trip.
+A lone short prompt chunk (at most `alone_prompt_tokens`, on CUDA the largest prompt graph) runs in a step of its
+own while requests decode: it then replays a graph of one request instead of an eager forward of the whole batch
+(mostly kernel launches), and the decodes wait that one step; never two steps in a row, so a stream of arrivals
+cannot hold them back.
 When memd answers RESOURCE_EXHAUSTED nothing changed there, and the step is planned again: first without new
 admissions and prefill chunks (they wait), then by preempting the newest running request (its slots are
 released and it is recomputed later from its prompt and the tokens it already produced, so its greedy output
@@ -41,13 +45,17 @@ class StepItem:
 
 class Scheduler(MemdCalls):
     def __init__(self, session: MemdSession, max_running: int, chunk_tokens: int, context_len: int, block: int = 0,
-                 lookahead: int = 0, async_top_ups: bool = False, speculate_below: int = 0):
+                 lookahead: int = 0, async_top_ups: bool = False, speculate_below: int = 0,
+                 alone_prompt_tokens: int = 0):
         super().__init__(session, lookahead, async_top_ups)
         self.max_running = max_running
         self.chunk_tokens = chunk_tokens
         self.context_len = context_len
         self.block = block  # DFLASH block size: a decode verifies this many tokens; 0 without speculation
         self.speculate_below = speculate_below  # verify blocks only while fewer requests run (0: always)
+        self.alone_prompt_tokens = alone_prompt_tokens  # a lone prompt chunk this short runs without the decodes
+        self.alone_last = False  # the last step ran a prompt chunk alone while requests decoded
+        self._alone_planned = False
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
@@ -88,6 +96,7 @@ class Scheduler(MemdCalls):
                 if answer is not None:
                     plan, admitted = self._leave_out(plan, admitted, hopeless)
                     items = self._commit(plan, admitted, answer)
+                    self.alone_last = self._alone_planned
                     if not answer and self.async_top_ups:
                         self._send_async(items)
                     return items, hopeless
@@ -209,11 +218,18 @@ class Scheduler(MemdCalls):
             plan.append((r, take, False, self._extend_ask(r, take, lean)))
             admitted.append(r)
             budget -= take
+        self._alone_planned = bool(decodes) and self._runs_alone(plan)
+        if self._alone_planned:
+            decodes = []  # they run the next step
         releasing = bool(self.releases or self.cache) and not self.async_top_ups  # else they go out without waiting
         # memd is called anyway (so top-ups join): a plan item asks for positions (not those granted with a match)
         calling = lean or any(ask for *_, ask in plan) or releasing or any(r.computed + n > r.held for r, n in decodes)
         commits = self._outgoing_commits(lean) if calling else {}
         return [(r, n, True, self._grant(r, n, commits.get(r.rid, r.held), lean, calling)) for r, n in decodes] + plan, admitted
+
+    def _runs_alone(self, chunks: list) -> bool:
+        """Whether this step's prompt chunks are one short enough to run without the decodes (not twice in a row)."""
+        return len(chunks) == 1 and chunks[0][1] <= self.alone_prompt_tokens and not self.alone_last
 
     def _extend_ask(self, r: Request, take: int, lean: bool) -> int:
         """Positions to ask memd for, for a prefill chunk of `take` tokens, beyond those it holds (granted with its

@@ -69,3 +69,12 @@ def test_decode_overlaps_on_cuda_unless_disabled():
     assert overlaps("--device", "cuda")
     assert not overlaps("--device", "cuda", "--disable-overlap-decode")
     assert not overlaps("--device", "cpu")  # a step queued ahead would run before the last one streams
+
+
+def test_alone_prompt_tokens_is_off_by_default_and_bounded_by_the_largest_prompt_graph():
+    flags = [*ADDRESSES, "--device", "cpu"]
+    assert config_from_args(flags).alone_prompt_tokens == 0
+    assert config_from_args([*flags, "--alone-prompt-tokens", "128"]).alone_prompt_tokens == 128
+    for bad in ("-1", "129"):
+        with pytest.raises(ValueError, match=r"--alone-prompt-tokens must lie in \[0, 128\]"):
+            config_from_args([*flags, "--alone-prompt-tokens", bad])

@@ -192,7 +192,7 @@ class Sim:
 
     def __init__(self, *, pages: int, max_running: int = 8, chunk: int = 64, context: int = 64, block: int = 0,
                  draft_pages: int = 0, window: int = 0, trim_gap: int = 0, max_requests: int = 8, accept=None,
-                 lookahead: int = 0, async_top_ups: bool = False):
+                 lookahead: int = 0, async_top_ups: bool = False, alone_prompt_tokens: int = 0):
         mode = DraftMode.BOUNDED if block else DraftMode.NONE
         self.mgr = SlotManager(
             target_pages=pages, draft_pages=draft_pages, page_size=P, mode=mode, window=window, trim_gap=trim_gap,
@@ -202,7 +202,7 @@ class Sim:
         )
         self.session = FakeSession(self.mgr)
         self.sched = Scheduler(self.session, max_running, chunk, context, block, lookahead=lookahead,
-                               async_top_ups=async_top_ups)
+                               async_top_ups=async_top_ups, alone_prompt_tokens=alone_prompt_tokens)
         self.context = context
         self.block = block
         self.accept = accept or (lambda req: block - 1)  # drafts accepted by a verify of `req`
@@ -437,6 +437,35 @@ def test_long_prompt_is_prefilled_in_chunks_after_the_decodes():
     assert len(x.output_ids) == 1  # the last chunk sampled the first token
     sim.run()
     assert x.output_ids == expected_outputs(2)
+
+
+def test_a_lone_short_prompt_chunk_runs_alone_once_then_the_decodes_follow():
+    """With alone_prompt_tokens (modeld on CUDA: a lone chunk then replays a graph of one request), a short arrival
+    runs without the decodes; the step after it runs them, even when another short one arrives (never two such
+    steps in a row); a longer chunk, or two arrivals, run beside the decodes as without it."""
+    sim = Sim(pages=64, max_running=6, chunk=64, context=64, alone_prompt_tokens=8)
+    sim.request("a", 3, max_new=20)
+    sim.request("b", 4, max_new=20)
+    sim.step()  # a and b admitted together: nothing decodes yet, so they run as usual
+    sim.step()
+    sim.request("x", 5, max_new=4)
+    items, _ = sim.step()
+    assert [(i.req.rid, i.num_tokens) for i in items] == [("x", 5)], "a lone short arrival ran beside the decodes"
+    sim.request("y", 6, max_new=4)
+    items, _ = sim.step()
+    assert [(i.req.rid, i.num_tokens) for i in items] == [("a", 1), ("b", 1), ("x", 1), ("y", 6)]
+    items, _ = sim.step()
+    assert [i.req.rid for i in items] == ["a", "b", "x", "y"]
+    sim.request("long", 9, max_new=2)  # longer than alone_prompt_tokens
+    items, _ = sim.step()
+    assert [(i.req.rid, i.num_tokens) for i in items][-1] == ("long", 9) and len(items) == 5
+    sim.request("p", 2, max_new=2)
+    sim.request("q", 2, max_new=2)  # two arrivals: one step beside the decodes
+    items, _ = sim.step()
+    assert {i.req.rid for i in items} >= {"a", "p", "q"}
+    sim.run()
+    for rid, n in (("a", 20), ("b", 20), ("x", 4), ("y", 4), ("long", 2), ("p", 2), ("q", 2)):
+        assert sim.done[rid].output_ids == expected_outputs(n)
 
 
 def test_prefill_budget_is_shared_by_chunks_and_admissions_in_fifo_order():
