@@ -468,6 +468,29 @@ def test_a_lone_short_prompt_chunk_runs_alone_once_then_the_decodes_follow():
         assert sim.done[rid].output_ids == expected_outputs(n)
 
 
+@pytest.mark.parametrize("block", [0, 4])
+def test_lone_prompt_chunks_alone_under_pressure_keep_outputs_and_kv_right(block):
+    """Arrivals one at a time into a tight pool with calls sent ahead (plain, and DFLASH with a bounded draft pool):
+    lone chunks run alone, preempted requests come back as lone chunks too, and every request ends with its tokens."""
+    sizes = dict(pages=8, draft_pages=8, window=8, trim_gap=1) if block else dict(pages=12)
+    sim = Sim(**sizes, block=block, max_running=4, chunk=12, context=64, lookahead=6, async_top_ups=True,
+              alone_prompt_tokens=8)
+    lengths = [(7, 12), (3, 20), (11, 6), (5, 15), (9, 9), (2, 25), (6, 3)]
+    alone = 0
+    for i, (prompt, max_new) in enumerate(lengths):
+        sim.request(f"r{i}", prompt, max_new)
+        for _ in range(3):  # the next arrival comes a few steps later
+            items, _ = sim.step()
+            alone += len(items) == 1 and not items[0].verify and items[0].num_tokens > 1 and len(sim.sched.running) > 1
+    sim.run()
+    assert alone, "no prompt chunk ran alone: the test proves nothing"
+    assert sim.sched.preemptions > 0, "the pool was never short: the test proves nothing"
+    assert not sim.failed
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {
+        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)}
+    sim.assert_all_free()
+
+
 def test_prefill_budget_is_shared_by_chunks_and_admissions_in_fifo_order():
     sim = Sim(pages=64, max_running=4, chunk=8, context=64)
     sim.request("x", 5, max_new=3)
