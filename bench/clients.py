@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from bench.engine_speed import generate_all, memd_args, prompts_for
+from bench.engine_speed import add_model_arguments, generate_all, memd_args, prompts_for
 from bench.in_process import running_engine
 from bench.memd_process import memd_process
 from modeld.config import PROMPT_TOKENS, ModeldConfig
@@ -47,10 +47,7 @@ def run_clients(engine, prompts: list[list[int]], args, ignore_eos: bool, tag: s
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.clients", description=__doc__.splitlines()[0])
-    p.add_argument("--target", help="HF folder (default: the project's SmolLM2-135M-Instruct)")
-    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
-    p.add_argument("--draft", default=str(pathlib.Path(__file__).parents[1] / "modeld" / "default_draft"),
-                   help="z-lab format draft, or 'none'")
+    add_model_arguments(p)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)

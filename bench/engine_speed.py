@@ -342,12 +342,17 @@ def report(rows: list[dict], hf: float | None, args) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.engine_speed", description=__doc__.splitlines()[0])
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """--target, --load-format and --draft, as the engine benchmarks take them."""
     p.add_argument("--target", help="HF folder (default: the project's SmolLM2-135M-Instruct)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--draft", default=str(pathlib.Path(__file__).parents[1] / "modeld" / "default_draft"),
                    help="z-lab format draft, or 'none'")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.engine_speed", description=__doc__.splitlines()[0])
+    add_model_arguments(p)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--ignore-eos", action="store_true",
                    help="every request decodes --new-tokens (always so with dummy weights): batch-1 runs of real "
