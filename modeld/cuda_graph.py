@@ -53,6 +53,26 @@ def batch_buckets(max_requests: int) -> list[int]:
     return sorted({s for s in sizes if s < max_requests} | {max_requests})
 
 
+def lone_sizes(tokens_per_request: tuple[int, ...]) -> list[int]:
+    """q of the graphs that run one request's prompt chunk: PROMPT_TOKENS, and a verify block's size (whose graphs
+    are the verify graphs)."""
+    return sorted({*PROMPT_TOKENS, *(q for q in tokens_per_request if q > 1)})
+
+
+def graph_shape(q_lens: list[int], buckets: list[int], tokens_per_request: tuple[int, ...],
+                lone_tokens: list[int]) -> tuple[int, int] | None:
+    """(bucket, q) of the graph that runs requests of these token counts, or None (eager): for one request of several
+    tokens, the smallest graph of one request (of `lone_tokens`) that holds them; else requests of one token count in
+    `tokens_per_request`, in the smallest bucket that holds them."""
+    if len(q_lens) == 1 and q_lens[0] > 1:
+        q = next((q for q in lone_tokens if q >= q_lens[0]), None)
+        return None if q is None else (1, q)
+    if not q_lens or len(set(q_lens)) != 1 or q_lens[0] not in tokens_per_request:
+        return None
+    bucket = next((b for b in buckets if b >= len(q_lens)), None)
+    return None if bucket is None else (bucket, q_lens[0])
+
+
 def replay_repeats(steps_per_replay: int) -> list[int]:
     """Step counts (beyond 1) with graphs of several steps: the powers of two below steps_per_replay, and it."""
     if steps_per_replay <= 1:
@@ -66,8 +86,7 @@ class GraphRunner:
                  cycles_from: int = SEVERAL_CYCLES_FROM_BATCH):
         self.buckets = batch_buckets(max_requests)
         self.tokens_per_request = tokens_per_request
-        # q of the graphs that run one request's prompt chunk (those of a verify block's size are the verify graphs)
-        self.lone_tokens = sorted({*PROMPT_TOKENS, *(q for q in tokens_per_request if q > 1)})
+        self.lone_tokens = lone_sizes(tokens_per_request)  # q of the graphs of one request's prompt chunk
         self.repeats = replay_repeats(steps_per_replay)
         self.several_from = several_from  # smaller batches run one decode step a replay
         self.cycles_from = cycles_from  # smaller batches run one greedy verify step a replay
@@ -86,15 +105,8 @@ class GraphRunner:
         self.pool = None
 
     def shape_for(self, q_lens: list[int]) -> tuple[int, int] | None:
-        """(bucket, q) of the graph that runs requests of these token counts, or None (eager): for one request of
-        several tokens, the smallest graph of one request that holds them."""
-        if len(q_lens) == 1 and q_lens[0] > 1:
-            q = next((q for q in self.lone_tokens if q >= q_lens[0]), None)
-            return None if q is None else (1, q)
-        if not q_lens or len(set(q_lens)) != 1 or q_lens[0] not in self.tokens_per_request:
-            return None
-        bucket = next((b for b in self.buckets if b >= len(q_lens)), None)
-        return None if bucket is None else (bucket, q_lens[0])
+        """(bucket, q) of the graph that runs requests of these token counts, or None (eager)."""
+        return graph_shape(q_lens, self.buckets, self.tokens_per_request, self.lone_tokens)
 
     def steps_for(self, shape: tuple[int, int], requests: int, spare: int) -> int:
         """Steps one engine step runs for a batch of `requests` in this (bucket, q) whose every request holds at

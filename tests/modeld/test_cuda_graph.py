@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from modeld.cuda_graph import GraphRunner, batch_buckets, replay_repeats
+from modeld.cuda_graph import GraphRunner, batch_buckets, graph_shape, lone_sizes, replay_repeats
 from modeld.loader import load_target
 from modeld.packed_inputs import FIELDS
 from modeld.request import Request
@@ -103,6 +103,26 @@ def test_buckets_cover_every_batch_size():
         buckets = batch_buckets(max_requests)
         assert buckets[-1] == max_requests and buckets == sorted(set(buckets))
         assert all(1 <= b <= max_requests for b in buckets)
+
+
+def test_a_step_gets_the_smallest_graph_that_holds_it():
+    """Which graph a step replays (graph_shape; no GPU needed): decodes and verify blocks of one count in a bucket,
+    one request's prompt chunk padded up to a prompt graph or a verify block's, anything else eager."""
+    buckets, per_request = batch_buckets(40), (1, BLOCK)
+    lone = lone_sizes(per_request)
+    assert lone == sorted({BLOCK, 16, 32, 64, 128})
+
+    def shape(*q_lens):
+        return graph_shape(list(q_lens), buckets, per_request, lone)
+
+    assert shape(1) == (1, 1) and shape(*[1] * 3) == (4, 1) and shape(*[1] * 17) == (24, 1)
+    assert shape(*[BLOCK] * 5) == (8, BLOCK)
+    assert shape(2) == (1, BLOCK) and shape(BLOCK) == (1, BLOCK)  # a short chunk, and a lone verify block
+    assert shape(BLOCK + 1) == (1, 16) and shape(33) == (1, 64) and shape(128) == (1, 128)
+    assert shape(129) is None, "a chunk longer than the largest prompt graph"
+    assert shape(1, BLOCK) is None and shape(3, 3) is None, "mixed counts, or several prompt chunks"
+    assert shape(*[1] * 41) is None, "more requests than the largest bucket"
+    assert shape() is None
 
 
 @gpu
