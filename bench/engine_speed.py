@@ -221,11 +221,12 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
                        overlap_decode=v.overlap)
     built = build_engine(cfg, lambda serving: None)
     engine = built.engine
-    if engine.runner.graphs is not None:
-        engine.runner.graphs.several_from = v.several_from
-        engine.runner.graphs.cycles_from = v.cycles_from
-        if not v.prompt_graphs:  # a prompt chunk then has a graph only in a verify block's shape, as before
-            engine.runner.graphs.lone_tokens = []
+    graphs = engine.runner.graphs
+    if graphs is not None:
+        graphs.several_from = v.several_from
+        graphs.cycles_from = v.cycles_from
+        if not v.prompt_graphs:  # one request's chunk then has a graph only in a verify block's shape, as before
+            graphs.lone_tokens = [q for q in graphs.tokens_per_request if q > 1]
     engine.start()
     try:
         generate_all(engine, prompts[:2], 8, True, "warm")
