@@ -88,6 +88,8 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
         worker.draft.use_skinny_linear(not cfg.disable_skinny_linear, fuse_norms=not cfg.disable_norm_fusion)
     limits = step_limits(cfg, layout, worker is not None)
     graphed = cfg.device == "cuda" and not cfg.disable_cuda_graph
+    if cfg.alone_prompt_tokens and not graphed:
+        log.warning("--alone-prompt-tokens is off: it needs CUDA graphs (a lone chunk alone would still run eagerly)")
     scheduler = Scheduler(link.session, limits.max_running, limits.chunk, limits.context_len,
                           worker.block if worker else 0, lookahead=limits.lookahead, async_top_ups=True,
                           speculate_below=cfg.speculative_disable_by_batch_size,
