@@ -55,7 +55,6 @@ class Scheduler(MemdCalls):
         self.speculate_below = speculate_below  # verify blocks only while fewer requests run (0: always)
         self.alone_prompt_tokens = alone_prompt_tokens  # a lone prompt chunk this short runs without the decodes
         self.alone_last = False  # the last step ran a prompt chunk alone while requests decoded
-        self._alone_planned = False
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
@@ -89,14 +88,14 @@ class Scheduler(MemdCalls):
         refused: set[tuple] = set()  # plans memd refused this step: a level that changes nothing is not asked again
         admit, level, spec, lean = self.max_running, 0, self._speculating(), not self.lookahead
         while True:
-            plan, admitted = self._plan(level, admit, spec, lean)
+            plan, admitted, alone = self._plan(level, admit, spec, lean)
             if plan:
                 self.left_out = {}
                 answer = self._ask(plan, refused, lean)
                 if answer is not None:
                     plan, admitted = self._leave_out(plan, admitted, hopeless)
                     items = self._commit(plan, admitted, answer)
-                    self.alone_last = self._alone_planned
+                    self.alone_last = alone
                     if not answer and self.async_top_ups:
                         self._send_async(items)
                     return items, hopeless
@@ -192,8 +191,9 @@ class Scheduler(MemdCalls):
         return self.block if spec and r.computed + self.block <= self.context_len else 1
 
     def _plan(self, level: int, admit: int, spec: bool, lean: bool):
-        """(request, tokens, is_decode, tokens to ask memd for) for this step, and the requests newly admitted:
-        level 0 admits up to `admit` waiting requests, level 1 serves running requests only, level 2 decodes."""
+        """(request, tokens, is_decode, tokens to ask memd for) for this step, the requests newly admitted, and whether
+        its one prompt chunk runs alone (the decodes wait): level 0 admits up to `admit` waiting requests, level 1
+        serves running requests only, level 2 decodes."""
         decodes = [(r, self._decode_tokens(r, spec)) for r in self.running if r.pending == 1]
         plan = []
         if level < 2:
@@ -218,14 +218,15 @@ class Scheduler(MemdCalls):
             plan.append((r, take, False, self._extend_ask(r, take, lean)))
             admitted.append(r)
             budget -= take
-        self._alone_planned = bool(decodes) and self._runs_alone(plan)
-        if self._alone_planned:
+        alone = bool(decodes) and self._runs_alone(plan)
+        if alone:
             decodes = []  # they run the next step
         releasing = bool(self.releases or self.cache) and not self.async_top_ups  # else they go out without waiting
         # memd is called anyway (so top-ups join): a plan item asks for positions (not those granted with a match)
         calling = lean or any(ask for *_, ask in plan) or releasing or any(r.computed + n > r.held for r, n in decodes)
         commits = self._outgoing_commits(lean) if calling else {}
-        return [(r, n, True, self._grant(r, n, commits.get(r.rid, r.held), lean, calling)) for r, n in decodes] + plan, admitted
+        grants = [(r, n, True, self._grant(r, n, commits.get(r.rid, r.held), lean, calling)) for r, n in decodes]
+        return grants + plan, admitted, alone
 
     def _runs_alone(self, chunks: list) -> bool:
         """Whether this step's prompt chunks are one short enough to run without the decodes (not twice in a row)."""
