@@ -112,6 +112,11 @@ VARIANTS = [
             lookahead=32, dflash=False, steps=4, overlap=True, prompt_graphs=False),
     Variant("modeld DFLASH as served, prompts eager (before)", graphs=True, lookahead=32, dflash=True, steps=4,
             speculate_below=16, overlap=True, prompt_graphs=False),
+    # DFLASH as served, speculating only below 8 and below 4 running (where does verifying stop paying?)
+    Variant("modeld DFLASH as served, speculation off from 8 running", graphs=True, lookahead=32, dflash=True,
+            steps=4, speculate_below=8, overlap=True),
+    Variant("modeld DFLASH as served, speculation off from 4 running", graphs=True, lookahead=32, dflash=True,
+            steps=4, speculate_below=4, overlap=True),
 ]
 SERVED = {"plain": VARIANTS[12].name, "dflash": VARIANTS[5].name}  # modeld's defaults on CUDA, without and with a draft
 

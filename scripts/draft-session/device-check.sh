@@ -60,7 +60,8 @@ cat "$OUT/idle_release.md"  # batch 1's first tokens: an idle pass's releases se
 python3 -m bench.gc_pause --device cuda 2> /tmp/gc_pause.log | tail -4 > /tmp/gc_pause.md  # heap frozen or not
 python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --variants 2,5,7,10,11,12,13,14,17,18 > "$OUT/engine_speed.md" 2> "/tmp/engine_speed.log"
 grep -v '^{' "$OUT/engine_speed.md" | head -30  # the rest is in the file
-# clients sending requests back to back: a lone arrival's prompt chunk beside the decodes or alone (--alone-prompt-tokens)
+# clients sending requests back to back (4, 8, 16): a lone arrival's prompt chunk beside the decodes or alone
+# (--alone-prompt-tokens), and DFLASH speculating below 16, 8 and 4 running (--speculative-disable-by-batch-size)
 python3 -m bench.clients > /tmp/clients.md 2> /tmp/clients.log
 # where a step's time goes, plain against DFLASH (device-busy against wall time per step; ops by device and host time)
 python3 -m bench.step_profile --batch 1 --new-tokens 64 --rows 40 > "$OUT/profile-b1.txt" 2> "/tmp/profile-b1.log"
@@ -71,4 +72,4 @@ grep -h '###' "$OUT"/profile-b*.txt
 # a batch-1 step's host parts against the device's span, and what makes a graph's launch slow in the engine (40 s)
 python3 -m bench.step_span > "$OUT/span.md" 2> "/tmp/span.log"; cat "$OUT/span.md"
 python3 -m bench.step_span --overlap-decode > "$OUT/span-overlap.md" 2> "/tmp/span-overlap.log"; head -8 "$OUT/span-overlap.md"
-tail -8 /tmp/clients.md; cat /tmp/gc_pause.md  # last, so that the call's output (its last 12,000 characters) holds them
+tail -20 /tmp/clients.md; cat /tmp/gc_pause.md  # last, so that the call's output (its last 12,000 characters) holds them
