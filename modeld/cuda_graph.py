@@ -18,8 +18,8 @@ whole verify step (draft, target, argmax, acceptance, draft K/V of the committed
 replay and one copy of its tokens to the host. Greedy batches also have graphs of k such steps back to back (k in
 `repeats`: powers of two up to --steps-per-replay), each step's inputs made on the device from the one before
 (modeld.step_advance): the host's work and the replay's launch are paid once per k steps (decode steps from 16
-running, verify steps at every batch size). Plain decoding gets them only without DFLASH (with a draft, a plain
-decode also writes the draft's context, outside the graph).
+running, verify steps at every batch size). With DFLASH, the k decode steps of a batch too large to speculate
+also write the draft's context K/V of each step's tokens inside the graph (captured with the draft's graphs).
 """
 
 import logging
@@ -121,7 +121,7 @@ class GraphRunner:
         return max([k for k in self.repeats if k * q <= spare and fused(k)], default=1)
 
     def has_decode_steps(self, bucket: int, k: int) -> bool:
-        """Whether one graph runs k greedy decode steps of this bucket (captured without DFLASH's taps only)."""
+        """Whether one graph runs k greedy decode steps of this bucket (with DFLASH, writing the draft's context)."""
         return (bucket, k) in self.decode_steps
 
     def load(self, host: np.ndarray) -> torch.Tensor:
@@ -227,15 +227,19 @@ class GraphRunner:
             out = steps()
         return graph, out
 
-    def _decode_steps(self, model: CausalLM, batch: ForwardBatch, kv_pool, req_to_token, k: int) -> torch.Tensor:
-        """k greedy decode steps of the batch in the static array, each fed the argmax of the one before: [k, bucket]."""
+    def _decode_steps(self, model: CausalLM, batch: ForwardBatch, kv_pool, req_to_token, k: int,
+                      worker=None) -> torch.Tensor:
+        """k greedy decode steps of the batch in the static array, each fed the argmax of the one before: [k, bucket].
+        With a DFLASH worker, each step also writes the draft's context K/V of its tokens (padding: slot -1, none)."""
         bucket = len(batch.rows)
         ones = torch.ones(bucket, dtype=torch.int64, device=self.static.device)
         out = torch.empty((k, bucket), dtype=torch.int64, device=self.static.device)
         for step in range(k):
             if step:
                 advance_inputs(self.static, bucket, 1, ones, out[step - 1], req_to_token)
-            hidden, _ = model(batch, kv_pool)
+            hidden, captured = model(batch, kv_pool, capture_layers=() if worker is None else worker.taps)
+            if worker is not None:
+                worker.write_context(captured, batch.positions, batch.out_slots)
             out[step] = argmax_rows(model.lm_head(hidden))
         return out
 
@@ -257,7 +261,8 @@ class GraphRunner:
         """(Re)captures the DFLASH draft's propose() per batch bucket of verify steps (q = the block), reading the
         verify items' rows, first positions and last tokens from the static array as the target's graph does; and
         the draft K/V write of the committed prefixes, reading the verify graph's taps and `commit_lengths`; and the
-        greedy cycle (worker.greedy_cycle) over the target of the last capture."""
+        greedy cycle (worker.greedy_cycle) over the target of the last capture; and k greedy decode steps that write
+        the draft's context (a batch too large to speculate)."""
         block = worker.block
         if block not in self.tokens_per_request:
             return
@@ -289,5 +294,10 @@ class GraphRunner:
                 for k in [1, *self.repeats]:
                     self.cycle_graphs[(bucket, k)] = self._capture(stream, bucket, block, lambda: self._cycles(
                         worker, batch, kv_pool, req_to_token, k))
+                if 1 in self.tokens_per_request:
+                    batch = self._batch(bucket, 1, req_to_token)
+                    for k in self.repeats:
+                        self.decode_steps[(bucket, k)] = self._capture(stream, bucket, 1, lambda: self._decode_steps(
+                            worker.target, batch, kv_pool, req_to_token, k, worker))
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()

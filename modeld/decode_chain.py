@@ -1,7 +1,7 @@
 """Several decode steps of one batch launched back to back, with one copy of their tokens to the host at the end:
 the host's work per step (the tokens' copy and wait, commit, output, scheduling, packing) is paid once per k steps.
-It serves the decode batches that the fused k-step graph (modeld.cuda_graph) does not: requests that sample, and a
-target whose decode steps also write DFLASH's draft context (speculation off for a large batch). Each step runs
+It serves the decode batches that the fused k-step graph (modeld.cuda_graph) does not: requests that sample, with
+or without DFLASH's draft context (speculation off for a large batch), and the CPU. Each step runs
 the batch's one-step graph (or the eager forward), picks its tokens on the device (the graph's argmax, or the
 sampler with each request's own generator, drawn in the same order as one step at a time), writes the draft
 context, and moves the packed inputs on by one token on the device (modeld.step_advance); nothing in the chain

@@ -2,7 +2,8 @@
 the tokens at the end) against the same steps one at a time, each packed on the host, from the same pools and
 generators: the same tokens per step (greedy and seeded sampled requests in one batch), the same target K/V and,
 with a DFLASH draft, the same draft context K/V. On the CPU the forward is eager; on the GPU it replays the one-step
-graph of a padded bucket, and the padding request writes nothing."""
+graph of a padded bucket, and the padding request writes nothing. On the GPU, greedy requests of a target with a
+draft also have one graph of k decode steps that writes the draft's context: it matches the steps one at a time too."""
 
 import pathlib
 
@@ -37,7 +38,7 @@ def setup(request, tmp_path_factory):
     (folder / "config.json").write_text((DRAFT / "config.json").read_text())  # dummy weights from the config
     model, _, cfg = load_target(str(TARGET), str(dtype).removeprefix("torch."), device, load_format="dummy")
     draft = load_draft(str(folder), cfg, dtype, device, dummy=True)
-    pools = PagedPools(cfg, pages=64, page_size=16, max_requests=8, dtype=dtype)
+    pools = PagedPools(cfg, pages=64, page_size=16, max_requests=12, dtype=dtype)
     rows = pools.kv.shape[2]
     bound = {
         "target_kv": pools.kv.to(device).nan_to_num_(0.0), "req_to_token": pools.req_to_token.to(device),
@@ -79,6 +80,37 @@ def decode_items(reqs, pools):
     return [StepItem(r, 1, r.row, pools.req_to_token[r.row, r.computed : r.computed + 1].tolist()) for r in reqs]
 
 
+def one_at_a_time(runner, dflash, reqs, pools, params, gens) -> list[list[int]]:
+    """The same steps as a chain of one step each, each packed on the host: the tokens per request."""
+    single = [[] for _ in reqs]
+    for _ in range(STEPS):
+        inputs = runner.prepare(decode_items(reqs, pools))
+        tokens = decode_chain(runner, dflash, inputs, params, gens, 1)[0].tolist()
+        for r, t, out in zip(reqs, tokens, single):
+            r.computed += 1
+            r.output_ids.append(t)
+            out.append(t)
+    return single
+
+
+def check_pools(bound, before, after, with_draft: bool) -> None:
+    """The pools as the steps one at a time left them equal `after`; the draft's context written with a draft only;
+    nothing wrote the sink slot."""
+    for k in after:
+        assert torch.equal(bound[k], after[k]), f"{k} after the chain differs from the steps one at a time"
+    if with_draft:
+        assert not torch.equal(bound["draft_kv"], before["draft_kv"]), "the steps wrote no draft context"
+    else:
+        assert torch.equal(bound["draft_kv"], before["draft_kv"]), "a chain without a draft wrote draft K/V"
+    assert bound["draft_kv"][:, :, 0].eq(0).all() and bound["target_kv"][:, :, 0].eq(0).all(), \
+        "something wrote the sink slot (a padding request writes nothing)"
+
+
+def restore(bound, before) -> None:
+    for k in before:
+        bound[k].copy_(before[k])  # in place: the graphs hold these addresses
+
+
 @pytest.mark.parametrize("with_draft", [True, False], ids=["draft-context", "plain"])
 def test_chained_steps_equal_steps_one_at_a_time(setup, with_draft):
     device, model, cfg, pools, bound, worker, runner = setup
@@ -97,25 +129,26 @@ def test_chained_steps_equal_steps_one_at_a_time(setup, with_draft):
     if device == "cuda":
         assert inputs.graph == (4, 1), "3 requests padded into the bucket of 4"
         assert runner.steps_ahead(decode_items(reqs, pools), inputs) == STEPS
-        assert not runner.has_decode_steps(inputs, STEPS), "a target with taps has no fused graph of k steps"
     chained = decode_chain(runner, dflash, inputs, params, generators(), STEPS).T.tolist()
     after = {k: bound[k].clone() for k in before}
-    for k in before:
-        bound[k].copy_(before[k])  # in place: the graphs hold these addresses
-    gens, single = generators(), [[] for _ in reqs]
-    for _ in range(STEPS):
-        inputs = runner.prepare(decode_items(reqs, pools))
-        tokens = decode_chain(runner, dflash, inputs, params, gens, 1)[0].tolist()
-        for r, t, out in zip(reqs, tokens, single):
-            r.computed += 1
-            r.output_ids.append(t)
-            out.append(t)
-    assert chained == single
-    for k in after:
-        assert torch.equal(bound[k], after[k]), f"{k} after the chain differs from the steps one at a time"
-    if with_draft:
-        assert not torch.equal(bound["draft_kv"], before["draft_kv"]), "the steps wrote no draft context"
-    else:
-        assert torch.equal(bound["draft_kv"], before["draft_kv"]), "a chain without a draft wrote draft K/V"
-    assert bound["draft_kv"][:, :, 0].eq(0).all() and bound["target_kv"][:, :, 0].eq(0).all(), \
-        "something wrote the sink slot (a padding request writes nothing)"
+    restore(bound, before)
+    assert chained == one_at_a_time(runner, dflash, reqs, pools, params, generators())
+    check_pools(bound, before, after, with_draft)
+
+
+def test_one_graph_of_greedy_steps_writes_the_draft_context(setup):
+    """Greedy requests of a target with a draft (speculation off for a large batch): one replay of the graph of
+    STEPS decode steps gives the tokens, target K/V and draft context K/V of the steps one at a time."""
+    device, model, cfg, pools, bound, worker, runner = setup
+    if device != "cuda":
+        pytest.skip("graphs of k decode steps exist on CUDA only")
+    params = [SamplingParams(temperature=0)] * 3
+    reqs = prefilled(setup, rows=(7, 8, 9), lengths=(33, 5, 18), params=params)
+    before = {k: bound[k].clone() for k in ("target_kv", "draft_kv")}
+    inputs = runner.prepare(decode_items(reqs, pools))
+    assert inputs.graph == (4, 1) and runner.has_decode_steps(inputs, STEPS)
+    fused = runner.replay_decode_steps(inputs, STEPS)[:, :3].T.tolist()
+    after = {k: bound[k].clone() for k in before}
+    restore(bound, before)
+    assert fused == one_at_a_time(runner, worker, reqs, pools, params, [None] * 3)
+    check_pools(bound, before, after, with_draft=True)
