@@ -97,6 +97,7 @@ class GraphRunner:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, list[torch.Tensor], torch.Tensor | None]] = {}
         self.draft_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.context_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # bucket -> the draft context of a decode replay
         # (bucket, k) -> (graph, [k, tokens of every block row (bucket * block) | committed lengths (bucket)])
         self.cycle_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.decode_steps: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # k > 1: [k, bucket] argmax
@@ -143,6 +144,10 @@ class GraphRunner:
         self.commit_lengths.zero_()
         self.commit_lengths[: len(lengths)] = lengths
         self.commit_graphs[bucket].replay()
+
+    def replay_context(self, bucket: int) -> None:
+        """Draft K/V of every row of the last replay of the (bucket, 1) decode graph (padding rows write none)."""
+        self.context_graphs[bucket].replay()
 
     def replay_cycles(self, bucket: int, k: int) -> torch.Tensor:
         """k whole greedy verify steps whose first inputs are in the static array: [k, target tokens of every block
@@ -261,14 +266,16 @@ class GraphRunner:
         """(Re)captures the DFLASH draft's propose() per batch bucket of verify steps (q = the block), reading the
         verify items' rows, first positions and last tokens from the static array as the target's graph does; and
         the draft K/V write of the committed prefixes, reading the verify graph's taps and `commit_lengths`; and the
-        greedy cycle (worker.greedy_cycle) over the target of the last capture; and k greedy decode steps that write
-        the draft's context (a batch too large to speculate)."""
+        greedy cycle (worker.greedy_cycle) over the target of the last capture; and, for decode steps (a batch too
+        large to speculate), the draft context K/V write of a one-step replay, reading its taps, and k greedy decode
+        steps that write it."""
         block = worker.block
         if block not in self.tokens_per_request:
             return
         self.draft_graphs.clear()
         self.commit_graphs.clear()
         self.cycle_graphs.clear()
+        self.context_graphs.clear()
         kv_pool, req_to_token = self.pools
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -295,7 +302,10 @@ class GraphRunner:
                     self.cycle_graphs[(bucket, k)] = self._capture(stream, bucket, block, lambda: self._cycles(
                         worker, batch, kv_pool, req_to_token, k))
                 if 1 in self.tokens_per_request:
+                    _, _, captured, _ = self.graphs[(bucket, 1)]
                     batch = self._batch(bucket, 1, req_to_token)
+                    self.context_graphs[bucket] = self._capture(stream, bucket, 1, lambda: worker.write_context(
+                        captured, batch.positions, batch.out_slots))[0]
                     for k in self.repeats:
                         self.decode_steps[(bucket, k)] = self._capture(stream, bucket, 1, lambda: self._decode_steps(
                             worker.target, batch, kv_pool, req_to_token, k, worker))

@@ -71,6 +71,12 @@ class DflashWorker:
         """The step replays the target's verify graph with every item verifying: the draft's graphs serve it."""
         return self.graphs is not None and inputs.graph is not None and len(inputs.verify) == len(inputs.offsets)
 
+    def _graphed_decode(self, inputs: StepInputs) -> bool:
+        """The step replayed a one-token graph (every item decodes or is a one-token chunk): its context graph
+        writes the draft K/V of every row."""
+        return self.graphs is not None and inputs.graph is not None and inputs.graph[1] == 1 \
+            and inputs.graph[0] in self.graphs.context_graphs
+
     def replay_greedy_cycles(self, inputs: StepInputs, k: int) -> torch.Tensor | None:
         """k whole verify steps of greedy requests from one graph, when the step has one: [k, target tokens of every
         block row (bucket * B) | committed lengths (bucket)] on the device; None otherwise."""
@@ -90,7 +96,9 @@ class DflashWorker:
         """Draft K/V of what the target computed: every token of plain items, the committed prefix of each verified
         block (target: the target's tokens at the verify rows [V * B]). Returns the committed lengths [V]."""
         plain = [i for i in range(len(out.offsets)) if i not in set(inputs.verify)]
-        if plain:
+        if plain and self._graphed_decode(inputs):
+            self.graphs.replay_context(inputs.graph[0])
+        elif plain:
             rows = out.rows_of(plain)
             self.write_context([c[rows] for c in out.captured], out.positions[rows], out.slots[rows])
         if not inputs.verify:

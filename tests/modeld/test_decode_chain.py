@@ -152,3 +152,24 @@ def test_one_graph_of_greedy_steps_writes_the_draft_context(setup):
     restore(bound, before)
     assert fused == one_at_a_time(runner, worker, reqs, pools, params, [None] * 3)
     check_pools(bound, before, after, with_draft=True)
+
+
+def test_a_decode_replay_writes_the_draft_context_through_its_graph(setup):
+    """A one-step decode replay of a target with a draft: the context graph writes the same draft K/V as the eager
+    write of the step's rows (it did that eagerly before: about 25 launches a step)."""
+    device, model, cfg, pools, bound, worker, runner = setup
+    if device != "cuda":
+        pytest.skip("graphs exist on CUDA only")
+    reqs = prefilled(setup, rows=(10, 11), lengths=(21, 6), params=[SamplingParams(temperature=0)] * 2)
+    before = bound["draft_kv"].clone()
+    inputs = runner.prepare(decode_items(reqs, pools))
+    assert inputs.graph == (2, 1)
+    out = runner.forward(inputs)
+    worker.after_forward(inputs, out, None, None)
+    graphed = bound["draft_kv"].clone()
+    bound["draft_kv"].copy_(before)
+    rows = out.rows_of([0, 1])
+    worker.write_context([c[rows] for c in out.captured], out.positions[rows], out.slots[rows])
+    assert not torch.equal(graphed, before), "the context graph wrote nothing"
+    assert torch.equal(bound["draft_kv"], graphed)
+    assert graphed[:, :, 0].eq(0).all(), "a padding row wrote the sink slot"
