@@ -1,9 +1,10 @@
 """Clients that each send their next request when their last one completed, so that arrivals come one at a time
 while the others decode (as users' do; bench.engine_speed's concurrent runs send a batch at once and wait for all of
-it): tokens/s and first tokens, modeld's engine as served against --alone-prompt-tokens 128 (a lone arrival's prompt
-chunk in a step of its own, replaying a graph of one request, instead of an eager step of the whole batch), plain
-and DFLASH, and DFLASH speculating only below each of --speculate-below's batch sizes, in one run, for each number
-of clients. Ratios are against plain as served with as many clients.
+it): tokens/s and first tokens, modeld's engine as served (a lone arrival's prompt chunk in a step of its own,
+replaying a graph of one request: --alone-prompt-tokens 128 on CUDA) against every prompt chunk beside the decodes
+in an eager step of the whole batch (--alone-prompt-tokens 0, as before), plain and DFLASH, and DFLASH as served
+speculating only below each of --speculate-below's batch sizes, in one run, for each number of clients. Ratios are
+against plain as served with as many clients.
 
     python -m bench.clients [--target DIR] [--load-format dummy] [--draft DIR|none] [--clients 4,8,16]
         [--requests 64] [--new-tokens 128] [--ignore-eos] [--speculate-below 16,8,4]
@@ -23,21 +24,21 @@ import torch
 from bench.engine_speed import add_model_arguments, generate_all, memd_args, prompts_for
 from bench.in_process import running_engine
 from bench.memd_process import memd_process
-from modeld.config import PROMPT_TOKENS, ModeldConfig
+from modeld.config import ModeldConfig
 from modeld.fetch_default import ensure_default_model
 
 DEFAULTS = ModeldConfig(device="cuda", memd="", target_model="")
 
 
-def configs(speculate_below: list[int]) -> list[tuple[str, bool, int, int]]:
-    """(name, with the draft, --alone-prompt-tokens, --speculative-disable-by-batch-size), plain as served first."""
-    alone, below = max(PROMPT_TOKENS), DEFAULTS.speculative_disable_by_batch_size
-    served = DEFAULTS.alone_prompt_tokens
-    rows = [("plain as served", False, served, 0),
-            ("plain, prompt chunks beside the decodes", False, 0, 0) if served else
-            ("plain, a lone prompt chunk alone", False, alone, 0), ("DFLASH as served", True, served, below)]
-    return rows + [(f"DFLASH, a lone prompt chunk alone, speculation off from {n} running", True, alone, n)
-                   for n in speculate_below]
+def configs(speculate_below: list[int]) -> list[tuple[str, bool, int | None, int]]:
+    """(name, with the draft, --alone-prompt-tokens (None: modeld's default), --speculative-disable-by-batch-size),
+    plain as served first."""
+    below = DEFAULTS.speculative_disable_by_batch_size
+    rows = [("plain as served", False, None, 0), ("plain, prompt chunks beside the decodes (before)", False, 0, 0),
+            ("DFLASH as served", True, None, below),
+            ("DFLASH, prompt chunks beside the decodes (before)", True, 0, below)]
+    return rows + [(f"DFLASH as served, speculation off from {n} running", True, None, n)
+                   for n in speculate_below if n != below]
 
 
 def run_clients(engine, prompts: list[list[int]], clients: int, args, ignore_eos: bool,

@@ -33,9 +33,10 @@ class ModeldConfig:
     # CPU the queued step would run before the last one streams: later tokens, no overlap)
     overlap_decode: bool | None = None
     # with CUDA graphs: a lone prompt chunk of at most this many tokens runs in a step of its own while requests
-    # decode (a graph of one request instead of an eager step of the batch); 0: off
-    alone_prompt_tokens: int = 0
-    speculative_disable_by_batch_size: int = 16  # DFLASH verifies only while fewer requests run (0: always)
+    # decode (a graph of one request instead of an eager step of the batch); 0: off; None: the largest prompt graph
+    # with CUDA graphs, else off
+    alone_prompt_tokens: int | None = None
+    speculative_disable_by_batch_size: int = 8  # DFLASH verifies only while fewer requests run (0: always)
     max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
     stream_interval: int = 1  # new tokens a stream's chunk waits for (the last goes when the request ends)
     connect_timeout: float = 60.0
@@ -64,7 +65,7 @@ class ModeldConfig:
             raise ValueError("--decode-lookahead must be >= 0")
         if self.steps_per_replay < 1:
             raise ValueError("--steps-per-replay must be >= 1")
-        if not 0 <= self.alone_prompt_tokens <= max(PROMPT_TOKENS):
+        if self.alone_prompt_tokens is not None and not 0 <= self.alone_prompt_tokens <= max(PROMPT_TOKENS):
             raise ValueError(f"--alone-prompt-tokens must lie in [0, {max(PROMPT_TOKENS)}] (the largest prompt graph)")
         if self.speculative_disable_by_batch_size < 0:
             raise ValueError("--speculative-disable-by-batch-size must be >= 0")
@@ -89,10 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-algorithm", choices=["none", "dflash"],
                    help="default: dflash when there is a draft (given or by default), else none")
     p.add_argument("--num-draft-tokens", type=int, help="DFLASH block size (default: the draft's block_size)")
-    p.add_argument("--speculative-disable-by-batch-size", type=int, default=16,
+    p.add_argument("--speculative-disable-by-batch-size", type=int, default=8,
                    help="DFLASH verifies blocks only while fewer requests than this run; a larger batch decodes "
-                        "plainly (measured on the H200 with the shipped draft: DFLASH wins at batch 1 and loses from "
-                        "16 concurrent on: BENCHMARKS.md); 0: always speculate")
+                        "plainly, still writing the draft's context (with the shipped draft on an H100, clients "
+                        "sending requests back to back: 8 beat 16 and 4; BENCHMARKS.md); 0: always speculate")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
                    help="auto: memd's KV dtype (memd's --kv-cache-dtype must match any other choice)")
@@ -127,12 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="commit each plain decode step before queueing the next (default on CUDA: the next step of "
                         "an unchanged batch is queued on the device first, so the host commits and streams one step "
                         "while the GPU computes the next)")
-    p.add_argument("--alone-prompt-tokens", type=int, default=0,
+    p.add_argument("--alone-prompt-tokens", type=int,
                    help="with CUDA graphs, run a lone prompt chunk of at most this many tokens (up to 128) in a step "
                         "of its own while requests decode: it replays a graph of one request instead of an eager "
-                        "step of the whole batch, and the decodes wait that step (never two in a row). It pays where "
-                        "an eager step is mostly kernel launches (a small model) and costs a step where the forward "
-                        "reads weights for most of its time (a large one). Default 0: off")
+                        "step of the whole batch, and the decodes wait that step (never two in a row). It paid "
+                        "1.03-1.20x tokens/s for the default model, plain and DFLASH, on an H100 (BENCHMARKS.md); for "
+                        "a large model it may cost a step per arrival (not measured). 0: off. Default: 128 with CUDA "
+                        "graphs, else off")
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for memd at start")
     add_metrics_arguments(p)
     p.add_argument("--log-level", default="INFO")

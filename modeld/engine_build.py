@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from modeld.config import ModeldConfig
+from modeld.config import PROMPT_TOKENS, ModeldConfig
 from modeld.cuda_graph import GraphRunner
 from modeld.dflash import DflashWorker
 from modeld.draft import load_draft
@@ -88,12 +88,13 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
         worker.draft.use_skinny_linear(not cfg.disable_skinny_linear, fuse_norms=not cfg.disable_norm_fusion)
     limits = step_limits(cfg, layout, worker is not None)
     graphed = cfg.device == "cuda" and not cfg.disable_cuda_graph
-    if cfg.alone_prompt_tokens and not graphed:
+    if cfg.alone_prompt_tokens and not graphed:  # asked for (None: the default, which follows the graphs)
         log.warning("--alone-prompt-tokens is off: it needs CUDA graphs (a lone chunk alone would still run eagerly)")
+    alone = (max(PROMPT_TOKENS) if cfg.alone_prompt_tokens is None else cfg.alone_prompt_tokens) if graphed else 0
     scheduler = Scheduler(link.session, limits.max_running, limits.chunk, limits.context_len,
                           worker.block if worker else 0, lookahead=limits.lookahead, async_top_ups=True,
                           speculate_below=cfg.speculative_disable_by_batch_size,
-                          alone_prompt_tokens=cfg.alone_prompt_tokens if graphed else 0)
+                          alone_prompt_tokens=alone)
     graphs = None
     if graphed:
         graphs = GraphRunner(layout.max_running_requests, (1, worker.block) if worker else (1,), FIELDS, cfg.device,

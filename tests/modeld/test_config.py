@@ -55,7 +55,7 @@ def test_stream_interval():
 
 
 def test_speculation_off_from_a_batch_size():
-    assert config_from_args([*ADDRESSES, "--device", "cpu"]).speculative_disable_by_batch_size == 16
+    assert config_from_args([*ADDRESSES, "--device", "cpu"]).speculative_disable_by_batch_size == 8
     flags = [*ADDRESSES, "--device", "cpu", "--speculative-disable-by-batch-size"]
     assert config_from_args([*flags, "0"]).speculative_disable_by_batch_size == 0
     with pytest.raises(ValueError, match="must be >= 0"):
@@ -71,9 +71,10 @@ def test_decode_overlaps_on_cuda_unless_disabled():
     assert not overlaps("--device", "cpu")  # a step queued ahead would run before the last one streams
 
 
-def test_alone_prompt_tokens_is_off_by_default_and_bounded_by_the_largest_prompt_graph():
+def test_alone_prompt_tokens_follows_the_graphs_by_default_and_is_bounded_by_the_largest_prompt_graph():
     flags = [*ADDRESSES, "--device", "cpu"]
-    assert config_from_args(flags).alone_prompt_tokens == 0
+    assert config_from_args(flags).alone_prompt_tokens is None  # the engine: 128 with CUDA graphs, else 0
+    assert config_from_args([*flags, "--alone-prompt-tokens", "0"]).alone_prompt_tokens == 0
     assert config_from_args([*flags, "--alone-prompt-tokens", "128"]).alone_prompt_tokens == 128
     for bad in ("-1", "129"):
         with pytest.raises(ValueError, match=r"--alone-prompt-tokens must lie in \[0, 128\]"):
