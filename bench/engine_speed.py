@@ -68,8 +68,8 @@ VARIANTS = [
     Variant("modeld DFLASH graphs + lookahead", graphs=True, lookahead=32, dflash=True),
     # four verify steps reach 64 positions: a lookahead of 32 would rarely hold them (memd runs with 96 for this one)
     Variant("modeld DFLASH graphs + lookahead 96, 4 steps a replay", graphs=True, lookahead=96, dflash=True, steps=4),
-    Variant("modeld DFLASH as served by default (4 steps a replay, speculation off from 8 running)", graphs=True,
-            lookahead=32, dflash=True, steps=4, speculate_below=8, overlap=True),
+    Variant("modeld DFLASH as served by default (4 steps a replay, speculation off from 16 running)", graphs=True,
+            lookahead=32, dflash=True, steps=4, speculate_below=16, overlap=True),
     # the same one step at a time: how a batch too large to speculate decoded until plain decodes with a draft's
     # context ran several steps as a chain (modeld.decode_chain)
     Variant("modeld DFLASH as served, one step at a time", graphs=True, lookahead=32, dflash=True, steps=1,
@@ -112,9 +112,9 @@ VARIANTS = [
             lookahead=32, dflash=False, steps=4, overlap=True, prompt_graphs=False),
     Variant("modeld DFLASH as served, prompts eager (before)", graphs=True, lookahead=32, dflash=True, steps=4,
             speculate_below=16, overlap=True, prompt_graphs=False),
-    # DFLASH as served, speculating below 16 running (the default until the twentieth session) and below 4
-    Variant("modeld DFLASH as served, speculation off from 16 running (before)", graphs=True, lookahead=32,
-            dflash=True, steps=4, speculate_below=16, overlap=True),
+    # DFLASH as served, speculating only below 8 and below 4 running (where does verifying stop paying?)
+    Variant("modeld DFLASH as served, speculation off from 8 running", graphs=True, lookahead=32, dflash=True,
+            steps=4, speculate_below=8, overlap=True),
     Variant("modeld DFLASH as served, speculation off from 4 running", graphs=True, lookahead=32, dflash=True,
             steps=4, speculate_below=4, overlap=True),
 ]

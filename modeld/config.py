@@ -36,7 +36,7 @@ class ModeldConfig:
     # decode (a graph of one request instead of an eager step of the batch); 0: off; None: the largest prompt graph
     # with CUDA graphs, else off
     alone_prompt_tokens: int | None = None
-    speculative_disable_by_batch_size: int = 8  # DFLASH verifies only while fewer requests run (0: always)
+    speculative_disable_by_batch_size: int = 16  # DFLASH verifies only while fewer requests run (0: always)
     max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
     stream_interval: int = 1  # new tokens a stream's chunk waits for (the last goes when the request ends)
     connect_timeout: float = 60.0
@@ -90,10 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-algorithm", choices=["none", "dflash"],
                    help="default: dflash when there is a draft (given or by default), else none")
     p.add_argument("--num-draft-tokens", type=int, help="DFLASH block size (default: the draft's block_size)")
-    p.add_argument("--speculative-disable-by-batch-size", type=int, default=8,
+    p.add_argument("--speculative-disable-by-batch-size", type=int, default=16,
                    help="DFLASH verifies blocks only while fewer requests than this run; a larger batch decodes "
-                        "plainly, still writing the draft's context (with the shipped draft on an H100, clients "
-                        "sending requests back to back: 8 beat 16 and 4; BENCHMARKS.md); 0: always speculate")
+                        "plainly, still writing the draft's context (with the shipped draft DFLASH wins at batch 1 "
+                        "and loses with many requests running: BENCHMARKS.md); 0: always speculate")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
                    help="auto: memd's KV dtype (memd's --kv-cache-dtype must match any other choice)")

@@ -58,7 +58,7 @@ cat "$OUT/memd_waits.md"  # 20 admissions at batch 1: what each costs in the eng
 python3 -m bench.idle_release --device cuda --rounds 4 > "$OUT/idle_release.md" 2> /tmp/idle_release.log
 cat "$OUT/idle_release.md"  # batch 1's first tokens: an idle pass's releases sent ahead against waited for
 python3 -m bench.gc_pause --device cuda 2> /tmp/gc_pause.log | tail -4 > /tmp/gc_pause.md  # heap frozen or not
-python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --variants 2,5,7,10,11,12,13,14,17,18,19 > "$OUT/engine_speed.md" 2> "/tmp/engine_speed.log"
+python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --variants 2,5,7,10,11,12,13,14,17,18,19,20 > "$OUT/engine_speed.md" 2> "/tmp/engine_speed.log"
 grep -v '^{' "$OUT/engine_speed.md" | head -30  # the rest is in the file
 # clients sending requests back to back (4, 8, 16): a lone arrival's prompt chunk beside the decodes or alone
 # (--alone-prompt-tokens), and DFLASH speculating below 16, 8 and 4 running (--speculative-disable-by-batch-size)
