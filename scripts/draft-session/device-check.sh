@@ -6,6 +6,7 @@
 # With the argument `model`, the model suite and the shipped draft alone (about 500 s, a call of its own).
 # With the argument `suites`, the tests alone (a session that trains a draft and changed the hot path only a little).
 # With `speed`, the benchmarks alone: the second of two calls on one held machine (the whole run passes 600 s).
+# With `threshold`, where DFLASH with the shipped draft stops paying, by batch size (--speculative-disable-by-batch-size).
 # With the argument `dummy`, on a bare machine (carry .whl only: no model parts, no set-up), what needs no real
 # weights: the fused kernels' tests, their timing against the launches they replace (with a tile sweep at one row
 # and at 16; at 64 and 256 rows, against modeld's unfused path there) and the 8B geometry's batch-1 step profile
@@ -39,6 +40,16 @@ if [ "${1:-}" = dummy-speed ]; then
         --load-format dummy --concurrency 16 --batch1 2 --new-tokens 256 --ignore-eos --skip-hf --variants 8,10 \
         > "$OUT/engine_speed_8b.md" 2> "/tmp/engine_speed_8b.log"
     grep -v "^{" "$OUT/engine_speed_8b.md"  # cut off at 560 s, the rows of the variants that ran are in the file
+    exit 0
+fi
+if [ "${1:-}" = threshold ]; then  # where DFLASH stops paying: needs the model (parts), about 400 s
+    # every request decodes 128 tokens (--ignore-eos), so a batch keeps its size to the end: DFLASH speculating at every
+    # size (variant 4) against plain as served (12) per batch size, and DFLASH as served (5) beside them
+    timeout 300 python3 -m bench.engine_speed --concurrency 2,4,8,12,16 --batch1 2 --rounds 3 --ignore-eos --skip-hf \
+        --variants 4,5,12 > "$OUT/threshold.md" 2> /tmp/threshold.log
+    grep -v '^{' "$OUT/threshold.md" | head -12
+    # clients back to back: DFLASH as served against speculation off from 8 and 4, everything else as served
+    timeout 280 python3 -m bench.clients --clients 8,16 > "$OUT/clients.md" 2> /tmp/clients.log; cat "$OUT/clients.md"
     exit 0
 fi
 if [ "${1:-}" != speed ]; then  # `device-check.sh speed`: the benchmarks alone, after a `suites` call on this machine
