@@ -29,13 +29,10 @@ from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
 from modeld.fetch_default import ensure_default_model
 
-DEFAULTS = ModeldConfig(device="cuda", memd="", target_model="")
-
-
 def configs(speculate_below: list[int]) -> list[tuple[str, bool, int | None, int]]:
     """(name, with the draft, --alone-prompt-tokens (None: modeld's default), --speculative-disable-by-batch-size),
     plain as served first."""
-    below = DEFAULTS.speculative_disable_by_batch_size
+    below = ModeldConfig.speculative_disable_by_batch_size  # the field's default
     rows = [("plain as served", False, None, 0), ("plain, prompt chunks beside the decodes (before)", False, 0, 0),
             ("DFLASH as served", True, None, below),
             ("DFLASH, prompt chunks beside the decodes (before)", True, 0, below)]

@@ -13,6 +13,7 @@ backend only.
 """
 
 import argparse
+import contextlib
 import multiprocessing
 import statistics
 import time
@@ -39,6 +40,24 @@ def keep_gpu_busy(ready, stop) -> None:
         for _ in range(300):
             x = torch.relu(x @ w) * 0.01
         torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def gpu_load(busy: bool):
+    """With `busy`, another process keeps the GPU busy (keep_gpu_busy) until the block ends; else nothing."""
+    if not busy:
+        yield
+        return
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    load = ctx.Process(target=keep_gpu_busy, args=(ready, stop))
+    load.start()
+    ready.wait(120)
+    try:
+        yield
+    finally:
+        stop.set()
+        load.join(60)
 
 
 def admit_and_release(session: MemdSession, rid: str, send) -> list[float]:
@@ -111,7 +130,6 @@ def main() -> None:
     parser.add_argument("--target", default="bench/configs/llama3-8b")
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
-    ctx = multiprocessing.get_context("spawn")
     bursts = []
     print("| memd backend | GPU | " + " | ".join(f"{name} p50 / p90 ms" for name in CALLS) + " |")
     print("|---|---|" + "---|" * len(CALLS))
@@ -119,18 +137,9 @@ def main() -> None:
         with memd_process("--device", device, "--target-model", args.target, "--max-total-tokens", "65536",
                           "--max-running-requests", "64", "--kv-cache-dtype", "bfloat16") as address:
             for busy in (False, True) if device == "cuda" else (False,):
-                ready, stop = ctx.Event(), ctx.Event()
-                load = ctx.Process(target=keep_gpu_busy, args=(ready, stop)) if busy else None
-                if load:
-                    load.start()
-                    ready.wait(120)
-                try:  # both timings under the same load (the bursts' row carries this row's GPU label)
+                with gpu_load(busy):  # both timings under the same load (the bursts' row carries this row's GPU label)
                     times = time_calls(address, args.calls)
                     burst_times = time_bursts(address, max(20, args.calls // 10))
-                finally:
-                    if load:
-                        stop.set()
-                        load.join(60)
                 gpu = "none" if device == "cpu" and not torch.cuda.is_available() else "busy" if busy else "idle"
                 print(f"| {device} | {gpu} | " + " | ".join(map(quantiles, times.values())) + " |", flush=True)
                 bursts.append((device, gpu, burst_times))

@@ -1,6 +1,6 @@
 """memd's table publication on the GPU (memd.buffers.CudaBuffers.sync), in process, with the GPU idle and with another
-process keeping it busy (as modeld's steps do): the whole call's host time, and its parts. A call here writes what
-an Alloc of 16 tokens writes (16 req_to_token entries and 16 target_to_draft entries).
+process keeping it busy (as modeld's steps do): the call's host time. A call here writes what an Alloc of 16 tokens
+writes (16 req_to_token entries and 16 target_to_draft entries).
 
     python -m bench.table_sync [--calls 300]
 
@@ -8,12 +8,11 @@ Needs a GPU (CuPy). Prints milliseconds, median and 90th percentile.
 """
 
 import argparse
-import multiprocessing
 import time
 
 import numpy as np
 
-from bench.memd_latency import keep_gpu_busy, quantiles
+from bench.memd_latency import gpu_load, quantiles
 from memd.buffers import CudaBuffers
 
 
@@ -42,23 +41,13 @@ def main() -> None:
     buffers = CudaBuffers(0)
     buffers.create_table("req_to_token", [64, 4096])
     buffers.create_table("target_to_draft", [65536])
-    time_sync(buffers, 20)  # warm: kernel loaded, pinned pools
-    ctx = multiprocessing.get_context("spawn")
+    time_sync(buffers, 20)  # warm: the scatter kernel loaded, CuPy's pools filled
     print("| GPU | sync (ms) median / p90 |\n|---|---|")
     for busy in (False, True):
-        ready, stop = ctx.Event(), ctx.Event()
-        load = ctx.Process(target=keep_gpu_busy, args=(ready, stop)) if busy else None
-        if load:
-            load.start()
-            ready.wait()
-            time.sleep(1.0)
-        times = time_sync(buffers, args.calls)
-        if load:
-            stop.set()
-            load.join()
+        with gpu_load(busy):
+            times = time_sync(buffers, args.calls)
         print(f"| {'busy' if busy else 'idle'} | {quantiles(times)} |")
     buffers.close()
-
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ plan). A request is admitted from the usable cached prefix memd matches for it (
 arrivals in one MatchPrefixBatch): only the rest is prefilled. An arrival whose prompt fits the step, with no
 earlier admission of the step asking memd after it, asks memd to grant the prompt (and the lookahead) in that same
 call, so that a lone arrival or a burst is admitted in one round trip.
-With `alone_prompt_tokens` (modeld's --alone-prompt-tokens, off by default; with CUDA graphs only), a lone prompt
+With `alone_prompt_tokens` (modeld's --alone-prompt-tokens: 128 by default with CUDA graphs, else off), a lone prompt
 chunk that short runs in a step of its own while requests decode: it then replays a graph of one request instead
 of an eager forward of the whole batch (mostly kernel launches for a small model), and the decodes wait that one
 step; never two such steps in a row, so a stream of arrivals cannot hold them back.
