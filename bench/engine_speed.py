@@ -1,11 +1,11 @@
 """Decode speed of modeld's engine, side by side in one run: Hugging Face `generate`, modeld as it ran before graphs
 (eager, one memd call per step), modeld with CUDA graphs and decode slots granted ahead, and DFLASH; at batch 1 and
 at each --concurrency; with a per-step breakdown (forward, draft, sampling, memd, host) and MBU; and, for the graph
-configurations, requests that sample (temperature 0.8) at batch 1 and 16. The graph configurations run one decode
+configurations, requests that sample (temperature 0.8) at each --sampled-concurrency (batch 1 and 16). The graph configurations run one decode
 step (or DFLASH verify step) per replay, and again with up to 4 per replay (modeld's default, --steps-per-replay).
 
     python -m bench.engine_speed [--target DIR] [--load-format dummy] [--draft DIR|none] [--new-tokens 128] [--ignore-eos]
-        [--concurrency 16,64] [--rounds 3] [--page 16] [--ratio 0.25] [--skip-hf] [--variants 1,2,...]
+        [--concurrency 16,64] [--sampled-concurrency 1,16] [--rounds 3] [--page 16] [--ratio 0.25] [--skip-hf] [--variants 1,2,...]
 
 One memd (a child process, on the GPU, with a bounded draft pool when there is a draft) serves every modeld
 configuration in turn; each modeld runs in this process (its engine thread, no gRPC), so the breakdown can time
@@ -246,8 +246,8 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
         for c in args.concurrency:
             tokens, seconds, _ = run_batches(engine, c, prompts, args, ignore_eos, f"c{c}")
             row[f"c{c}"] = tokens / seconds
-        if v.graphs:  # sampled requests at batch 1 and 16: DFLASH's split path against plain decoding
-            for c in (1, 16):
+        if v.graphs:  # sampled requests: DFLASH's split path against plain decoding
+            for c in args.sampled_concurrency:
                 tokens, seconds, verifies = run_batches(engine, c, prompts, args, ignore_eos, f"t{c}", SAMPLED_TEMPERATURE)
                 row[f"sampled{c}"] = tokens / seconds
                 row[f"sampled_accept{c}"] = tokens / verifies if verifies else None
@@ -332,14 +332,15 @@ def report(rows: list[dict], hf: float | None, args) -> str:
             lines.append(f"| {r['name']} | {c} | {b['step']:.2f} | {b['forward']:.2f} | {b['draft']:.2f} | "
                          f"{b['sampling']:.2f} | {b['memd']:.3f} | {b['host']:.2f} | {b['memd'] / b['step']:.1%} | "
                          f"{b['memd_calls_per_100_steps']:.1f} | {b['memd_idle']:.3f} | {step_mbu} |")
+    sampled = args.sampled_concurrency
     lines += ["", f"Sampled requests (temperature {SAMPLED_TEMPERATURE}, top-p {SAMPLED_TOP_P}, seeded), same run:", "",
-              "| config | accept length, batch 1 | batch 1 tok/s | x plain | accept length, 16 | 16 concurrent tok/s | x plain |",
-              "|---|---|---|---|---|---|---|"]
+              "| config | " + " | ".join(f"accept length, {c} | {c} concurrent tok/s | x plain" for c in sampled) + " |",
+              "|---|" + "---|---|---|" * len(sampled)]
     for r in rows:
-        if "sampled1" in r:
-            accepts = ["-" if r[f"sampled_accept{c}"] is None else f"{r[f'sampled_accept{c}']:.2f}" for c in (1, 16)]
-            lines.append(f"| {r['name']} | {accepts[0]} | {r['sampled1']:.1f} | {r['sampled1'] / plain['sampled1']:.2f} | "
-                         f"{accepts[1]} | {r['sampled16']:.1f} | {r['sampled16'] / plain['sampled16']:.2f} |")
+        if f"sampled{sampled[0]}" in r:
+            cells = [f"{'-' if r[f'sampled_accept{c}'] is None else format(r[f'sampled_accept{c}'], '.2f')} | "
+                     f"{r[f'sampled{c}']:.1f} | {r[f'sampled{c}'] / plain[f'sampled{c}']:.2f}" for c in sampled]
+            lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
     for spec in (r for r in rows if r["accept"] and r["always_speculates"]):  # against plain at as many steps a replay
         same = next(r for r in rows if r["graphs"] and not r["accept"] and r["steps"] == spec["steps"])
         for c in (1, 16):
@@ -366,6 +367,7 @@ def main(argv=None) -> int:
                         "move tokens/s by more than a kernel-level change")
     p.add_argument("--batch1", type=int, default=4, help="prompts answered one at a time")
     p.add_argument("--concurrency", default="16,64")
+    p.add_argument("--sampled-concurrency", default="1,16", help="concurrencies of the sampled requests' runs")
     p.add_argument("--rounds", type=int, default=3, help="batches per concurrency above 1, each timed and summed")
     p.add_argument("--page", type=int, default=16)
     p.add_argument("--ratio", type=float, default=0.25)
@@ -376,6 +378,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the rows here too")
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.sampled_concurrency = [int(c) for c in args.sampled_concurrency.split(",")]
     args.target = args.target or str(ensure_default_model())
     draft = None if args.draft == "none" else args.draft
     ignore_eos = args.load_format == "dummy" or args.ignore_eos

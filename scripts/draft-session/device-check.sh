@@ -44,10 +44,11 @@ if [ "${1:-}" = dummy-speed ]; then
 fi
 if [ "${1:-}" = threshold ]; then  # where DFLASH stops paying: needs the model (parts), about 400 s
     # every request decodes 128 tokens (--ignore-eos), so a batch keeps its size to the end: DFLASH speculating at every
-    # size (variant 4) against plain as served (12) per batch size, and DFLASH as served (5) beside them
-    timeout 300 python3 -m bench.engine_speed --concurrency 2,4,8,12,16 --batch1 2 --rounds 3 --ignore-eos --skip-hf \
-        --variants 4,5,12 > "$OUT/threshold.md" 2> /tmp/threshold.log
-    grep -v '^{' "$OUT/threshold.md" | head -12
+    # size (variant 4) against plain as served (12) per batch size, and DFLASH as served (5) beside them; greedy, then
+    # sampled (temperature 0.8: a lower accept length, verified one step a replay)
+    timeout 300 python3 -m bench.engine_speed --concurrency 2,4,8,12,16 --sampled-concurrency 1,2,4,8,12,16 --batch1 2 \
+        --rounds 3 --ignore-eos --skip-hf --variants 4,5,12 > "$OUT/threshold.md" 2> /tmp/threshold.log
+    grep -v '^{' "$OUT/threshold.md" | head -12; grep -A6 '^Sampled' "$OUT/threshold.md"
     # clients back to back: DFLASH as served against speculation off from 8 and 4, everything else as served
     timeout 280 python3 -m bench.clients --clients 8,16 > "$OUT/clients.md" 2> /tmp/clients.log; cat "$OUT/clients.md"
     exit 0
