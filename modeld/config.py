@@ -37,6 +37,8 @@ class ModeldConfig:
     # with CUDA graphs, else off
     alone_prompt_tokens: int | None = None
     speculative_disable_by_batch_size: int = 16  # DFLASH verifies only while fewer requests run (0: always)
+    # the same while any running request samples; None: speculative_disable_by_batch_size
+    speculative_disable_sampled_by_batch_size: int | None = None
     max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
     stream_interval: int = 1  # new tokens a stream's chunk waits for (the last goes when the request ends)
     connect_timeout: float = 60.0
@@ -69,6 +71,8 @@ class ModeldConfig:
             raise ValueError(f"--alone-prompt-tokens must lie in [0, {max(PROMPT_TOKENS)}] (the largest prompt graph)")
         if self.speculative_disable_by_batch_size < 0:
             raise ValueError("--speculative-disable-by-batch-size must be >= 0")
+        if self.speculative_disable_sampled_by_batch_size is not None and self.speculative_disable_sampled_by_batch_size < 0:
+            raise ValueError("--speculative-disable-sampled-by-batch-size must be >= 0")
         if self.stream_interval < 1:
             raise ValueError("--stream-interval must be >= 1")
         if self.max_open_streams is not None and self.max_open_streams < 1:
@@ -94,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DFLASH verifies blocks only while fewer requests than this run; a larger batch decodes "
                         "plainly, still writing the draft's context (with the shipped draft DFLASH wins at batch 1 "
                         "and loses with many requests running: BENCHMARKS.md); 0: always speculate")
+    p.add_argument("--speculative-disable-sampled-by-batch-size", type=int,
+                   help="the same while any running request samples (temperature > 0: fewer drafts accepted, verify "
+                        "steps one a graph replay); default: --speculative-disable-by-batch-size")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
                    help="auto: memd's KV dtype (memd's --kv-cache-dtype must match any other choice)")
@@ -163,6 +170,7 @@ def config_from_args(argv=None) -> ModeldConfig:
         speculative_algorithm=args.speculative_algorithm or ("dflash" if draft else "none"),
         num_draft_tokens=args.num_draft_tokens,
         speculative_disable_by_batch_size=args.speculative_disable_by_batch_size,
+        speculative_disable_sampled_by_batch_size=args.speculative_disable_sampled_by_batch_size,
         load_format=args.load_format,
         dtype=args.dtype,
         chunked_prefill_size=args.chunked_prefill_size,

@@ -94,6 +94,7 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     scheduler = Scheduler(link.session, limits.max_running, limits.chunk, limits.context_len,
                           worker.block if worker else 0, lookahead=limits.lookahead, async_top_ups=True,
                           speculate_below=cfg.speculative_disable_by_batch_size,
+                          speculate_below_sampled=cfg.speculative_disable_sampled_by_batch_size,
                           alone_prompt_tokens=alone)
     graphs = None
     if graphed:

@@ -46,13 +46,15 @@ class StepItem:
 class Scheduler(MemdCalls):
     def __init__(self, session: MemdSession, max_running: int, chunk_tokens: int, context_len: int, block: int = 0,
                  lookahead: int = 0, async_top_ups: bool = False, speculate_below: int = 0,
-                 alone_prompt_tokens: int = 0):
+                 speculate_below_sampled: int | None = None, alone_prompt_tokens: int = 0):
         super().__init__(session, lookahead, async_top_ups)
         self.max_running = max_running
         self.chunk_tokens = chunk_tokens
         self.context_len = context_len
         self.block = block  # DFLASH block size: a decode verifies this many tokens; 0 without speculation
         self.speculate_below = speculate_below  # verify blocks only while fewer requests run (0: always)
+        # the same while any running request samples (None: speculate_below)
+        self.speculate_below_sampled = speculate_below_sampled
         self.alone_prompt_tokens = alone_prompt_tokens  # a lone prompt chunk this short runs without the decodes
         self.alone_last = False  # the last step ran a prompt chunk alone while requests decoded
         self.waiting: deque[Request] = deque()
@@ -182,9 +184,16 @@ class Scheduler(MemdCalls):
         return [p for p in plan if p[0].rid not in self.left_out], admitted
 
     def _speculating(self) -> bool:
-        """Decodes verify DFLASH blocks this step: with a draft, while fewer than `speculate_below` requests run (a
-        larger batch decodes plainly, each token still written to the draft's context for when speculation resumes)."""
-        return bool(self.block) and not (self.speculate_below and len(self.running) >= self.speculate_below)
+        """Decodes verify DFLASH blocks this step: with a draft, while fewer than `speculate_below` requests run, or
+        `speculate_below_sampled` while any of them samples (its verify steps accept fewer tokens and run one a
+        replay). A larger batch decodes plainly, each token still written to the draft's context for when speculation
+        resumes."""
+        if not self.block:
+            return False
+        below = self.speculate_below
+        if self.speculate_below_sampled is not None and any(not r.params.greedy for r in self.running):
+            below = self.speculate_below_sampled
+        return not (below and len(self.running) >= below)
 
     def _decode_tokens(self, r: Request, spec: bool) -> int:
         """A decode computes the last token; with DFLASH it verifies a whole block when it fits."""

@@ -62,6 +62,15 @@ def test_speculation_off_from_a_batch_size():
         config_from_args([*flags, "-1"])
 
 
+def test_sampled_speculation_threshold_defaults_to_the_greedy_one():
+    flags = [*ADDRESSES, "--device", "cpu"]
+    assert config_from_args(flags).speculative_disable_sampled_by_batch_size is None
+    assert config_from_args([*flags, "--speculative-disable-sampled-by-batch-size", "4"]) \
+        .speculative_disable_sampled_by_batch_size == 4
+    with pytest.raises(ValueError, match="sampled-by-batch-size must be >= 0"):
+        config_from_args([*flags, "--speculative-disable-sampled-by-batch-size", "-1"])
+
+
 def test_decode_overlaps_on_cuda_unless_disabled():
     def overlaps(*flags: str) -> bool:
         return config_from_args([*ADDRESSES, *flags]).overlaps_decode

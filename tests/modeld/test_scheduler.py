@@ -214,10 +214,10 @@ class Sim:
         self._serial = 0
 
     # -- requests
-    def request(self, rid: str, prompt_len: int, max_new: int) -> Request:
+    def request(self, rid: str, prompt_len: int, max_new: int, temperature: float = 0.0) -> Request:
         self._serial += 1
         prompt = [10_000 * self._serial + i for i in range(prompt_len)]  # distinct tokens per request
-        req = Request(rid=rid, prompt_ids=prompt, params=SamplingParams(max_new_tokens=max_new, temperature=0))
+        req = Request(rid=rid, prompt_ids=prompt, params=SamplingParams(max_new_tokens=max_new, temperature=temperature))
         self.sched.add(req)
         return req
 
@@ -1172,3 +1172,31 @@ def test_speculation_stops_from_a_batch_size_and_resumes_under_it():
     assert (2, frozenset({False})) in kinds, "two running requests never decoded plainly"
     assert (1, frozenset({True})) in kinds, "a lone request never verified again"
     assert (2, frozenset({True})) not in kinds, "two running requests verified blocks"
+
+
+def decode_kinds(sim, until: str) -> list[tuple[int, frozenset]]:
+    """(batch size, verify flags) of each decode step (no prompt chunk in it) until request `until` is done."""
+    kinds = []
+    while until not in sim.done:
+        items, _ = sim.step()
+        if all(item.req.output_ids for item in items):
+            kinds.append((len(items), frozenset(item.verify for item in items)))
+    return kinds
+
+
+def test_sampled_requests_have_their_own_speculation_threshold():
+    """speculate_below 0 (always) and speculate_below_sampled 2: two greedy requests verify blocks together; a greedy
+    and a sampled request decode plainly together, and the greedy one verifies again once the sampled one is done."""
+    sim = dflash_sim(context=200)
+    sim.sched.speculate_below, sim.sched.speculate_below_sampled = 0, 2
+    sim.request("a", 6, max_new=20)
+    sim.request("b", 6, max_new=8)
+    assert (2, frozenset({True})) in decode_kinds(sim, "a"), "two greedy requests never verified together"
+    sim.request("greedy", 6, max_new=60)
+    sim.request("sampled", 6, max_new=8, temperature=0.8)
+    kinds = decode_kinds(sim, "greedy")
+    assert (2, frozenset({False})) in kinds, "a greedy and a sampled request never decoded plainly together"
+    assert (2, frozenset({True})) not in kinds, "a batch with a sampled request verified blocks at the sampled threshold"
+    assert kinds[-1] == (1, frozenset({True})), "the greedy request did not verify again once alone"
+    sim.run()
+    sim.assert_all_free()
