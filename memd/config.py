@@ -19,7 +19,9 @@ class MemdConfig:
     draft_window: int | None = None
     num_draft_tokens: int | None = None  # overrides the draft's block size
     draft_eviction_interval: int = 8  # scheduler steps between out-of-window frees
-    decode_lookahead: int = 32  # decode slots a client may hold ahead of need, per request (sized into the draft cap)
+    # decode slots a client may hold ahead of need, per request (sized into the draft cap); None: by the draft
+    # (memd.defaults.default_decode_lookahead)
+    decode_lookahead: int | None = None
     page_size: int = 1
     max_running_requests: int = 16
     chunked_prefill_size: int = 2048
@@ -36,6 +38,8 @@ class MemdConfig:
     log_level: str = "INFO"
 
     def __post_init__(self):
+        if self.decode_lookahead is None:
+            object.__setattr__(self, "decode_lookahead", defaults.default_decode_lookahead(self.draft_model is not None))
         budgets = [self.kv_budget_bytes, self.mem_fraction, self.max_total_tokens]
         if sum(b is not None for b in budgets) > 1:
             raise ValueError("give at most one of --kv-budget-bytes, --mem-fraction, --max-total-tokens")
@@ -76,9 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "chosen by default)")
     p.add_argument("--num-draft-tokens", type=int, help="draft block size (default: the draft's block_size)")
     p.add_argument("--draft-eviction-interval", type=int, default=8, help="steps between out-of-window draft frees")
-    p.add_argument("--decode-lookahead", type=int, default=32,
+    p.add_argument("--decode-lookahead", type=int,
                    help="decode slots a client may hold ahead of need per request; the bounded draft pool's request "
-                        "cap includes them (published in the layout)")
+                        "cap includes them (published in the layout); default 32, or 96 with a draft pool (a graph "
+                        "replay of four DFLASH verify blocks)")
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--max-running-requests", type=int, default=16)
     p.add_argument("--chunked-prefill-size", type=int, default=2048)

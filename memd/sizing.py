@@ -142,7 +142,7 @@ def _checked(size, draft: DraftShape | None, ratio: float, cap: int) -> PoolSize
     raise SizingError(
         f"--draft-kv-ratio {ratio} gives the draft {sizes.draft_tokens} slots, below the {cap} its "
         f"running requests need. Use at least {float(minimum)}, or lower --max-running-requests, "
-        "--draft-eviction-interval or --chunked-prefill-size.",
+        "--draft-eviction-interval, --chunked-prefill-size or --decode-lookahead.",
         min_ratio=float(minimum),
     )
 

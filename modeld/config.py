@@ -24,7 +24,9 @@ class ModeldConfig:
     load_format: str = "auto"
     dtype: str = "auto"  # auto: memd's KV dtype
     chunked_prefill_size: int = 512
-    decode_lookahead: int = 32  # decode positions memd grants ahead of need, so most steps make no memd call
+    # decode positions memd grants ahead of need, so most steps make no memd call; None: 32, or 96 with DFLASH
+    # (memd.defaults.default_decode_lookahead; lowered to memd's where its bounded draft pool holds no more)
+    decode_lookahead: int | None = None
     disable_cuda_graph: bool = False  # CUDA graphs of decode and verify steps (on CUDA only)
     disable_skinny_linear: bool = False  # projections of <= 16 rows on cuBLAS instead of the skinny Triton kernel
     disable_norm_fusion: bool = False  # with the skinny kernel: norms, SiLU-mul, rotary as kernels of their own
@@ -37,8 +39,9 @@ class ModeldConfig:
     # with CUDA graphs, else off
     alone_prompt_tokens: int | None = None
     speculative_disable_by_batch_size: int = 16  # DFLASH verifies only while fewer requests run (0: always)
-    # the same while any running request samples; None: speculative_disable_by_batch_size
-    speculative_disable_sampled_by_batch_size: int | None = None
+    # the same while any running request samples (fewer drafts accepted, one verify step a replay): with the shipped
+    # draft sampled speculation paid only alone (BENCHMARKS.md, twenty-first session)
+    speculative_disable_sampled_by_batch_size: int = 2
     max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
     stream_interval: int = 1  # new tokens a stream's chunk waits for (the last goes when the request ends)
     connect_timeout: float = 60.0
@@ -51,6 +54,9 @@ class ModeldConfig:
         return self.device == "cuda" if self.overlap_decode is None else self.overlap_decode
 
     def __post_init__(self):
+        if self.decode_lookahead is None:
+            object.__setattr__(self, "decode_lookahead",
+                               defaults.default_decode_lookahead(self.speculative_algorithm == "dflash"))
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
         if self.speculative_algorithm not in ("none", "dflash"):
@@ -71,7 +77,7 @@ class ModeldConfig:
             raise ValueError(f"--alone-prompt-tokens must lie in [0, {max(PROMPT_TOKENS)}] (the largest prompt graph)")
         if self.speculative_disable_by_batch_size < 0:
             raise ValueError("--speculative-disable-by-batch-size must be >= 0")
-        if self.speculative_disable_sampled_by_batch_size is not None and self.speculative_disable_sampled_by_batch_size < 0:
+        if self.speculative_disable_sampled_by_batch_size < 0:
             raise ValueError("--speculative-disable-sampled-by-batch-size must be >= 0")
         if self.stream_interval < 1:
             raise ValueError("--stream-interval must be >= 1")
@@ -98,16 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DFLASH verifies blocks only while fewer requests than this run; a larger batch decodes "
                         "plainly, still writing the draft's context (with the shipped draft DFLASH wins at batch 1 "
                         "and loses with many requests running: BENCHMARKS.md); 0: always speculate")
-    p.add_argument("--speculative-disable-sampled-by-batch-size", type=int,
+    p.add_argument("--speculative-disable-sampled-by-batch-size", type=int, default=2,
                    help="the same while any running request samples (temperature > 0: fewer drafts accepted, verify "
-                        "steps one a graph replay); default: --speculative-disable-by-batch-size")
+                        "steps one a graph replay); default 2: sampled requests speculate alone only; 0: always")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
                    help="auto: memd's KV dtype (memd's --kv-cache-dtype must match any other choice)")
     p.add_argument("--chunked-prefill-size", type=int, default=512)
-    p.add_argument("--decode-lookahead", type=int, default=32,
+    p.add_argument("--decode-lookahead", type=int,
                    help="decode positions memd grants a request ahead of need: most decode steps then make no memd "
-                        "call (0: one call per step, exactly what the step needs)")
+                        "call (0: one call per step, exactly what the step needs); default 32, or 96 with DFLASH (a "
+                        "graph replay of four verify blocks)")
     p.add_argument("--max-open-streams", type=int,
                    help="open Generate streams at once; more are refused with RESOURCE_EXHAUSTED "
                         "(default: 4 x memd's --max-running-requests)")

@@ -60,13 +60,16 @@ def stop(proc: subprocess.Popen, timeout: float) -> None:
 
 
 def memd_args(*, draft: pathlib.Path | None = None, ratio: float = 1.0, window: int | None = None, page: int = 1,
-              budget: int = 4_000_000, max_running: int = 4, chunk: int = 64, strict: bool = False) -> list[str]:
-    """memd's command-line arguments for the common settings."""
+              budget: int = 4_000_000, max_running: int = 4, chunk: int = 64, strict: bool = False,
+              lookahead: int | None = None) -> list[str]:
+    """memd's command-line arguments for the common settings (lookahead None: memd's default)."""
     args = ["--page-size", str(page), "--max-running-requests", str(max_running), "--kv-budget-bytes", str(budget),
             "--chunked-prefill-size", str(chunk), "--draft-model", str(draft) if draft else "none",
             "--draft-kv-ratio", str(ratio)]
     if window is not None:
         args += ["--draft-window", str(window)]
+    if lookahead is not None:
+        args += ["--decode-lookahead", str(lookahead)]
     if strict:
         args.append("--strict")
     return args

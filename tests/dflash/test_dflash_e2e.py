@@ -29,7 +29,6 @@ import pytest
 import torch
 
 import client
-from memd.config import MemdConfig
 from tests.daemons import run_memd, run_modeld
 from tests.dflash import tiny_models as tm
 
@@ -37,6 +36,7 @@ MAX_NEW = 40
 PROMPT_LENGTHS = (5, 16, 27, 38, 49, 60)
 CHUNK = 32  # memd's and modeld's prefill chunk: prompts longer than this are prefilled in pieces
 MAX_RUNNING = 16
+LOOKAHEAD = 32  # the pools below are sized for it (memd's default with a draft, 96, needs larger ones)
 EVICTION_INTERVAL = 1
 TIMEOUT = 600
 
@@ -93,7 +93,7 @@ def memd_cli(draft: pathlib.Path | None, *, page: int = 1, ratio: float = 1.0, w
     args = ["--draft-model", str(draft) if draft else "none", "--draft-kv-ratio", str(ratio),
             "--page-size", str(page), "--max-running-requests", str(MAX_RUNNING), "--max-total-tokens", str(tokens),
             "--kv-cache-dtype", "float32", "--chunked-prefill-size", str(CHUNK),
-            "--draft-eviction-interval", str(EVICTION_INTERVAL), "--strict"]
+            "--draft-eviction-interval", str(EVICTION_INTERVAL), "--decode-lookahead", str(LOOKAHEAD), "--strict"]
     if window is not None:
         args += ["--draft-window", str(window)]
     return args
@@ -160,7 +160,9 @@ class Daemons:
         draft = self.models[s.draft]
         return self._cached(name, lambda: self._start(
             name, s.target, memd_cli(draft, page=s.page, ratio=s.ratio, window=s.window, tokens=s.tokens),
-            ["--draft-model", str(draft), "--speculative-algorithm", "dflash"]))
+            # sampled requests verify blocks at every batch size (modeld's default: only alone)
+            ["--draft-model", str(draft), "--speculative-algorithm", "dflash",
+             "--speculative-disable-sampled-by-batch-size", "0"]))
 
     def plain(self, target: str) -> Pair:
         """DFLASH off: memd with a draft pool (ratio 1, page 1), modeld with --draft-model and
@@ -330,8 +332,8 @@ def test_long_generation_holds_a_bounded_draft_window(setup, daemons):
     assert not monitor.errors, monitor.errors
     assert_same_tokens(result.output_ids, want, f"{setup}, long generation", pair)
     assert [t for chunk in chunks for t in chunk.token_ids] == list(result.output_ids)
-    # memd's request cap also holds the decode slots a request may take ahead of need (memd's default lookahead)
-    bound = s.window + EVICTION_INTERVAL * block + 2 * s.page + block + MemdConfig().decode_lookahead
+    # memd's request cap also holds the decode slots a request may take ahead of need (memd's lookahead)
+    bound = s.window + EVICTION_INTERVAL * block + 2 * s.page + block + LOOKAHEAD
     report = (f"{monitor.samples} Capacity samples: max draft slots held {monitor.max_draft} (bound {bound}), "
               f"max target slots held {monitor.max_target}")
     print(report)

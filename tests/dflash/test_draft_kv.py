@@ -61,7 +61,9 @@ def read_back(pools, row, positions, layer):
 def test_committed_draft_kv_equals_direct_computation(tmp_path):
     target = write_random_target(tmp_path / "t", vocab=128)
     draft = write_draft(tmp_path / "d", target, layers=2, block_size=4, target_layer_ids=TAPS, sliding_window=64)
-    with run_memd(target, *memd_args(draft=draft, ratio=0.5, window=64, page=16, budget=2_000_000)) as memd:
+    # a lookahead of 32: this budget's draft pool at ratio 0.5 holds no more (memd's default with a draft is 96)
+    flags = memd_args(draft=draft, ratio=0.5, window=64, page=16, budget=2_000_000, lookahead=32)
+    with run_memd(target, *flags) as memd:
         with MemdSession(memd.address, "draft-kv-test") as session:
             pools = session.map()
             model, _, cfg = load_target(str(target), "float32", "cpu")

@@ -24,7 +24,7 @@ import sys
 import pytest
 
 import client
-from memd.defaults import default_draft_dir
+from memd.defaults import default_decode_lookahead, default_draft_dir
 from tests.daemons import is_idle, run_memd, run_modeld, start_daemon, stop_daemon, wait_ready
 
 WINDOW = 256
@@ -32,7 +32,7 @@ RATIO = 0.25
 MAX_RUNNING = 2
 CHUNK = 128  # memd's --chunked-prefill-size (modeld lowers its own prefill chunk to it)
 EVICTION_INTERVAL = 8  # memd's default --draft-eviction-interval
-DECODE_LOOKAHEAD = 32  # memd's default --decode-lookahead
+DECODE_LOOKAHEAD = default_decode_lookahead(draft=True)  # memd's default --decode-lookahead with a draft pool
 LONG_NEW = 128  # new tokens of the long greedy generation (about 30 s a run on 2 CPU cores)
 
 # Several draft windows long (> 3 x 256 tokens), so a repeated request is a prefix hit whose draft

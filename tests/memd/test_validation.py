@@ -291,7 +291,7 @@ def test_plan_from_max_total_tokens(target_dir, draft_dir):
 def test_num_draft_tokens_overrides_block_size(target_dir, draft_dir):
     plan = make_plan(memd_config(target_dir, draft_dir, num_draft_tokens=16))
     assert plan.block_size == 16
-    assert plan.sizes.request_cap == request_cap(DraftShape(DRAFT_COST, 16, 64, 8, lookahead=32), 1, 2, 32)
+    assert plan.sizes.request_cap == request_cap(DraftShape(DRAFT_COST, 16, 64, 8, lookahead=96), 1, 2, 32)
     assert plan.sizes.request_cap > make_plan(memd_config(target_dir, draft_dir)).sizes.request_cap
 
 
@@ -463,3 +463,13 @@ def test_strict_flag(argv):
 def test_bad_values_raise_value_error(argv, flags, message):
     with pytest.raises(ValueError, match=message):
         config_from_args(argv + flags)
+
+
+@pytest.mark.parametrize("flags,lookahead", [
+    ([], 32),  # plain decoding
+    (["--draft-model", "default"], 96),  # a draft pool: a replay of four verify blocks of 16 fits the spare
+    (["--draft-model", "default", "--decode-lookahead", "32"], 32),
+    (["--decode-lookahead", "0"], 0),
+])
+def test_decode_lookahead_defaults_by_the_draft(argv, flags, lookahead):
+    assert config_from_args(argv + flags).decode_lookahead == lookahead

@@ -62,9 +62,19 @@ def test_speculation_off_from_a_batch_size():
         config_from_args([*flags, "-1"])
 
 
-def test_sampled_speculation_threshold_defaults_to_the_greedy_one():
+@pytest.mark.parametrize("flags,lookahead", [
+    ([], 32),
+    (["--speculative-algorithm", "dflash", "--draft-model", "default"], 96),  # four verify blocks a replay fit
+    (["--speculative-algorithm", "dflash", "--draft-model", "default", "--decode-lookahead", "40"], 40),
+    (["--decode-lookahead", "0"], 0),
+])
+def test_decode_lookahead_defaults_by_the_algorithm(flags, lookahead):
+    assert config_from_args([*ADDRESSES, "--device", "cpu", *flags]).decode_lookahead == lookahead
+
+
+def test_sampled_requests_speculate_alone_by_default():
     flags = [*ADDRESSES, "--device", "cpu"]
-    assert config_from_args(flags).speculative_disable_sampled_by_batch_size is None
+    assert config_from_args(flags).speculative_disable_sampled_by_batch_size == 2
     assert config_from_args([*flags, "--speculative-disable-sampled-by-batch-size", "4"]) \
         .speculative_disable_sampled_by_batch_size == 4
     with pytest.raises(ValueError, match="sampled-by-batch-size must be >= 0"):
