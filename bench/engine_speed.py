@@ -218,15 +218,20 @@ def run_batches(engine, concurrency: int, prompts, args, ignore_eos: bool, tag: 
     return sum(d[0] for d in done), sum(d[1] for d in done), sum(d[2] for d in done)
 
 
+def variant_config(v: Variant, memd: str, args) -> ModeldConfig:
+    """modeld's settings for a variant (args: --target, --load-format, --draft)."""
+    sampled_below = v.speculate_below if v.speculate_below_sampled is None else v.speculate_below_sampled
+    return ModeldConfig(device="cuda", memd=memd, target_model=args.target, load_format=args.load_format,
+                        draft_model=args.draft if v.dflash else None, speculative_algorithm="dflash" if v.dflash else "none",
+                        decode_lookahead=v.lookahead, disable_cuda_graph=not v.graphs, chunked_prefill_size=2048,
+                        steps_per_replay=v.steps, speculative_disable_by_batch_size=v.speculate_below,
+                        speculative_disable_sampled_by_batch_size=sampled_below,
+                        disable_skinny_linear=not v.skinny, disable_norm_fusion=not v.fuse_norms,
+                        overlap_decode=v.overlap, alone_prompt_tokens=None if v.prompt_graphs else 0)
+
+
 def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
-    cfg = ModeldConfig(device="cuda", memd=memd, target_model=args.target, load_format=args.load_format,
-                       draft_model=args.draft if v.dflash else None, speculative_algorithm="dflash" if v.dflash else "none",
-                       decode_lookahead=v.lookahead, disable_cuda_graph=not v.graphs, chunked_prefill_size=2048,
-                       steps_per_replay=v.steps, speculative_disable_by_batch_size=v.speculate_below,
-                       speculative_disable_sampled_by_batch_size=v.speculate_below_sampled,
-                       disable_skinny_linear=not v.skinny, disable_norm_fusion=not v.fuse_norms,
-                       overlap_decode=v.overlap, alone_prompt_tokens=None if v.prompt_graphs else 0)
-    built = build_engine(cfg, lambda serving: None)
+    built = build_engine(variant_config(v, memd, args), lambda serving: None)
     engine = built.engine
     graphs = engine.runner.graphs
     if graphs is not None:
