@@ -1,4 +1,4 @@
-"""memd's MatchPrefix handler work in process, no gRPC: an admission (a prompt matched and its first chunk granted)
+"""memd's MatchPrefix handler work in process, no gRPC: an admission (a prompt matched and granted)
 and its release (finished into the prefix cache), memd's CPU (shared memory) and CUDA backends side by side, the
 GPU idle and busy. Splits a call into memd's Python (the slot manager) and the table publication
 (`buffers.sync`), and prints the slowest functions of the CUDA backend's calls (cProfile). What it answers: where

@@ -46,15 +46,14 @@ class StepItem:
 class Scheduler(MemdCalls):
     def __init__(self, session: MemdSession, max_running: int, chunk_tokens: int, context_len: int, block: int = 0,
                  lookahead: int = 0, async_top_ups: bool = False, speculate_below: int = 0,
-                 speculate_below_sampled: int | None = None, alone_prompt_tokens: int = 0):
+                 speculate_below_sampled: int = 0, alone_prompt_tokens: int = 0):
         super().__init__(session, lookahead, async_top_ups)
         self.max_running = max_running
         self.chunk_tokens = chunk_tokens
         self.context_len = context_len
         self.block = block  # DFLASH block size: a decode verifies this many tokens; 0 without speculation
         self.speculate_below = speculate_below  # verify blocks only while fewer requests run (0: always)
-        # the same while any running request samples (None: speculate_below)
-        self.speculate_below_sampled = speculate_below_sampled
+        self.speculate_below_sampled = speculate_below_sampled  # the same while any running request samples
         self.alone_prompt_tokens = alone_prompt_tokens  # a lone prompt chunk this short runs without the decodes
         self.alone_last = False  # the last step ran a prompt chunk alone while requests decoded
         self.waiting: deque[Request] = deque()
@@ -190,9 +189,8 @@ class Scheduler(MemdCalls):
         resumes."""
         if not self.block:
             return False
-        below = self.speculate_below
-        if self.speculate_below_sampled is not None and any(not r.params.greedy for r in self.running):
-            below = self.speculate_below_sampled
+        sampling = any(not r.params.greedy for r in self.running)
+        below = self.speculate_below_sampled if sampling else self.speculate_below
         return not (below and len(self.running) >= below)
 
     def _decode_tokens(self, r: Request, spec: bool) -> int:

@@ -1164,11 +1164,7 @@ def test_speculation_stops_from_a_batch_size_and_resumes_under_it():
     sim.sched.speculate_below = 2
     sim.request("long", 6, max_new=60)
     sim.request("short", 6, max_new=8)
-    kinds = set()  # (batch size, verify flags) of the decode steps
-    while "long" not in sim.done:
-        items, _ = sim.step()
-        if all(item.req.output_ids for item in items):  # no prompt chunk in the step
-            kinds.add((len(items), frozenset(item.verify for item in items)))
+    kinds = set(decode_kinds(sim, "long"))
     assert (2, frozenset({False})) in kinds, "two running requests never decoded plainly"
     assert (1, frozenset({True})) in kinds, "a lone request never verified again"
     assert (2, frozenset({True})) not in kinds, "two running requests verified blocks"
