@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from bench.engine_speed import SERVED, VARIANTS, variant_config
+from bench.engine_variants import SERVED, VARIANTS, variant_config
 from modeld.config import ModeldConfig
 
 ARGS = argparse.Namespace(target="target", load_format="dummy", draft="draft")
