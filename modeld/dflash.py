@@ -133,18 +133,16 @@ class DflashWorker:
     def write_context(self, captured: list[torch.Tensor], positions: torch.Tensor, target_slots: torch.Tensor) -> None:
         """Draft K/V of tokens the target just computed (prefill, plain decode), at their
         translated draft slots; positions without a draft slot are skipped."""
-        taps = torch.cat(captured, dim=-1)
-        for layer, (k, v) in enumerate(self.draft.context_kv(taps, positions)):
-            store_kv_translated(self.draft_kv[layer, 0], self.draft_kv[layer, 1], target_slots, self.mapping, k, v)
+        k, v = self.draft.context_kv_layers(torch.cat(captured, dim=-1), positions)
+        store_kv_translated(self.draft_kv[:, 0], self.draft_kv[:, 1], target_slots, self.mapping, k, v)  # every layer
 
     @torch.inference_mode()
     def write_committed(self, captured_rows: list[torch.Tensor], positions, slots_2d, commit_lens) -> None:
         """Draft K/V of the committed prefix of each verified block: rows [N, B] of taps."""
         taps = torch.cat(captured_rows, dim=-1)  # [N * B, K * hidden]
-        n, b = slots_2d.shape
-        for layer, (k, v) in enumerate(self.draft.context_kv(taps, positions.reshape(-1))):
-            store_kv_prefix_valid(self.draft_kv[layer, 0], self.draft_kv[layer, 1], slots_2d, commit_lens,
-                                  k.reshape(n, b, *k.shape[1:]), v.reshape(n, b, *v.shape[1:]), mapping=self.mapping)
+        k, v = self.draft.context_kv_layers(taps, positions.reshape(-1))  # [N * B, layers, kv_heads, head_dim]
+        store_kv_prefix_valid(self.draft_kv[:, 0], self.draft_kv[:, 1], slots_2d, commit_lens, k, v,
+                              mapping=self.mapping)  # every layer in one launch
 
     @torch.inference_mode()
     def propose(self, rows: torch.Tensor, starts: torch.Tensor, last_tokens: torch.Tensor, max_start: int) -> torch.Tensor:

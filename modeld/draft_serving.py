@@ -7,7 +7,7 @@ training differentiates through) computed with fused weights and kernels, as the
 - a block of at most 16 rows (one request's) through the target's few-row kernels where its shapes are tuned: the
   skinny projections, with the norm before gate|up and the SiLU-mul after it inside them where that measured faster
   (modeld.kernels.norm_linear: the default draft's gate|up; its q|k|v and the 8B draft's layers run the norm apart);
-- cos / sin gathered from a table filled once, not recomputed per call;
+- cos / sin gathered together, in one launch, from a table filled once, not recomputed per call;
 - the context K/V of all layers from one projection (k_proj|v_proj of every layer stacked), and one launch that
   norms (each layer's k_norm) and rotates the keys of all layers;
 - the block's attention over its context, read straight from the draft pool, and over itself in one Triton launch
@@ -74,7 +74,9 @@ class ServingDraft:
         self.context_kv_weight = torch.cat([a.k_proj.weight for a in attns] + [a.v_proj.weight for a in attns])
         self.k_norms = torch.stack([a.k_norm.weight for a in attns])  # [layers, head_dim]
         cos, sin = hf_rope_table(draft.rotary_emb, max(max_positions, cfg.max_position_embeddings), self.fc.device)
-        self.cos, self.sin = cos.to(self.fc.dtype), sin.to(self.fc.dtype)  # HF computes in fp32 and casts per call
+        # [positions, 2, head_dim]: cos and sin side by side, so a call gathers both at once; HF computes them in fp32
+        # and casts per call
+        self.rope_table = torch.stack((cos, sin), dim=1).to(self.fc.dtype)
         self.skinny, self.fuse_norms = True, True
 
     def use_skinny_linear(self, on: bool, fuse_norms: bool = True) -> None:
@@ -82,12 +84,19 @@ class ServingDraft:
         self.skinny, self.fuse_norms = on, fuse_norms
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        flat = positions.reshape(-1)
-        return self.cos[flat], self.sin[flat]
+        both = self.rope_table[positions.reshape(-1)]  # one gather; cos and sin are views of its rows
+        return both[:, 0], both[:, 1]
 
     @torch.inference_mode()
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per draft layer, the K/V [T, kv_heads, head_dim] that committed tokens leave in the draft pool."""
+        k, v = self.context_kv_layers(taps, positions)
+        return [(k[:, i], v[:, i]) for i in range(len(self.layers))]
+
+    @torch.inference_mode()
+    def context_kv_layers(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """context_kv's K and V of every layer, [T, layers, kv_heads, head_dim] each (views of one projection): what
+        one write of the draft pool takes (modeld.kernels.kv_write, caches of several layers)."""
         t, layers = taps.shape[0], len(self.layers)
         ctx = rms_norm(F.linear(taps, self.fc), self.hidden_norm, self.eps)[0]
         kv = F.linear(ctx, self.context_kv_weight).view(t, 2, layers, self.kv_heads, self.head_dim)
@@ -95,8 +104,7 @@ class ServingDraft:
         cos, sin = self.rope(positions)
         # every layer's keys normed with that layer's k_norm weight, then rotated: one launch (no q heads)
         _, k = qk_norm_rotary(keys[:, :0], keys, self.k_norms[0], self.k_norms, self.eps, cos, sin)
-        k = k.view(t, layers, self.kv_heads, self.head_dim)
-        return [(k[:, i], kv[:, 1, i]) for i in range(layers)]
+        return k.view(t, layers, self.kv_heads, self.head_dim), kv[:, 1]
 
     @torch.inference_mode()
     def block_hidden(self, embeds: torch.Tensor, positions: torch.Tensor, contexts) -> torch.Tensor:

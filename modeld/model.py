@@ -149,11 +149,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, residual, cos, sin, batch, k_cache, v_cache):
-        """The layer's output is `x + residual` of what it returns: the add is fused into the next norm."""
-        q, residual = self._attention_input(x, residual, cos, sin, batch, k_cache, v_cache)
+        """(x, residual, entering): the layer's output is `x + residual` of the first two (the add is fused into the next
+        norm); `entering` is the layer's input, `x + residual` of the layer before, which its input norm formed (a new
+        tensor, or x itself without a residual)."""
+        q, entering = self._attention_input(x, residual, cos, sin, batch, k_cache, v_cache)
         h = self.self_attn.attend(q, batch, k_cache, v_cache)
-        act, residual = self._norm_project(self.post_attention_layernorm, self.mlp.gate_up_proj, h, residual, silu=True)
-        return self.mlp.down_proj(act), residual
+        act, residual = self._norm_project(self.post_attention_layernorm, self.mlp.gate_up_proj, h, entering, silu=True)
+        return self.mlp.down_proj(act), residual, entering
 
     def _attention_input(self, x, residual, cos, sin, batch, k_cache, v_cache):
         """(rotated q, x + residual), the new tokens' rotated k and v written to the pool: in one launch for a few
@@ -233,9 +235,9 @@ class CausalLM(nn.Module):
         cos, sin = self.rope(batch.positions, x.dtype)
         captured, residual = {}, None
         for i, layer in enumerate(self.model.layers):
-            x, residual = layer(x, residual, cos, sin, batch, kv_pool[i, 0], kv_pool[i, 1])
-            if i in capture_layers:
-                captured[i] = x + residual
+            x, residual, entering = layer(x, residual, cos, sin, batch, kv_pool[i, 0], kv_pool[i, 1])
+            if i - 1 in capture_layers:  # layer i - 1's output, as layer i's input norm summed it: no add of its own
+                captured[i - 1] = entering
         x, _ = self.model.norm.fused(x, residual)
         # HF's hidden_states[L] (what a tap of the last layer means in the z-lab format) is normed.
         captured[len(self.model.layers) - 1] = x

@@ -97,7 +97,7 @@ def test_serving_draft_keeps_mlp_biases():
 def test_positions_beyond_the_table_are_refused_by_indexing():
     draft = make_draft(False, torch.float32, "cpu")
     serving = ServingDraft(draft, max_positions=256)
-    assert serving.cos.shape[0] == 512  # the larger of the target's and the draft's limits
+    assert serving.rope_table.shape[0] == 512  # the larger of the target's and the draft's limits
     with pytest.raises(IndexError):
         serving.context_kv(torch.zeros(1, TAPS * TARGET_HIDDEN), torch.tensor([512]))
 

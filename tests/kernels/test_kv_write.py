@@ -135,3 +135,77 @@ def test_store_kv_prefix_valid(impl, dtype, translated, flat_kv, batch, cols, pa
          None if mapping is None else mapping.to(device))
 
     assert torch.equal(pool, expected)
+
+
+# --- caches of several layers in one write (the DFLASH draft's context of every layer) -------------------------------
+
+
+def make_layered(n, layers, pages, page_size, kv_heads, head_dim, dtype, device):
+    """A sentinel pool of `layers + 1` layers whose last `layers` are written (layer 0 must keep the sentinel), its
+    k/v caches [layers, rows, H, D], and k, v [n, layers, H, D] as views of one projection [n, 2, layers, H, D] (as
+    ServingDraft.context_kv_layers returns them)."""
+    pool = torch.full((layers + 1, 2, pages * page_size, kv_heads, head_dim), SENTINEL, dtype=dtype, device=device)
+    kv = torch.randn(n, 2, layers, kv_heads, head_dim).to(dtype).to(device)
+    return pool, pool[1:, 0], pool[1:, 1], kv[:, 0], kv[:, 1]
+
+
+def expected_layered(pool, slots, k, v):
+    """The pool after writing every layer's k[i], v[i] at slots[i] (None / <= 0 = skip), one token and layer at a time."""
+    pool = pool.clone()
+    for i, slot in enumerate(slots):
+        for layer in range(k.shape[1]):
+            if slot is not None and slot > 0:
+                pool[1 + layer, 0, slot] = k[i, layer]
+                pool[1 + layer, 1, slot] = v[i, layer]
+    return pool
+
+
+@pytest.mark.parametrize("impl", [store_kv_translated_torch, store_kv_translated_triton, store_kv_translated],
+                         ids=["torch", "triton", "public"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_store_kv_translated_every_layer(impl, dtype, device):
+    torch.manual_seed(5)
+    n, layers, kv_heads, head_dim, page_size = 9, 3, 3, 16, 4
+    target_pages, draft_pages = pages_for(n, page_size), pages_for(n, page_size)
+    pool, k_cache, v_cache, k, v = make_layered(n, layers, draft_pages, page_size, kv_heads, head_dim, dtype, device)
+    target_slots = random_slots(n, target_pages, page_size)
+    in_window = torch.arange(n) % 4 != 0
+    mapping = make_mapping(target_pages * page_size, target_slots[in_window],
+                           random_slots(int(in_window.sum()), draft_pages, page_size))
+    target_slots[5] = -1  # a padding token
+    expected = expected_layered(pool, [int(mapping[t]) if t >= 0 else None for t in target_slots.tolist()], k, v)
+
+    impl(k_cache, v_cache, target_slots.to(device), mapping.to(device), k, v)
+
+    assert torch.equal(pool, expected)
+
+
+@pytest.mark.parametrize("impl", [store_kv_prefix_valid_torch, store_kv_prefix_valid_triton, store_kv_prefix_valid],
+                         ids=["torch", "triton", "public"])
+@pytest.mark.parametrize("flat_kv", [False, True], ids=["kv_BL", "kv_flat"])
+def test_store_kv_prefix_valid_every_layer(impl, flat_kv, device):
+    torch.manual_seed(6)
+    batch, cols, layers, kv_heads, head_dim, page_size = 3, 4, 2, 3, 16, 4
+    n = batch * cols
+    target_pages, draft_pages = pages_for(n, page_size), pages_for(n, page_size)
+    pool, k_cache, v_cache, k, v = make_layered(n, layers, draft_pages, page_size, kv_heads, head_dim,
+                                                torch.bfloat16, device)
+    slots = random_slots(n, target_pages, page_size)
+    mapping = make_mapping(target_pages * page_size, slots, random_slots(n, draft_pages, page_size))
+    commit_lens = torch.tensor([cols, 0, 3], dtype=torch.int32)
+    committed = [col < commit_lens[b] for b in range(batch) for col in range(cols)]
+    expected = expected_layered(pool, [int(mapping[s]) if ok else None for s, ok in zip(slots.tolist(), committed)],
+                                k, v)
+    if not flat_kv:
+        k, v = k.unflatten(0, (batch, cols)), v.unflatten(0, (batch, cols))
+
+    impl(k_cache, v_cache, slots.reshape(batch, cols).to(device), commit_lens.to(device), k, v, mapping.to(device))
+
+    assert torch.equal(pool, expected)
+
+
+def test_caches_of_several_layers_need_kv_of_as_many():
+    pool = torch.zeros(3, 2, 8, 1, 4)
+    k = torch.zeros(2, 2, 1, 4)  # two layers, for caches of three
+    with pytest.raises(ValueError, match="caches of 3 layers"):
+        store_kv_translated_torch(pool[:, 0], pool[:, 1], torch.tensor([1, 2]), torch.arange(8, dtype=torch.int32), k, k)
