@@ -19,10 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from modeld.decode_chain import decode_chain
 from modeld.runner import ModelRunner, StepInputs
-from modeld.sampling import sample
 from modeld.scheduler import StepItem
-from modeld.step_advance import advance_inputs
 
 
 @dataclass
@@ -71,22 +70,10 @@ class StepAhead:
 
     def queue_next(self, items: list[StepItem], inputs: StepInputs, tokens: torch.Tensor) -> None:
         """Queues the decode step after the one whose tokens (on the device, [items]) are `tokens`: the same batch,
-        fed those tokens, at the next position of every request."""
-        n = len(items)
-        bucket = inputs.graph[0] if inputs.graph is not None else n
-        device = inputs.packed.device
-        last = torch.zeros(bucket, dtype=torch.int64, device=device)  # padding requests: token 0 (no K/V written)
-        last[:n] = tokens
-        advance_inputs(inputs.packed, bucket, 1, torch.ones(bucket, dtype=torch.int64, device=device), last,
-                       self.runner.req_to_token)
-        out = self.runner.forward(inputs)
-        params = [item.req.params for item in items]
-        if out.greedy is not None and all(p.greedy for p in params):  # the decode graph took the argmax of every row
-            following = out.greedy.clone()  # the graph's buffer: the next replay writes it again
-        else:
-            following = sample(self.runner.model.logits(out.hidden), params, [item.req.generator for item in items])
-        if self.dflash is not None:
-            self.dflash.after_forward(inputs, out, None, None)
+        fed those tokens, at the next position of every request (a decode chain of one step, writing the draft's
+        context with DFLASH)."""
+        following = decode_chain(self.runner, self.dflash, inputs, [item.req.params for item in items],
+                                 [item.req.generator for item in items], 1, fed=tokens)[0]
         self.queued = Queued(items, inputs, following, HostCopy.of(following))
 
     def take(self) -> Queued | None:
