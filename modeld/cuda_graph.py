@@ -19,7 +19,8 @@ replay and one copy of its tokens to the host. Greedy batches also have graphs o
 `repeats`: powers of two up to --steps-per-replay), each step's inputs made on the device from the one before
 (modeld.step_advance): the host's work and the replay's launch are paid once per k steps (decode steps from 16
 running, verify steps at every batch size). With DFLASH, the k decode steps of a batch too large to speculate
-also write the draft's context K/V of each step's tokens inside the graph (captured with the draft's graphs).
+also write the draft's context K/V of each step's tokens inside the graph (captured with the draft's graphs), on a
+second stream beside the next step's forward, joined before the graph ends.
 """
 
 import logging
@@ -102,6 +103,8 @@ class GraphRunner:
         self.cycle_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.decode_steps: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # k > 1: [k, bucket] argmax
         self.pools = None  # (kv_pool, req_to_token) of the last capture: the greedy cycles' target pools
+        # the draft context writes of k decode steps in one graph, beside the next step's forward (_decode_steps)
+        self.context_stream = torch.cuda.Stream(device=device)
         self.commit_lengths = torch.zeros(max_requests, dtype=torch.int64, device=device)
         self.pool = None
 
@@ -235,17 +238,29 @@ class GraphRunner:
     def _decode_steps(self, model: CausalLM, batch: ForwardBatch, kv_pool, req_to_token, k: int,
                       worker=None) -> torch.Tensor:
         """k greedy decode steps of the batch in the static array, each fed the argmax of the one before: [k, bucket].
-        With a DFLASH worker, each step also writes the draft's context K/V of its tokens (padding: slot -1, none)."""
+        With a DFLASH worker, each step also writes the draft's context K/V of its tokens (padding: slot -1, none),
+        on a stream of its own beside the next step's forward (nothing in a decode step reads the draft pool): the
+        write waits for its step's taps, and the steps' end waits for every write."""
         bucket = len(batch.rows)
         ones = torch.ones(bucket, dtype=torch.int64, device=self.static.device)
         out = torch.empty((k, bucket), dtype=torch.int64, device=self.static.device)
+        main = torch.cuda.current_stream()
+        # What the side stream's writes read, alive until the join: no later step's allocation reuses it meanwhile.
+        held = []
         for step in range(k):
             if step:
                 advance_inputs(self.static, bucket, 1, ones, out[step - 1], req_to_token)
             hidden, captured = model(batch, kv_pool, capture_layers=() if worker is None else worker.taps)
             if worker is not None:
-                worker.write_context(captured, batch.positions, batch.out_slots)
+                # this step's positions and slots (rows POSITIONS, SLOTS): the next step's advance rewrites them
+                where = self.static[POSITIONS : SLOTS + 1, :bucket].clone()
+                self.context_stream.wait_stream(main)
+                with torch.cuda.stream(self.context_stream):
+                    worker.write_context(captured, where[0], where[1])
+                held.append((captured, where))
             out[step] = argmax_rows(model.lm_head(hidden))
+        if held:
+            main.wait_stream(self.context_stream)
         return out
 
     def _cycles(self, worker, batch: ForwardBatch, kv_pool, req_to_token, k: int) -> torch.Tensor:
