@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     ignore_eos = args.load_format == "dummy" or args.ignore_eos
     prompts = prompts_for(args.target, args.load_format, args.requests)
     clients = [int(n) for n in args.clients.split(",")]
-    settings = argparse.Namespace(page=16, concurrency=[max(clients)], ratio=0.25, window=256)
+    settings = argparse.Namespace(page=16, concurrency=[max(clients)], sampled_concurrency=[], ratio=0.25, window=256)
     lines = [f"GPU: {torch.cuda.get_device_name()}; target {pathlib.Path(args.target).name} ({args.load_format}), "
              f"{args.requests} requests of {args.new_tokens} new tokens at most, greedy", "",
              "| clients | config | tok/s | x plain as served | first tokens, ms: median / p90 |", "|---|---|---|---|---|"]

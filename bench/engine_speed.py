@@ -62,8 +62,9 @@ def mbu(weight_bytes: int, steps_per_second: float) -> str:
 
 def memd_args(target: str, draft: str | None, args) -> list[str]:
     """memd on the GPU for every configuration: bf16 KV, a bounded draft pool when there is a draft."""
+    running = max(args.concurrency + args.sampled_concurrency)  # the largest batch of any run
     flags = ["--device", "cuda", "--target-model", target, "--page-size", str(args.page), "--max-running-requests",
-             str(max(args.concurrency)), "--mem-fraction", "0.3", "--kv-cache-dtype", "bfloat16",
+             str(running), "--mem-fraction", "0.3", "--kv-cache-dtype", "bfloat16",
              "--decode-lookahead", "96", "--draft-model", draft or "none"]  # the lookahead: the most a variant asks for
     if draft:
         flags += ["--draft-kv-ratio", str(args.ratio), "--draft-window", str(args.window)]
@@ -144,7 +145,8 @@ def run_batches(engine, concurrency: int, prompts, args, ignore_eos: bool, tag: 
     return sum(d[0] for d in done), sum(d[1] for d in done), sum(d[2] for d in done)
 
 
-def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
+def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool, breakdown: bool = True) -> dict:
+    """One configuration's tokens/s (and, with `breakdown`, its per-step breakdown at batch 1 and 16)."""
     built = build_engine(variant_config(v, memd, args), lambda serving: None)
     engine = built.engine
     graphs = engine.runner.graphs
@@ -172,7 +174,7 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool) -> dict:
                 tokens, seconds, verifies = run_batches(engine, c, prompts, args, ignore_eos, f"t{c}", SAMPLED_TEMPERATURE)
                 row[f"sampled{c}"] = tokens / seconds
                 row[f"sampled_accept{c}"] = tokens / verifies if verifies else None
-        for c in (1, 16):
+        for c in (1, 16) if breakdown else ():
             prof = Breakdown(engine)
             run_batches(engine, c, prompts, args, ignore_eos, f"prof{c}")
             row[f"breakdown{c}"] = prof.close()
@@ -303,7 +305,7 @@ def main(argv=None) -> int:
     args.target = args.target or str(ensure_default_model())
     draft = None if args.draft == "none" else args.draft
     ignore_eos = args.load_format == "dummy" or args.ignore_eos
-    prompts = prompts_for(args.target, args.load_format, max(args.concurrency))
+    prompts = prompts_for(args.target, args.load_format, max(args.concurrency + args.sampled_concurrency))
     hf = None if args.skip_hf else hf_generate(args, prompts, ignore_eos=ignore_eos)
     rows = []
     with memd_process(*memd_args(args.target, draft, args)) as memd:

@@ -7,6 +7,8 @@
 # With the argument `suites`, the tests alone (a session that trains a draft and changed the hot path only a little).
 # With `speed`, the benchmarks alone: the second of two calls on one held machine (the whole run passes 600 s).
 # With `threshold`, where DFLASH with the shipped draft stops paying, by batch size (--speculative-disable-by-batch-size).
+# With `paired`, DFLASH as served against plain as served in alternating runs (bench.paired_speed: the ratio of each
+# pair at batch 1 and 16, greedy and sampled; about 200 s): a difference of a few percent, beyond one run's noise.
 # With the argument `dummy`, on a bare machine (carry .whl only: no model parts, no set-up), what needs no real
 # weights: the fused kernels' tests, their timing against the launches they replace (with a tile sweep at one row
 # and at 16; at 64 and 256 rows, against modeld's unfused path there) and the 8B geometry's batch-1 step profile
@@ -40,6 +42,12 @@ if [ "${1:-}" = dummy-speed ]; then
         --load-format dummy --concurrency 16 --batch1 2 --new-tokens 256 --ignore-eos --skip-hf --variants 8,10 \
         > "$OUT/engine_speed_8b.md" 2> "/tmp/engine_speed_8b.log"
     grep -v "^{" "$OUT/engine_speed_8b.md"  # cut off at 560 s, the rows of the variants that ran are in the file
+    exit 0
+fi
+if [ "${1:-}" = paired ]; then  # needs the model (parts)
+    timeout 560 python3 -m bench.paired_speed --pairs 4 --concurrency 16 --sampled-concurrency 16 --ignore-eos \
+        > "$OUT/paired.md" 2> /tmp/paired.log || tail -5 /tmp/paired.log
+    grep -v '^{' "$OUT/paired.md"
     exit 0
 fi
 if [ "${1:-}" = threshold ]; then  # where DFLASH stops paying: needs the model (parts), about 400 s

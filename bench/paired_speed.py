@@ -1,0 +1,102 @@
+"""DFLASH as served against plain as served, in alternating runs (plain, DFLASH, then DFLASH, plain, ...): the
+tokens/s ratio of each adjacent pair at batch 1 and at each concurrency, greedy and sampled, and the median and
+range of those ratios. One bench.engine_speed run compares cells of about half a second each, and rows that should
+agree moved by up to 20% from one run to the next on one machine (BENCHMARKS.md, the twenty-first and
+twenty-second sessions): telling a few percent apart (is DFLASH at 16 as fast as plain?) needs several pairs.
+
+    python -m bench.paired_speed [--pairs 4] [--concurrency 16] [--sampled-concurrency 16] [--rounds 4]
+        [--batch1 1] [--new-tokens 128] [--ignore-eos] [--target DIR] [--load-format dummy] [--draft DIR]
+
+Each run builds its configuration's engine afresh against one memd (a child process), as bench.engine_speed's
+variants do, and skips that bench's per-step breakdown.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+
+from bench.engine_speed import add_model_arguments, memd_args, prompts_for, run_variant
+from bench.engine_variants import SERVED, VARIANTS
+from bench.memd_process import memd_process
+from modeld.fetch_default import ensure_default_model
+
+KINDS = ("plain", "dflash")
+
+
+def run_order(pairs: int) -> list[str]:
+    """The configurations' run order: each pair once plain first, once DFLASH first, so that drift over the run
+    (clocks, caches, a neighbour's load) falls on both alike."""
+    return [kind for i in range(pairs) for kind in (KINDS if i % 2 == 0 else KINDS[::-1])]
+
+
+def metrics(args) -> list[tuple[str, str]]:
+    """(label, row key) of every tokens/s figure a run measures."""
+    return [("batch 1", "bs1"), *((f"{c} concurrent", f"c{c}") for c in args.concurrency),
+            *((f"{c} concurrent, sampled", f"sampled{c}") for c in args.sampled_concurrency)]
+
+
+def pair_ratios(runs: list[dict], key: str) -> list[float]:
+    """DFLASH over plain tokens/s at `key` for each adjacent pair of runs (in run_order's order)."""
+    pairs = [runs[i : i + 2] for i in range(0, len(runs) - 1, 2)]
+    return [next(r for r in pair if r["kind"] == "dflash")[key] / next(r for r in pair if r["kind"] == "plain")[key]
+            for pair in pairs]
+
+
+def report(runs: list[dict], args) -> str:
+    """The ratio of every pair, their median and range; then each configuration's median tokens/s."""
+    pairs, measured = len(runs) // 2, metrics(args)
+    lines = ["| DFLASH / plain, tokens/s | " + " | ".join(f"pair {i + 1}" for i in range(pairs)) + " | median | range |",
+             "|---|" + "---|" * (pairs + 2)]
+    for label, key in measured:
+        ratios = pair_ratios(runs, key)
+        lines.append(f"| {label} | " + " | ".join(f"{r:.2f}" for r in ratios)
+                     + f" | {statistics.median(ratios):.2f} | {min(ratios):.2f}-{max(ratios):.2f} |")
+    lines += ["", "| median tokens/s | " + " | ".join(label for label, _ in measured) + " |",
+              "|---|" + "---|" * len(measured)]
+    for kind in KINDS:
+        mine = [r for r in runs if r["kind"] == kind]
+        lines.append(f"| {kind} as served | " + " | ".join(f"{statistics.median(r[key] for r in mine):.1f}"
+                                                          for _, key in measured) + " |")
+    accept = [r["accept"] for r in runs if r["kind"] == "dflash" and r["accept"]]
+    if accept:
+        lines.append(f"\nDFLASH's accept length at batch 1: {statistics.median(accept):.2f} (the median of its runs)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.paired_speed", description=__doc__.splitlines()[0])
+    add_model_arguments(p)
+    p.add_argument("--pairs", type=int, default=4)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--ignore-eos", action="store_true", help="every request decodes --new-tokens: a batch keeps its size")
+    p.add_argument("--batch1", type=int, default=1, help="prompts answered one at a time")
+    p.add_argument("--concurrency", default="16")
+    p.add_argument("--sampled-concurrency", default="16")
+    p.add_argument("--rounds", type=int, default=4, help="batches per concurrency above 1, each timed and summed")
+    p.add_argument("--page", type=int, default=16)
+    p.add_argument("--ratio", type=float, default=0.25)
+    p.add_argument("--window", type=int, default=256)
+    args = p.parse_args(argv)
+    if args.pairs < 1:
+        p.error("--pairs must be at least 1")
+    if args.draft == "none":
+        p.error("a paired run compares DFLASH with plain decoding: it needs a draft")
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.sampled_concurrency = [int(c) for c in args.sampled_concurrency.split(",")]
+    args.target = args.target or str(ensure_default_model())
+    ignore_eos = args.load_format == "dummy" or args.ignore_eos
+    prompts = prompts_for(args.target, args.load_format, max(args.concurrency + args.sampled_concurrency))
+    served = {v.name: v for v in VARIANTS}
+    runs = []
+    with memd_process(*memd_args(args.target, args.draft, args)) as memd:
+        for kind in run_order(args.pairs):
+            row = run_variant(served[SERVED[kind]], memd, args, prompts, ignore_eos=ignore_eos, breakdown=False)
+            runs.append({"kind": kind, **row})
+            print(json.dumps(runs[-1]), flush=True)
+    print(report(runs, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
