@@ -23,6 +23,7 @@ class InFlight:
     finishes: list[str]
     cache: dict[str, list[int]]
     trims: dict[str, int]
+    tops_up: bool  # it grants decode positions too (else it carries releases alone)
 
 
 class MemdCalls:
@@ -38,7 +39,9 @@ class MemdCalls:
         self.lookahead = lookahead  # decode positions granted beyond a step's need (0: exactly what it needs)
         # Top-ups and releases sent without waiting, answered while the GPU runs the step.
         self.async_top_ups = async_top_ups and lookahead > 0
-        self.in_flight: InFlight | None = None  # a call memd has not answered yet; nothing else is sent meanwhile
+        # a call memd has not answered yet; nothing else is sent meanwhile, except behind an idle pass's releases
+        # (_behind_idle_releases)
+        self.in_flight: InFlight | None = None
         # Releases that ride on the next memd call: finished requests, verified lengths
         # (the uncommitted speculative tail goes back), and out-of-window draft trims.
         self.releases: list[str] = []
@@ -181,11 +184,18 @@ class MemdCalls:
                 due = due or r.held - need < self.lookahead // 2
         if not (due or self.releases or self.cache):
             return  # trims alone wait: a grant comes every lookahead / 2 positions, and the trims ride on it
-        sent = InFlight(None, self.releases, self.cache, self.trims)
+        sent = InFlight(None, self.releases, self.cache, self.trims, tops_up=bool(grows))
         sent.future = self.session.alloc_async(grows=grows, trims=sorted(sent.trims.items()), finishes=sent.finishes,
                                                cache=list(sent.cache.items()))
         self.in_flight = sent
         self.releases, self.cache, self.trims = [], {}, {}
+
+    def _behind_idle_releases(self) -> bool:
+        """Whether a call sent now may go without waiting for the one in flight: nothing runs and that call carries
+        releases alone (an idle pass's, release_idle). memd answers a session's calls in the order sent, over one
+        stream, so it frees (and caches) first, and nothing this side needs the answer before; it is applied once
+        there (a later call's answer implies it). A batch-1 arrival then waits for one round trip, not two."""
+        return self.in_flight is not None and not self.in_flight.tops_up and not self.running
 
     def _await_answer(self, future):
         """memd's answer to a call sent ahead (the engine waits here only when a step needs it)."""

@@ -85,7 +85,7 @@ class Scheduler(MemdCalls):
         newest running request is preempted. A request that cannot be admitted even alone into an
         idle pool can never run: it is failed."""
         hopeless: list[Request] = []
-        self._settle_in_flight(wait=self._may_call())
+        self._settle_in_flight(wait=self._may_call() and not self._behind_idle_releases())
         refused: set[tuple] = set()  # plans memd refused this step: a level that changes nothing is not asked again
         admit, level, spec, lean = self.max_running, 0, self._speculating(), not self.lookahead
         while True:
@@ -146,8 +146,9 @@ class Scheduler(MemdCalls):
         return {a.rid: a for a in answer.requests}
 
     def _may_call(self) -> bool:
-        """Whether this step might wait for memd (then the call in flight must be answered first): an admission, a
-        prefill chunk, a decode short of slots, or (without calls sent ahead) a pending release."""
+        """Whether this step might wait for memd (then the call in flight must be answered first, unless it carries
+        an idle pass's releases alone: _behind_idle_releases): an admission, a prefill chunk, a decode short of
+        slots, or (without calls sent ahead) a pending release."""
         spec = self._speculating()
         releasing = bool(self.releases or self.cache) and not self.async_top_ups
         return bool(self.waiting) or releasing or any(

@@ -192,7 +192,8 @@ class Sim:
 
     def __init__(self, *, pages: int, max_running: int = 8, chunk: int = 64, context: int = 64, block: int = 0,
                  draft_pages: int = 0, window: int = 0, trim_gap: int = 0, max_requests: int = 8, accept=None,
-                 lookahead: int = 0, async_top_ups: bool = False, alone_prompt_tokens: int = 0):
+                 lookahead: int = 0, async_top_ups: bool = False, alone_prompt_tokens: int = 0,
+                 session: type = FakeSession):
         mode = DraftMode.BOUNDED if block else DraftMode.NONE
         self.mgr = SlotManager(
             target_pages=pages, draft_pages=draft_pages, page_size=P, mode=mode, window=window, trim_gap=trim_gap,
@@ -200,7 +201,7 @@ class Sim:
             mapping=np.zeros((pages + 1) * P, np.int32) if block else None,
             req_to_token=np.zeros((max_requests + 1, context), np.int32),
         )
-        self.session = FakeSession(self.mgr)
+        self.session = session(self.mgr)
         self.sched = Scheduler(self.session, max_running, chunk, context, block, lookahead=lookahead,
                                async_top_ups=async_top_ups, alone_prompt_tokens=alone_prompt_tokens)
         self.context = context
@@ -1031,6 +1032,74 @@ def test_an_idle_pass_sends_its_releases_ahead_and_the_next_arrival_finds_them_a
     assert again.cached_tokens == 16, "the arrival matched the pages the release cached"
     sim.run()
     assert sim.done["b"].output_ids == expected_outputs(3) and not sim.failed
+    sim.assert_all_free()
+
+
+class AnsweredInOrder:
+    """A call sent ahead whose answer reaches modeld only with the answer of the session's next call (memd answers a
+    stream's calls in order): reading it before that is the engine waiting a round trip for it (`waited`)."""
+
+    def __init__(self, future: concurrent.futures.Future):
+        self.future, self.arrived, self.waited = future, False, False
+
+    def done(self) -> bool:
+        return self.arrived
+
+    def result(self):
+        self.waited = self.waited or not self.arrived
+        self.arrived = True
+        return self.future.result()
+
+
+class InOrderSession(FakeSession):
+    """FakeSession whose calls sent ahead are answered with the next call (memd applies them at once, in order)."""
+
+    def alloc_async(self, *args, **kwargs):
+        self.ahead = getattr(self, "ahead", []) + [AnsweredInOrder(super().alloc_async(*args, **kwargs))]
+        return self.ahead[-1]
+
+    def _serve(self, call, op, *args):
+        for answer in getattr(self, "ahead", []):
+            answer.arrived = True
+        return super()._serve(call, op, *args)
+
+
+def test_an_arrival_after_an_idle_pass_is_matched_behind_its_releases_without_waiting_for_them():
+    """Batch 1: a request finishes, the idle pass sends its release ahead, the next arrival's MatchPrefix goes out
+    behind it at once (one round trip for the admission, not two), memd frees and caches first (the arrival hits
+    the cached prompt), and the release's answer is applied after."""
+    sim = Sim(pages=128, max_running=4, chunk=64, context=64, lookahead=8, async_top_ups=True, session=InOrderSession)
+    first = sim.request("a", 20, max_new=3)
+    while "a" not in sim.done:
+        sim.step()
+    sim.step()  # the idle pass: the release goes ahead
+    release = sim.sched.in_flight.future
+    assert not release.done() and sim.session.calls[-1].finishes == ["a"]
+    again = Request(rid="b", prompt_ids=list(first.prompt_ids), params=SamplingParams(max_new_tokens=3, temperature=0))
+    sim.sched.add(again)
+    sim.step()  # the admission in one MatchPrefix, sent behind the release without waiting for its answer
+    assert not release.waited, "the arrival waited a round trip for the idle pass's release"
+    assert sim.session.matches and again.cached_tokens == 16, "memd freed and cached before it matched"
+    assert "a" not in {r.rid for r in sim.mgr.requests()}
+    sim.run()
+    assert sim.done["b"].output_ids == expected_outputs(3) and not sim.failed
+    sim.assert_all_free()
+
+
+def test_a_top_up_in_flight_is_answered_before_an_arrival_is_planned():
+    """With requests running, the call in flight may grant them positions: an arrival's step waits for it first,
+    as before (only an idle pass's releases let the next call go behind them)."""
+    sim = Sim(pages=128, max_running=4, chunk=64, context=64, lookahead=8, async_top_ups=True, session=InOrderSession)
+    sim.request("long", 5, max_new=40)
+    while sim.sched.in_flight is None:
+        sim.step()  # decode until a top-up goes ahead
+    top_up = sim.sched.in_flight
+    assert top_up.tops_up and not top_up.future.done()
+    sim.request("late", 5, max_new=2)
+    sim.step()
+    assert top_up.future.waited, "an arrival was planned before the top-up in flight was answered"
+    sim.run()
+    assert not sim.failed and sim.done["long"].output_ids == expected_outputs(40)
     sim.assert_all_free()
 
 
