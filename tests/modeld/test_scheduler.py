@@ -1054,12 +1054,16 @@ class AnsweredInOrder:
 class InOrderSession(FakeSession):
     """FakeSession whose calls sent ahead are answered with the next call (memd applies them at once, in order)."""
 
+    def __init__(self, mgr: SlotManager):
+        super().__init__(mgr)
+        self.ahead: list[AnsweredInOrder] = []
+
     def alloc_async(self, *args, **kwargs):
-        self.ahead = getattr(self, "ahead", []) + [AnsweredInOrder(super().alloc_async(*args, **kwargs))]
+        self.ahead.append(AnsweredInOrder(super().alloc_async(*args, **kwargs)))
         return self.ahead[-1]
 
     def _serve(self, call, op, *args):
-        for answer in getattr(self, "ahead", []):
+        for answer in self.ahead:  # this call's answer comes after theirs
             answer.arrived = True
         return super()._serve(call, op, *args)
 
