@@ -1,9 +1,11 @@
 """Which memd calls modeld's engine waits for, by kind, per 100 decode steps: at batch 1 and at 16 concurrent, with
-the engine as served (lookahead 32, calls sent ahead). The counts are the scheduler's logic and so the same on any
-machine; the times are this machine's (on the CPU they say what each kind costs relative to the others, not a
-share of a GPU step). Runs on the CPU (memd's shared-memory backend) or, with --device cuda, on the GPU.
+the engine as served (calls sent ahead; plain decoding, or DFLASH with --draft). The counts are the scheduler's
+logic and so the same on any machine; the times are this machine's (on the CPU they say what each kind costs
+relative to the others, not a share of a GPU step). Runs on the CPU (memd's shared-memory backend) or, with
+--device cuda, on the GPU.
 
-    python -m bench.memd_waits [--device cpu] [--new-tokens 64] [--batch1 3] [--concurrency 16] [--switch-interval S]
+    python -m bench.memd_waits [--device cpu] [--new-tokens 64] [--batch1 3] [--concurrency 16] [--draft DIR]
+        [--switch-interval S]
 
 Kinds: "MatchPrefix" (a lone arrival's match, with its first chunk's grant), "MatchPrefixBatch" (a burst of
 arrivals registered in one call), "Alloc" (a call the step waited for: admissions, prefill chunks, decodes short of
@@ -128,6 +130,7 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--batch1", type=int, default=3, help="prompts answered one at a time")
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--draft", help="a DFLASH draft (modeld/default_draft: the shipped one): the engine as served with it")
     p.add_argument("--switch-interval", type=float,
                    help="Python's GIL switch interval in seconds for this process, the engine's (default: Python's)")
     args = p.parse_args(argv)
@@ -136,12 +139,15 @@ def main(argv=None) -> int:
     target = args.target or str(ensure_default_model())
     prompts = prompts_for(target, "auto", max(args.batch1, args.concurrency))
     memd_flags = ["--device", args.device, "--target-model", target, "--max-running-requests", str(args.concurrency),
-                  "--max-total-tokens", "65536", "--draft-model", "none", "--metrics-port", "0"]
-    print(f"engine as served (lookahead 32, calls sent ahead), {args.new_tokens} new tokens at most, greedy, "
-          f"device {args.device}\n\n| batch | kind | waited calls / 100 steps | ms waited / 100 steps "
+                  "--max-total-tokens", "65536", "--metrics-port", "0", "--draft-model", args.draft or "none"]
+    if args.draft:  # the shipped draft's pool as modeld's defaults size it
+        memd_flags += ["--draft-kv-ratio", "0.25", "--draft-window", "256"]
+    print(f"engine as served ({'DFLASH' if args.draft else 'plain'}, calls sent ahead), {args.new_tokens} new tokens "
+          f"at most, greedy, device {args.device}\n\n| batch | kind | waited calls / 100 steps | ms waited / 100 steps "
           f"| ms a waited call: mean / p50 / max | memd's handler, ms a call |\n|---|---|---|---|---|---|")
     with memd_process(*memd_flags) as memd:
-        cfg = ModeldConfig(device=args.device, memd=memd, target_model=target, speculative_algorithm="none")
+        cfg = ModeldConfig(device=args.device, memd=memd, target_model=target, draft_model=args.draft,
+                           speculative_algorithm="dflash" if args.draft else "none")
         with running_engine(cfg) as engine:
             generate_all(engine, prompts[:2], 8, False, "warm")
             for batch, groups in ((1, [[q] for q in prompts[: args.batch1]]), (args.concurrency, [prompts[: args.concurrency]])):
