@@ -3,8 +3,8 @@
 Caches are `k_cache, v_cache: [rows, kv_heads, head_dim]` (one layer, k/v `[N, kv_heads, head_dim]`) or
 `[layers, rows, kv_heads, head_dim]` (k/v `[N, layers, kv_heads, head_dim]`: the DFLASH draft's context of every
 layer), views of memd's `[layers, 2, rows, kv_heads, head_dim]` buffer: every kernel addresses them through their
-strides. Slot 0 is the padding sink and is never written on
-purpose; a slot < 0 (target padding) or a translated draft slot <= 0 ("no draft slot") means "skip this row".
+strides. Slot 0 is the padding sink and is never written on purpose; a slot < 0 (target padding) or a translated
+draft slot <= 0 ("no draft slot") means "skip this row".
 The translated and prefix-valid writes come as a plain-torch reference (`*_torch`, also the CPU serving path), a
 Triton launcher (`*_triton`) and a dispatcher that picks Triton for CUDA tensors; the plain write is torch only (on
 CUDA the target writes its K/V in its rotary launch, modeld.kernels.rotary_store). k/v are cast to the cache dtype.
@@ -86,8 +86,8 @@ def _launch_store(k_cache, v_cache, slots, k, v, mapping=None, commit_lens=None,
 def store_kv_torch(k_cache, v_cache, slots, k, v):
     """Write k[i], v[i] into row slots[i] of k_cache, v_cache (cast to the cache dtype); rows with slots[i] < 0 are
     skipped. k_cache, v_cache: [rows, kv_heads, head_dim]; slots: int [N], distinct where >= 0; k, v: [N, kv_heads,
-    head_dim] (or caches [layers, rows, ...] and k, v [N, layers, ...]: every layer's row). In place; the CPU's write and the torch references' (on CUDA the target writes K/V in its rotary
-    launch, modeld.kernels.rotary_store)."""
+    head_dim] (or caches [layers, rows, ...] and k, v [N, layers, ...]: every layer's row). In place; the CPU's
+    write and the torch references' (on CUDA the target writes K/V in its rotary launch, modeld.kernels.rotary_store)."""
     k_cache, v_cache, k, v = _layered(k_cache, v_cache, k, v)
     keep = slots >= 0
     rows = slots[keep].long()
