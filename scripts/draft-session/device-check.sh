@@ -75,6 +75,9 @@ fi
 python3 -m bench.sampler_speed > "$OUT/sampler_speed.md" 2>&1; cat "$OUT/sampler_speed.md"
 python3 -m bench.memd_waits --device cuda --batch1 20 --new-tokens 32 > "$OUT/memd_waits.md" 2> "/tmp/memd_waits.log"
 cat "$OUT/memd_waits.md"  # 20 admissions at batch 1: what each costs in the engine, and memd's handler time
+python3 -m bench.memd_waits --device cuda --batch1 20 --new-tokens 32 --draft modeld/default_draft \
+    > "$OUT/memd_waits_dflash.md" 2> "/tmp/memd_waits_dflash.log"
+cat "$OUT/memd_waits_dflash.md"  # the same with DFLASH as served (acf2771: one waited call an admission, not two)
 python3 -m bench.idle_release --device cuda --rounds 4 > "$OUT/idle_release.md" 2> /tmp/idle_release.log
 cat "$OUT/idle_release.md"  # batch 1's first tokens: an idle pass's releases sent ahead against waited for
 python3 -m bench.gc_pause --device cuda 2> /tmp/gc_pause.log | tail -4 > /tmp/gc_pause.md  # heap frozen or not
