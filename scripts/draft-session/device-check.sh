@@ -8,7 +8,8 @@
 # With `speed`, the benchmarks alone: the second of two calls on one held machine (the whole run passes 600 s).
 # With `threshold`, where DFLASH with the shipped draft stops paying, by batch size (--speculative-disable-by-batch-size).
 # With `paired`, DFLASH as served against plain as served in alternating runs (bench.paired_speed: the ratio of each
-# pair at batch 1 and 16, greedy and sampled; about 200 s): a difference of a few percent, beyond one run's noise.
+# pair at batch 1 and 16, greedy and sampled, after one unmeasured run of each; a few minutes): a difference of a few
+# percent, beyond one run's noise.
 # With the argument `dummy`, on a bare machine (carry .whl only: no model parts, no set-up), what needs no real
 # weights: the fused kernels' tests, their timing against the launches they replace (with a tile sweep at one row
 # and at 16; at 64 and 256 rows, against modeld's unfused path there) and the 8B geometry's batch-1 step profile
