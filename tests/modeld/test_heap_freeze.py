@@ -32,7 +32,8 @@ def test_freezing_takes_the_live_heap_out_of_the_collectors_reach():
     alive = Node()
     assert tracked(alive)
     frozen = freeze_heap("in a test")
-    assert frozen == gc.get_freeze_count() > 0
+    # what it froze; frozen objects may die since (another thread's), but nothing joins without another freeze
+    assert 0 < gc.get_freeze_count() <= frozen
     assert not tracked(alive), "a frozen object is still in a generation a full collection walks"
 
 
