@@ -280,31 +280,44 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="z-lab format draft, or 'none'")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.engine_speed", description=__doc__.splitlines()[0])
-    add_model_arguments(p)
+def add_run_arguments(p: argparse.ArgumentParser, *, batch1: int, concurrency: str, sampled_concurrency: str,
+                      rounds: int) -> None:
+    """What run_variant and memd_args read of the command line (defaults per benchmark): the requests' length, the
+    runs' batches, memd's page and draft pool."""
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--ignore-eos", action="store_true",
                    help="every request decodes --new-tokens (always so with dummy weights): batch-1 runs of real "
                         "weights otherwise end at EOS after answers of varied length, whose prefills and admissions "
                         "move tokens/s by more than a kernel-level change")
-    p.add_argument("--batch1", type=int, default=4, help="prompts answered one at a time")
-    p.add_argument("--concurrency", default="16,64")
-    p.add_argument("--sampled-concurrency", default="1,16", help="concurrencies of the sampled requests' runs")
-    p.add_argument("--rounds", type=int, default=3, help="batches per concurrency above 1, each timed and summed")
+    p.add_argument("--batch1", type=int, default=batch1, help="prompts answered one at a time")
+    p.add_argument("--concurrency", default=concurrency)
+    p.add_argument("--sampled-concurrency", default=sampled_concurrency, help="concurrencies of the sampled requests' runs")
+    p.add_argument("--rounds", type=int, default=rounds, help="batches per concurrency above 1, each timed and summed")
     p.add_argument("--page", type=int, default=16)
     p.add_argument("--ratio", type=float, default=0.25)
     p.add_argument("--window", type=int, default=256)
+
+
+def resolve_run_arguments(args) -> bool:
+    """The concurrencies as lists of ints and the target's folder (the default model, fetched if need be), in place;
+    returns whether every request ignores EOS (asked, or dummy weights)."""
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.sampled_concurrency = [int(c) for c in args.sampled_concurrency.split(",")]
+    args.target = args.target or str(ensure_default_model())
+    return args.load_format == "dummy" or args.ignore_eos
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.engine_speed", description=__doc__.splitlines()[0])
+    add_model_arguments(p)
+    add_run_arguments(p, batch1=4, concurrency="16,64", sampled_concurrency="1,16", rounds=3)
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--variants", help="comma-separated indexes into VARIANTS to run (default: all; 1, the ratios' "
                                       "reference, always runs): " + "; ".join(f"{i}: {v.name}" for i, v in enumerate(VARIANTS)))
     p.add_argument("--json", help="write the rows here too")
     args = p.parse_args(argv)
-    args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    args.sampled_concurrency = [int(c) for c in args.sampled_concurrency.split(",")]
-    args.target = args.target or str(ensure_default_model())
+    ignore_eos = resolve_run_arguments(args)
     draft = None if args.draft == "none" else args.draft
-    ignore_eos = args.load_format == "dummy" or args.ignore_eos
     prompts = prompts_for(args.target, args.load_format, max(args.concurrency + args.sampled_concurrency))
     hf = None if args.skip_hf else hf_generate(args, prompts, ignore_eos=ignore_eos)
     rows = []

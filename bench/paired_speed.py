@@ -18,10 +18,10 @@ import json
 import statistics
 import sys
 
-from bench.engine_speed import add_model_arguments, memd_args, prompts_for, run_variant
+from bench.engine_speed import (add_model_arguments, add_run_arguments, memd_args, prompts_for,
+                                resolve_run_arguments, run_variant)
 from bench.engine_variants import SERVED, VARIANTS
 from bench.memd_process import memd_process
-from modeld.fetch_default import ensure_default_model
 
 KINDS = ("plain", "dflash")
 
@@ -69,25 +69,14 @@ def report(runs: list[dict], args) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.paired_speed", description=__doc__.splitlines()[0])
     add_model_arguments(p)
+    add_run_arguments(p, batch1=1, concurrency="16", sampled_concurrency="16", rounds=4)
     p.add_argument("--pairs", type=int, default=4)
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--ignore-eos", action="store_true", help="every request decodes --new-tokens: a batch keeps its size")
-    p.add_argument("--batch1", type=int, default=1, help="prompts answered one at a time")
-    p.add_argument("--concurrency", default="16")
-    p.add_argument("--sampled-concurrency", default="16")
-    p.add_argument("--rounds", type=int, default=4, help="batches per concurrency above 1, each timed and summed")
-    p.add_argument("--page", type=int, default=16)
-    p.add_argument("--ratio", type=float, default=0.25)
-    p.add_argument("--window", type=int, default=256)
     args = p.parse_args(argv)
     if args.pairs < 1:
         p.error("--pairs must be at least 1")
     if args.draft == "none":
         p.error("a paired run compares DFLASH with plain decoding: it needs a draft")
-    args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    args.sampled_concurrency = [int(c) for c in args.sampled_concurrency.split(",")]
-    args.target = args.target or str(ensure_default_model())
-    ignore_eos = args.load_format == "dummy" or args.ignore_eos
+    ignore_eos = resolve_run_arguments(args)
     prompts = prompts_for(args.target, args.load_format, max(args.concurrency + args.sampled_concurrency))
     served = {v.name: v for v in VARIANTS}
     runs = []
