@@ -30,6 +30,7 @@ from bench.engine_speed import generate_all, prompts_for
 from bench.in_process import Patches, running_engine
 from bench.memd_process import memd_process
 from bench.metrics_scrape import metric_samples
+from memd import defaults
 from modeld.config import ModeldConfig
 from modeld.fetch_default import ensure_default_model
 
@@ -140,8 +141,9 @@ def main(argv=None) -> int:
     prompts = prompts_for(target, "auto", max(args.batch1, args.concurrency))
     memd_flags = ["--device", args.device, "--target-model", target, "--max-running-requests", str(args.concurrency),
                   "--max-total-tokens", "65536", "--metrics-port", "0", "--draft-model", args.draft or "none"]
-    if args.draft:  # the shipped draft's pool as modeld's defaults size it
-        memd_flags += ["--draft-kv-ratio", "0.25", "--draft-window", "256"]
+    if args.draft:  # the bounded draft pool memd sizes by default for the shipped draft
+        memd_flags += ["--draft-kv-ratio", str(defaults.DEFAULT_DRAFT_KV_RATIO),
+                       "--draft-window", str(defaults.default_draft_window())]
     print(f"engine as served ({'DFLASH' if args.draft else 'plain'}, calls sent ahead), {args.new_tokens} new tokens "
           f"at most, greedy, device {args.device}\n\n| batch | kind | waited calls / 100 steps | ms waited / 100 steps "
           f"| ms a waited call: mean / p50 / max | memd's handler, ms a call |\n|---|---|---|---|---|---|")
