@@ -39,12 +39,19 @@ def random_slots(n, pages, page_size):
 
 
 def expected_pool(pool, slots, k, v):
-    """The pool after writing k[i], v[i] at slots[i] for every slot > 0 (None / <= 0 = skip), one token at a time."""
+    """The pool after writing k[i], v[i] at slots[i] of layer LAYER for every slot > 0 (None / <= 0 = skip)."""
+    return expected_layered(pool, slots, k[:, None], v[:, None])
+
+
+def expected_layered(pool, slots, k, v):
+    """The pool after writing every layer's k[i, layer], v[i, layer] at slots[i] of layer LAYER + layer (None / <= 0 =
+    skip), one token and layer at a time."""
     pool = pool.clone()
     for i, slot in enumerate(slots):
-        if slot is not None and slot > 0:
-            pool[LAYER, 0, slot] = k[i]
-            pool[LAYER, 1, slot] = v[i]
+        for layer in range(k.shape[1]):
+            if slot is not None and slot > 0:
+                pool[LAYER + layer, 0, slot] = k[i, layer]
+                pool[LAYER + layer, 1, slot] = v[i, layer]
     return pool
 
 
@@ -141,23 +148,12 @@ def test_store_kv_prefix_valid(impl, dtype, translated, flat_kv, batch, cols, pa
 
 
 def make_layered(n, layers, pages, page_size, kv_heads, head_dim, dtype, device):
-    """A sentinel pool of `layers + 1` layers whose last `layers` are written (layer 0 must keep the sentinel), its
+    """A sentinel pool of LAYER + `layers` layers whose last `layers` are written (layer 0 must keep the sentinel), its
     k/v caches [layers, rows, H, D], and k, v [n, layers, H, D] as views of one projection [n, 2, layers, H, D] (as
     ServingDraft.context_kv_layers returns them)."""
-    pool = torch.full((layers + 1, 2, pages * page_size, kv_heads, head_dim), SENTINEL, dtype=dtype, device=device)
+    pool = torch.full((LAYER + layers, 2, pages * page_size, kv_heads, head_dim), SENTINEL, dtype=dtype, device=device)
     kv = torch.randn(n, 2, layers, kv_heads, head_dim).to(dtype).to(device)
-    return pool, pool[1:, 0], pool[1:, 1], kv[:, 0], kv[:, 1]
-
-
-def expected_layered(pool, slots, k, v):
-    """The pool after writing every layer's k[i], v[i] at slots[i] (None / <= 0 = skip), one token and layer at a time."""
-    pool = pool.clone()
-    for i, slot in enumerate(slots):
-        for layer in range(k.shape[1]):
-            if slot is not None and slot > 0:
-                pool[1 + layer, 0, slot] = k[i, layer]
-                pool[1 + layer, 1, slot] = v[i, layer]
-    return pool
+    return pool, pool[LAYER:, 0], pool[LAYER:, 1], kv[:, 0], kv[:, 1]
 
 
 @pytest.mark.parametrize("impl", [store_kv_translated_torch, store_kv_translated_triton, store_kv_translated],
