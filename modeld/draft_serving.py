@@ -58,7 +58,8 @@ class _Layer:
 
 
 class ServingDraft:
-    """DFlashDraft's context_kv and block_hidden for inference (no autograd), with the same signatures."""
+    """DFlashDraft's context_kv and block_hidden for inference (no autograd): block_hidden with the same signature,
+    context_kv as every layer's K and V at once (context_kv_layers), the shape one write of the draft pool takes."""
 
     @torch.no_grad()
     def __init__(self, draft: DFlashDraft, max_positions: int):
@@ -88,15 +89,10 @@ class ServingDraft:
         return both[:, 0], both[:, 1]
 
     @torch.inference_mode()
-    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per draft layer, the K/V [T, kv_heads, head_dim] that committed tokens leave in the draft pool."""
-        k, v = self.context_kv_layers(taps, positions)
-        return [(k[:, i], v[:, i]) for i in range(len(self.layers))]
-
-    @torch.inference_mode()
     def context_kv_layers(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """context_kv's K and V of every layer, [T, layers, kv_heads, head_dim] each (views of one projection): what
-        one write of the draft pool takes (modeld.kernels.kv_write, caches of several layers)."""
+        """The K and V that committed tokens leave in the draft pool, of every layer: [T, layers, kv_heads, head_dim]
+        each (views of one projection; DFlashDraft.context_kv's per-layer pairs stacked), what one write of the
+        draft pool takes (modeld.kernels.kv_write, caches of several layers)."""
         t, layers = taps.shape[0], len(self.layers)
         ctx = rms_norm(F.linear(taps, self.fc), self.hidden_norm, self.eps)[0]
         kv = F.linear(ctx, self.context_kv_weight).view(t, 2, layers, self.kv_heads, self.head_dim)

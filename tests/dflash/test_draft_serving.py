@@ -63,7 +63,8 @@ def compare(device: str, dtype: torch.dtype, causal: bool, atol: float, mlp_bias
     taps = torch.randn(10, TAPS * TARGET_HIDDEN, generator=gen).to(device=device, dtype=dtype)
     positions = torch.tensor([0, 1, 2, 7, 8, 100, 200, 255, 300, 511], device=device)
     with torch.inference_mode():
-        want_kv, got_kv = draft.context_kv(taps, positions), serving.context_kv(taps, positions)
+        want_kv, (got_k, got_v) = draft.context_kv(taps, positions), serving.context_kv_layers(taps, positions)
+        got_kv = [(got_k[:, i], got_v[:, i]) for i in range(got_k.shape[1])]
         assert len(got_kv) == len(want_kv) == 3
         for (wk, wv), (gk, gv) in zip(want_kv, got_kv):
             assert gk.shape == wk.shape and gv.shape == wv.shape
@@ -99,7 +100,7 @@ def test_positions_beyond_the_table_are_refused_by_indexing():
     serving = ServingDraft(draft, max_positions=256)
     assert serving.rope_table.shape[0] == 512  # the larger of the target's and the draft's limits
     with pytest.raises(IndexError):
-        serving.context_kv(torch.zeros(1, TAPS * TARGET_HIDDEN), torch.tensor([512]))
+        serving.context_kv_layers(torch.zeros(1, TAPS * TARGET_HIDDEN), torch.tensor([512]))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (Triton kernels)")
