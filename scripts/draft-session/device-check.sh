@@ -10,6 +10,9 @@
 # With `paired`, DFLASH as served against plain as served in alternating runs (bench.paired_speed: the ratio of each
 # pair at batch 1 and 16, greedy and sampled, after one unmeasured run of each; a few minutes): a difference of a few
 # percent, beyond one run's noise.
+# With `goals`, the engine-speed issue's goal table in one call (about 300 s, after set-up; BENCHMARKS.md, the
+# twenty-third session): paired DFLASH/plain at 1, 16 and 64, HF beside plain, memd's share over twelve requests,
+# the 8B geometry's MBU and DFLASH cycle.
 # With the argument `dummy`, on a bare machine (carry .whl only: no model parts, no set-up), what needs no real
 # weights: the fused kernels' tests, their timing against the launches they replace (with a tile sweep at one row
 # and at 16; at 64 and 256 rows, against modeld's unfused path there) and the 8B geometry's batch-1 step profile
@@ -43,6 +46,27 @@ if [ "${1:-}" = dummy-speed ]; then
         --load-format dummy --concurrency 16 --batch1 2 --new-tokens 256 --ignore-eos --skip-hf --variants 8,10 \
         > "$OUT/engine_speed_8b.md" 2> "/tmp/engine_speed_8b.log"
     grep -v "^{" "$OUT/engine_speed_8b.md"  # cut off at 560 s, the rows of the variants that ran are in the file
+    exit 0
+fi
+if [ "${1:-}" = goals ]; then  # needs the model (parts): the engine-speed issue's goal table in one call (about 300 s)
+    # DFLASH as served against plain as served in alternating pairs, at batch 1, 16 and 64 (about 90 s)
+    timeout 200 python3 -m bench.paired_speed --pairs 4 --concurrency 16,64 --sampled-concurrency 16 --ignore-eos \
+        > "$OUT/paired.md" 2> /tmp/paired.log || tail -5 /tmp/paired.log
+    grep -v '^{' "$OUT/paired.md"
+    # HF generate at batch 1 beside plain (one step and four a replay), DFLASH speculating at every size, both as served
+    timeout 150 python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --rounds 4 --ignore-eos \
+        --variants 2,4,5,12 > "$OUT/engine_speed.md" 2> /tmp/engine_speed.log || tail -5 /tmp/engine_speed.log
+    grep -v '^{' "$OUT/engine_speed.md" | head -12; grep -A14 '^Per-step' "$OUT/engine_speed.md" | grep '^|'
+    grep 'DFLASH step / plain step' "$OUT/engine_speed.md"
+    # memd's share over twelve requests at batch 1 (three requests let one slow call move it)
+    timeout 100 python3 -m bench.engine_speed --concurrency 16 --sampled-concurrency 1 --batch1 12 --rounds 1 --ignore-eos \
+        --skip-hf --variants 5,12 > "$OUT/engine_speed_b12.md" 2> /tmp/engine_speed_b12.log || tail -5 /tmp/engine_speed_b12.log
+    grep -A10 '^Per-step' "$OUT/engine_speed_b12.md" | grep '^|'
+    # the 8B geometry (dummy weights): MBU at batch 1 and a DFLASH cycle against a plain step (about 95 s)
+    timeout 200 python3 -m bench.engine_speed --target bench/configs/llama3-8b --draft bench/configs/llama3-8b-draft \
+        --load-format dummy --concurrency 16 --batch1 2 --rounds 2 --new-tokens 256 --ignore-eos --skip-hf \
+        --variants 4,12 > "$OUT/engine_speed_8b.md" 2> /tmp/engine_speed_8b.log || tail -5 /tmp/engine_speed_8b.log
+    grep -h 'MBU at batch 1\|DFLASH step / plain step' "$OUT/engine_speed_8b.md"
     exit 0
 fi
 if [ "${1:-}" = paired ]; then  # needs the model (parts)
