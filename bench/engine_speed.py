@@ -60,11 +60,15 @@ def mbu(weight_bytes: int, steps_per_second: float) -> str:
     return "-" if peak is None else f"{weight_bytes * steps_per_second / peak:.0%}"
 
 
+def largest_batch(args) -> int:
+    """The largest batch of any run (greedy or sampled): memd's running requests, the prompts a run needs."""
+    return max(args.concurrency + args.sampled_concurrency)
+
+
 def memd_args(target: str, draft: str | None, args) -> list[str]:
     """memd on the GPU for every configuration: bf16 KV, a bounded draft pool when there is a draft."""
-    running = max(args.concurrency + args.sampled_concurrency)  # the largest batch of any run
     flags = ["--device", "cuda", "--target-model", target, "--page-size", str(args.page), "--max-running-requests",
-             str(running), "--mem-fraction", "0.3", "--kv-cache-dtype", "bfloat16",
+             str(largest_batch(args)), "--mem-fraction", "0.3", "--kv-cache-dtype", "bfloat16",
              "--decode-lookahead", "96", "--draft-model", draft or "none"]  # the lookahead: the most a variant asks for
     if draft:
         flags += ["--draft-kv-ratio", str(args.ratio), "--draft-window", str(args.window)]
@@ -318,7 +322,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     ignore_eos = resolve_run_arguments(args)
     draft = None if args.draft == "none" else args.draft
-    prompts = prompts_for(args.target, args.load_format, max(args.concurrency + args.sampled_concurrency))
+    prompts = prompts_for(args.target, args.load_format, largest_batch(args))
     hf = None if args.skip_hf else hf_generate(args, prompts, ignore_eos=ignore_eos)
     rows = []
     with memd_process(*memd_args(args.target, draft, args)) as memd:

@@ -18,7 +18,7 @@ import json
 import statistics
 import sys
 
-from bench.engine_speed import (add_model_arguments, add_run_arguments, memd_args, prompts_for,
+from bench.engine_speed import (add_model_arguments, add_run_arguments, largest_batch, memd_args, prompts_for,
                                 resolve_run_arguments, run_variant)
 from bench.engine_variants import SERVED, VARIANTS
 from bench.memd_process import memd_process
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     if args.draft == "none":
         p.error("a paired run compares DFLASH with plain decoding: it needs a draft")
     ignore_eos = resolve_run_arguments(args)
-    prompts = prompts_for(args.target, args.load_format, max(args.concurrency + args.sampled_concurrency))
+    prompts = prompts_for(args.target, args.load_format, largest_batch(args))
     served = {v.name: v for v in VARIANTS}
     runs = []
     with memd_process(*memd_args(args.target, args.draft, args)) as memd:

@@ -48,11 +48,13 @@ if [ "${1:-}" = dummy-speed ]; then
     grep -v "^{" "$OUT/engine_speed_8b.md"  # cut off at 560 s, the rows of the variants that ran are in the file
     exit 0
 fi
-if [ "${1:-}" = goals ]; then  # needs the model (parts): the engine-speed issue's goal table in one call (about 300 s)
-    # DFLASH as served against plain as served in alternating pairs, at batch 1, 16 and 64 (about 90 s)
-    timeout 200 python3 -m bench.paired_speed --pairs 4 --concurrency 16,64 --sampled-concurrency 16 --ignore-eos \
+paired() {  # $1: time limit (s), $2: greedy concurrencies; four alternating pairs, sampled at 16 (bench.paired_speed)
+    timeout "$1" python3 -m bench.paired_speed --pairs 4 --concurrency "$2" --sampled-concurrency 16 --ignore-eos \
         > "$OUT/paired.md" 2> /tmp/paired.log || tail -5 /tmp/paired.log
     grep -v '^{' "$OUT/paired.md"
+}
+if [ "${1:-}" = goals ]; then  # needs the model (parts): the engine-speed issue's goal table in one call (about 300 s)
+    paired 200 16,64  # DFLASH as served against plain as served at batch 1, 16 and 64 (about 90 s)
     # HF generate at batch 1 beside plain (one step and four a replay), DFLASH speculating at every size, both as served
     timeout 150 python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --rounds 4 --ignore-eos \
         --variants 2,4,5,12 > "$OUT/engine_speed.md" 2> /tmp/engine_speed.log || tail -5 /tmp/engine_speed.log
@@ -70,9 +72,7 @@ if [ "${1:-}" = goals ]; then  # needs the model (parts): the engine-speed issue
     exit 0
 fi
 if [ "${1:-}" = paired ]; then  # needs the model (parts)
-    timeout 560 python3 -m bench.paired_speed --pairs 4 --concurrency 16 --sampled-concurrency 16 --ignore-eos \
-        > "$OUT/paired.md" 2> /tmp/paired.log || tail -5 /tmp/paired.log
-    grep -v '^{' "$OUT/paired.md"
+    paired 560 16
     exit 0
 fi
 if [ "${1:-}" = threshold ]; then  # where DFLASH stops paying: needs the model (parts), about 400 s
