@@ -7,14 +7,16 @@ fused kernels for at most 16 rows, and against its path above that, norm + cuBLA
   norm kernel, the skinny q|k|v and rotary_store;
 - the draft's q/k norms and rotary in one launch (modeld/kernels/qk_norm_rotary.py) against two norm launches and
   rotary, over a block of 16 rows a request;
-- the two-launch argmax (modeld/kernels/argmax.py) against torch.argmax over the vocabularies.
+- the two-launch argmax (modeld/kernels/argmax.py) against torch.argmax over the vocabularies;
+- DFLASH's acceptance rule in one launch (modeld/kernels/accept.py) against its torch operations, the cycle graph's
+  padding mask included, per verified block of 16.
 
 Timing as in bench.skinny_linear: a CUDA graph of many launches over weight copies that do not fit in L2, device
 time per launch from CUDA events. The fused kernel is timed with the tile modeld uses (its FUSED_TILES or
 ATTENTION_TILES entry); where modeld has none (it runs the ops apart there), and with --sweep, also with 18 other
 tiles (for the attention input those of at most half a head's columns), and the fastest is printed after it.
 
-    python -m bench.fused_kernels [--rows 1,16,64,256] [--sweep] [--only 8B|135M]
+    python -m bench.fused_kernels [--rows 1,16,64,256] [--sweep] [--only 8B|135M|DFLASH]
 """
 
 import argparse
@@ -23,6 +25,7 @@ import itertools
 import torch
 
 from bench.skinny_linear import ROTATION_BYTES, device_us
+from modeld.kernels.accept import accept_lengths_torch, accept_lengths_triton
 from modeld.kernels.argmax import argmax_rows
 from modeld.kernels.fused import rms_norm, rotary, silu_mul
 from modeld.kernels import norm_linear as fused_norm
@@ -39,6 +42,7 @@ SHAPES = [("8B qkv", 6144, 4096, False), ("8B gate_up", 28672, 4096, True),
 ATTENTION_INPUTS = [("8B qkv", 4096, 32, 8, 128), ("135M qkv", 576, 9, 3, 64)]  # (name, K, q heads, kv heads, D)
 DRAFT_HEADS = [("8B draft", 32, 8, 128), ("135M draft", 9, 3, 64)]  # (name, q heads, kv heads, D)
 VOCABS = [("8B", 128256), ("135M", 49152)]
+ACCEPT_BLOCKS = [("DFLASH", 16)]  # (name, block size): geometry-free
 OTHER_TILES = list(itertools.product((16, 32, 64), (128, 256, 512), (4,), (3, 4)))
 EPS = 1e-5
 
@@ -165,6 +169,19 @@ def argmax_row(name: str, vocab: int, rows: int) -> str:
             f"{base / us:.2f} | - |")
 
 
+def accept_row(name: str, block: int, requests: int) -> str:
+    """The acceptance rule of `requests` verified blocks, with the cycle graph's padding mask (every third padding)."""
+    gen = torch.Generator(device="cuda").manual_seed(requests)
+    target = torch.randint(0, 4, (requests, block), device="cuda", generator=gen)
+    drafts = torch.randint(0, 4, (requests, block - 1), device="cuda", generator=gen)
+    live = torch.where(torch.arange(requests, device="cuda") % 3 == 2, -1, 1)
+    assert torch.equal(accept_lengths_triton(drafts, target, live), accept_lengths_torch(drafts, target, live))
+    base = device_us(lambda i: accept_lengths_torch(drafts, target, live), 1)
+    us = device_us(lambda i: accept_lengths_triton(drafts, target, live), 1)
+    return (f"| {name} acceptance, block {block} | {requests} | torch (eq, cast, cumprod, sum, add, mask): {base:.2f} µs; "
+            f"one launch | {us:.2f} | {base / us:.2f} | - |")
+
+
 def of_geometry(shapes: list[tuple], prefix: str) -> list[tuple]:
     """The shapes whose name starts with `prefix` ("8B", "135M"; "": all)."""
     return [shape for shape in shapes if shape[0].startswith(prefix)]
@@ -174,7 +191,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1,16")
     parser.add_argument("--sweep", action="store_true", help="time 18 other tiles of the fused kernel too")
-    parser.add_argument("--only", default="", help="the shapes of one geometry: 8B or 135M (default: both)")
+    parser.add_argument("--only", default="", help="the shapes of one geometry: 8B or 135M, or the acceptance "
+                        "rule alone: DFLASH (default: all)")
     args = parser.parse_args()
     print(f"GPU: {torch.cuda.get_device_name()}; bf16; device time per launch (µs) over rotating weight copies\n")
     print("| shape | rows | kernels (block_n, block_k, warps, stages) | µs | x unfused | max rel err vs unfused |")
@@ -188,6 +206,8 @@ def main() -> None:
             print(draft_qk(name, q_heads, kv_heads, head_dim, rows), flush=True)
         for name, vocab in of_geometry(VOCABS, args.only):
             print(argmax_row(name, vocab, rows), flush=True)
+        for name, block in of_geometry(ACCEPT_BLOCKS, args.only):
+            print(accept_row(name, block, rows), flush=True)
 
 
 if __name__ == "__main__":

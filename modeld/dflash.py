@@ -21,19 +21,12 @@ import torch
 
 from modeld.draft import DFlashDraft
 from modeld.draft_serving import ServingDraft
+from modeld.kernels.accept import accept_lengths
 from modeld.kernels.argmax import argmax_rows
 from modeld.kernels.draft_attention import PagedContext
 from modeld.kernels.kv_write import store_kv_prefix_valid, store_kv_translated
 from modeld.model import CausalLM, ForwardBatch
 from modeld.runner import StepInputs, StepOutput
-
-
-def accept_lengths(drafts: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Tokens committed by each verified block, on the device: drafts d_1..d_{B-1} [N, B-1], target tokens
-    y_0..y_{B-1} [N, B] (y_i follows position L+i). The block commits the longest prefix of drafts with
-    d_i == y_{i-1}, then the bonus: a + 1 tokens, which are exactly target[:, :a + 1]."""
-    matched = (drafts == target[:, :-1]).to(torch.int32).cumprod(dim=1)
-    return matched.sum(dim=1) + 1
 
 
 class DflashWorker:
@@ -124,7 +117,7 @@ class DflashWorker:
         hidden, captured = self.target(batch, kv_pool, capture_layers=self.taps)
         target = argmax_rows(self.target.lm_head(hidden)).view(n, b)
         slots_2d = batch.out_slots.view(n, b)
-        lengths = accept_lengths(drafts, target) * (slots_2d[:, 0] >= 0)
+        lengths = accept_lengths(drafts, target, live=slots_2d[:, 0])
         self.write_committed(captured, batch.positions, slots_2d, lengths)
         return torch.cat([target.reshape(-1), lengths])
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from modeld import sampling
-from modeld.dflash import accept_lengths
+from modeld.kernels.accept import accept_lengths
 from modeld.sampling import draw_chunks, sample
 from modeld.sampling_params import InvalidRequest, SamplingParams
 
