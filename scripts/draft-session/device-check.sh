@@ -13,6 +13,8 @@
 # With `goals`, the engine-speed issue's goal table in one call (about 300 s, after set-up; BENCHMARKS.md, the
 # twenty-third session): paired DFLASH/plain at 1, 16 and 64, HF beside plain, memd's share over twelve requests,
 # the 8B geometry's MBU and DFLASH cycle.
+# With `accept`, on a bare machine (carry .whl only), the one-launch acceptance rule's tests (kernel, device sampling,
+# the graphs that run it) and its timing against the torch operations it replaces (bench.fused_kernels --only DFLASH).
 # With the argument `dummy`, on a bare machine (carry .whl only: no model parts, no set-up), what needs no real
 # weights: the fused kernels' tests, their timing against the launches they replace (with a tile sweep at one row
 # and at 16; at 64 and 256 rows, against modeld's unfused path there) and the 8B geometry's batch-1 step profile
@@ -20,6 +22,15 @@
 # the 8B's shapes are not fused, so the two should match). With `dummy-speed`, the 8B geometry's engine speed and
 # MBU: plain as served, with cuBLAS for few rows, and with the norms unfused (batch 1 decoding every token).
 export PYTHONPATH=/tmp/site:$PWD
+if [ "${1:-}" = accept ]; then  # on a bare machine (carry .whl only): the one-launch acceptance rule, in and out of graphs
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    python3 -m pytest -q tests/kernels/test_accept.py tests/kernels/test_argmax.py tests/modeld/test_device_sampling.py \
+        tests/dflash/test_greedy_cycle_gpu.py tests/dflash/test_dummy_draft.py tests/dflash/test_draft_serving.py \
+        tests/modeld/test_cuda_graph.py tests/modeld/test_decode_chain.py > "$OUT/suite-accept.txt" 2>&1
+    tail -3 "$OUT/suite-accept.txt"
+    timeout 60 python3 -m bench.fused_kernels --rows 1,16 --only DFLASH > "$OUT/accept.md" 2>&1; cat "$OUT/accept.md"
+    exit 0
+fi
 if [ "${1:-}" = dummy ] || [ "${1:-}" = dummy-speed ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
