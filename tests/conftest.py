@@ -5,6 +5,7 @@ set before any kernel is defined (when modeld.kernels is first imported), so it 
 before any test module is imported. On a GPU machine it stays unset: kernels run compiled.
 """
 
+import inspect
 import os
 
 import pytest
@@ -73,12 +74,14 @@ def greedy(hf_model, ids: list[int], max_new_tokens: int) -> list[int]:
 
 
 def greedy_without_eos(hf_model, ids: list[int], max_new_tokens: int) -> list[int]:
-    """Argmax decoding that runs past EOS, with HF's own KV cache."""
+    """Argmax decoding that runs past EOS, with HF's own KV cache. Newer transformers name the cache argument (and
+    output) `cache` and drop `past_key_values` in 5.40; older ones (the GPU machine's) know only `past_key_values`."""
+    cache_name = "cache" if "cache" in inspect.signature(hf_model.forward).parameters else "past_key_values"
     out, past, step = [], None, torch.tensor([ids], device=hf_model.device)
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            result = hf_model(step, past_key_values=past, use_cache=True)
-            past = result.past_key_values
+            result = hf_model(step, use_cache=True, **{cache_name: past})
+            past = getattr(result, cache_name)
             out.append(int(result.logits[0, -1].argmax()))
             step = torch.tensor([[out[-1]]], device=hf_model.device)
     return out
