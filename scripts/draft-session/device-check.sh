@@ -22,17 +22,16 @@
 # the 8B's shapes are not fused, so the two should match). With `dummy-speed`, the 8B geometry's engine speed and
 # MBU: plain as served, with cuBLAS for few rows, and with the norms unfused (batch 1 decoding every token).
 export PYTHONPATH=/tmp/site:$PWD
-if [ "${1:-}" = accept ]; then  # on a bare machine (carry .whl only): the one-launch acceptance rule, in and out of graphs
+if [ "${1:-}" = dummy ] || [ "${1:-}" = dummy-speed ] || [ "${1:-}" = accept ]; then  # bare machines
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+if [ "${1:-}" = accept ]; then  # on a bare machine (carry .whl only): the one-launch acceptance rule, in and out of graphs
     python3 -m pytest -q tests/kernels/test_accept.py tests/kernels/test_argmax.py tests/modeld/test_device_sampling.py \
         tests/dflash/test_greedy_cycle_gpu.py tests/dflash/test_dummy_draft.py tests/dflash/test_draft_serving.py \
         tests/modeld/test_cuda_graph.py tests/modeld/test_decode_chain.py > "$OUT/suite-accept.txt" 2>&1
     tail -3 "$OUT/suite-accept.txt"
     timeout 60 python3 -m bench.fused_kernels --rows 1,16 --only DFLASH > "$OUT/accept.md" 2>&1; cat "$OUT/accept.md"
     exit 0
-fi
-if [ "${1:-}" = dummy ] || [ "${1:-}" = dummy-speed ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 if [ "${1:-}" = dummy ]; then
     python3 -m pytest -q tests/kernels/test_norm_linear.py tests/kernels/test_norm_qkv_rotary.py \
