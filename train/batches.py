@@ -48,7 +48,8 @@ SORT_WINDOW = 4096  # sequences whose batches are packed in length order (then t
 
 
 def epoch_batches(seqs: list[dict], tc, epoch: int) -> list[list[int]]:
-    """Sequence indices per step, packed until batch_anchors blocks: every sequence with an anchor once. A seeded
+    """Sequence indices per step, packed until batch_anchors blocks or batch_tokens tokens: every sequence with an
+    anchor once. A seeded
     order for the epoch, cut into windows of SORT_WINDOW sequences, each packed in length order so that a batch
     holds sequences of about one length (the target's forward pads a batch to its longest sequence); the
     batches are then shuffled, so the schedule does not run from short to long."""
@@ -58,15 +59,17 @@ def epoch_batches(seqs: list[dict], tc, epoch: int) -> list[list[int]]:
     batches = []
     for start in range(0, len(order), SORT_WINDOW):
         window = sorted(order[start:start + SORT_WINDOW], key=lambda i: len(seqs[i]["ids"]))
-        current, blocks = [], 0
+        current, blocks, tokens = [], 0, 0
         for i in window:
             if counts[i] == 0:
                 continue
-            if current and blocks + counts[i] > tc.batch_anchors:
+            length = min(len(seqs[i]["ids"]), tc.max_len)
+            if current and (blocks + counts[i] > tc.batch_anchors or tokens + length > tc.batch_tokens):
                 batches.append(current)
-                current, blocks = [], 0
+                current, blocks, tokens = [], 0, 0
             current.append(i)
             blocks += counts[i]
+            tokens += length
         if current:
             batches.append(current)
     return [batches[k] for k in rng.permutation(len(batches)).tolist()]

@@ -7,7 +7,7 @@ steps in 250 s and left the rest of its call unused. Paced, the run ends anneale
 
     python -m train.fit_budget --prompts DIR --responses DIR[,DIR] --out DRAFT --ckpt FILE --seconds S
         [--epochs 2] [--batch-anchors 4096] [--probe-anchors 128] [--layers 5] [--lr 6e-4] [--init DRAFT]
-        [--distill W] [--log-json FILE] [--profile-steps N] [--schedule-seconds T --continue-args FILE]
+        [--batch-tokens 16384] [--log-json FILE] [--profile-steps N] [--schedule-seconds T --continue-args FILE]
 
 One run may span several device calls (a call is at most 10 minutes; a session's GPU time is 30): with
 --schedule-seconds T the anchors and epochs are planned for T seconds of training, this call trains its share
@@ -80,8 +80,8 @@ def pick_schedule(counts: np.ndarray, epochs: int, blocks: float, min_anchors: i
 
 def base_config(args) -> td.TrainConfig:
     """The run's fixed settings (the anchors and the epochs are picked later)."""
-    return td.TrainConfig(batch_anchors=args.batch_anchors, layers=args.layers, lr=args.lr, distill=args.distill,
-                          loop_repeats=args.loop_repeats, source_weights=args.source_weights)
+    return td.TrainConfig(batch_anchors=args.batch_anchors, batch_tokens=args.batch_tokens, layers=args.layers,
+                          lr=args.lr, loop_repeats=args.loop_repeats, source_weights=args.source_weights)
 
 
 def step_seconds(target, seqs, tc: td.TrainConfig, device: str, log) -> float:
@@ -134,8 +134,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=td.TrainConfig.layers,
                    help="draft layers (4 continues the shipped draft with --init modeld/default_draft)")
     p.add_argument("--lr", type=float, default=td.TrainConfig.lr, help="peak learning rate")
-    p.add_argument("--distill", type=float, default=0.0,
-                   help="weight of the target's distribution in the loss (train_draft --distill; 0: hard labels)")
+    p.add_argument("--batch-tokens", type=int, default=td.TrainConfig.batch_tokens,
+                   help="sequence tokens a step at most (train_draft --batch-tokens)")
     p.add_argument("--init", help="start from this saved draft's weights (train_draft --init)")
     p.add_argument("--source-weights", default="",
                    help="sharegpt=3,...: each answer to such a prompt counts this many times an epoch")
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     tc = dataclasses.replace(base, anchors=anchors, epochs=epochs)
     later = (f"--prompts {args.prompts} --responses {args.responses} --out {args.out} --ckpt {args.ckpt} "
              f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors} --layers {tc.layers} "
-             f"--lr {tc.lr:g} --distill {tc.distill:g} --loop-repeats {tc.loop_repeats} --paced --resume "
+             f"--batch-tokens {tc.batch_tokens} --lr {tc.lr:g} --loop-repeats {tc.loop_repeats} --paced --resume "
              f"--schedule-seconds {schedule:.0f}" + (f" --source-weights {tc.source_weights}" if tc.source_weights else "")
              + (f" --target {args.target}" if args.target else ""))
     log(f"schedule: {epochs} epochs at {anchors} anchors per sequence over {schedule:.0f} s of training, {left:.0f} s "

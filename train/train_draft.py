@@ -11,9 +11,11 @@ The recipe and what this does with it:
   third-to-last (`build_target_layer_ids`: [1, 8, 14, 20, 27] for 30 layers); the taps concatenated -> fc ->
   RMSNorm (hidden_norm) become context K/V in every draft layer (DFlashDraft.context_kv); embeddings and LM
   head are the target's, frozen (the draft has none of its own).
-- Attention: exactly the inference pattern, through the same code (DFlashDraft.block_hidden): a block sees the
-  context strictly before its anchor within the sliding window (per query: t - p < window) and itself
-  bidirectionally. The draft's layers slide (window 256 by default) because modeld's bounded draft KV pool
+- Attention: exactly the inference pattern (train.block_loss, tested against the serving module's per-anchor
+  path): a block sees the context strictly before its anchor within the sliding window (per query: t - p <
+  window) and itself bidirectionally. Every block of a batch is one draft forward: flex attention over the
+  context K/V projected once per position and the blocks' own K/V, under a block-sparse mask
+  (train.block_layout), so no anchor copies its context window. The draft's layers slide (window 256 by default) because modeld's bounded draft KV pool
   and its captured propose graphs need every layer to slide; a 135M target's chats are short (most
   sequences < 1K tokens), and the taps carry the long context anyway.
 - Anchors: --anchors 512 random anchor positions per sequence, re-sampled every epoch (the generator is seeded
@@ -26,17 +28,16 @@ The recipe and what this does with it:
   of the 2026-12-04 data lay past that point, copies a draft predicts anyway); its labels still run to its end.
   --source-weights sharegpt=3 counts each answer to a ShareGPT prompt three times an epoch (each copy its own
   draw of anchors): the answers most like the held-out requests can weigh more than the templated ones.
-- Loss: cross-entropy weighted exp(-(k-1)/gamma), gamma 7 for block 16 (4 for block 8, 5 for block 10).
-  --distill w mixes in (weight w, 1 - w on the hard labels) the cross-entropy against the target's own
-  distribution for each block position (logit self-distillation, as NVIDIA's Model-Optimizer recipe trains
-  DFLASH drafts): the same weights, the target's logits computed only at the labelled positions.
+- Loss: cross-entropy weighted exp(-(k-1)/gamma), gamma 7 for block 16 (4 for block 8, 5 for block 10), through
+  the frozen LM head in chunks (train.head_loss: the full logits never exist).
 - The target runs without its LM head over the sequences (its hidden states are all the taps need).
 - Optimiser: AdamW lr 6e-4 (no weight decay), cosine schedule with 4 % linear warm-up, gradient clip 1.0,
   --epochs (6 in the paper), sequences cut at --max-len (3,072 in the paper; 2,048 by default here: longer
   ones are rare for this target). fp32 master weights, bf16 autocast on CUDA (a bf16-only run learned more
-  slowly in the first experiment, see the draft-training notes).
+  slowly in the first experiment, see the draft-training notes); the fused AdamW on CUDA.
 - Batches: sequences in a seeded per-epoch order, packed in length order within windows of SORT_WINDOW
-  sequences until --batch-anchors blocks, the batches then shuffled.
+  sequences until --batch-anchors blocks or --batch-tokens tokens, the batches then shuffled. On CUDA every
+  step is padded to those two budgets, so that the compiled attention is compiled once.
 - Resumable: --ckpt holds the draft, the optimiser, the schedule, the step and the data position (epoch,
   batch); --resume continues from it and gives the same next step as a run that never stopped. It is written
   every --save-every steps, at --time-budget and at the end; each save also exports the bf16 draft to --out.
@@ -60,7 +61,8 @@ from safetensors.torch import save_file
 from transformers import Qwen3Config
 
 from modeld.draft import DFlashDraft, read_spec
-from train.batches import epoch_batches, fingerprint, label_mask, load_sequences, sample_anchors, weighted
+from train.batches import epoch_batches, fingerprint, load_sequences, sample_anchors, weighted
+from train.block_loss import block_loss
 
 
 class DraftTooLarge(ValueError):
@@ -79,10 +81,10 @@ class TrainConfig:
     max_len: int = 2048
     anchors: int = 512
     batch_anchors: int = 8192
+    batch_tokens: int = 16384  # sequence tokens a step at most (the target's forward and the context rows)
     lr: float = 6e-4
     warmup: float = 0.04
     gamma: float = 7.0
-    distill: float = 0.0  # weight of the target-distribution term (0: hard labels only)
     loop_repeats: int = 2  # anchors stop this many periods into a repetition loop (train.loops; 0: anchor everywhere)
     source_weights: str = ""  # "sharegpt=3,...": each answer to such a prompt counts this many times an epoch
     clip: float = 1.0
@@ -90,8 +92,10 @@ class TrainConfig:
     max_draft_mb: float = 40.0
 
     def __post_init__(self):
-        if not 0.0 <= self.distill <= 1.0:
-            raise ValueError(f"distill is a weight in [0, 1], not {self.distill}")
+        if self.batch_tokens < self.max_len:
+            raise ValueError(f"batch_tokens ({self.batch_tokens}) must hold a sequence of max_len ({self.max_len})")
+        if self.anchors > self.batch_anchors:
+            raise ValueError(f"anchors per sequence ({self.anchors}) must fit a step's batch_anchors ({self.batch_anchors})")
         self.weights()  # refuses a malformed --source-weights before anything runs
 
     def weights(self) -> dict[str, int]:
@@ -162,80 +166,7 @@ def new_draft(config: dict, target_cfg, device: str) -> DFlashDraft:
     return draft
 
 
-# --- the loss -------------------------------------------------------------------------------------------------------
-
-
-def to_device(array: np.ndarray, device: str) -> torch.Tensor:
-    """A host array on the device without waiting for the device: on CUDA through pinned memory, non-blocking (a
-    pageable copy waits for the stream's earlier work, which would stop the host preparing a step while the
-    device runs the last one; PyTorch's pinned-memory cache keeps the buffer until its copy is done)."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
-    if device.startswith("cuda"):
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
-
-
-def window_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """x[rows] ([S * T, ...] -> [*rows.shape, ...]) by index_select, whose backward is a scatter-add: indexing's
-    own backward (index_put with accumulate, a sort of every index) was 44 % of a training step's device time on
-    the H200 (BENCHMARKS.md, 2026-12-04, seventh session)."""
-    return x.index_select(0, rows.flatten()).view(*rows.shape, *x.shape[1:])
-
-
-def block_loss(draft: DFlashDraft, target, seqs: list[dict], anchors: list[np.ndarray], tc: TrainConfig,
-               device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(weighted CE over the blocks, the draft's greedy predictions [A, B-1], the labels' weights [A, B-1])."""
-    width = min(max(len(s["ids"]) for s in seqs), tc.max_len)
-    lengths = np.array([min(len(s["ids"]), width) for s in seqs])
-    host_ids = np.zeros((len(seqs), width), dtype=np.int64)
-    host_lmask = np.zeros((len(seqs), width), dtype=bool)
-    for i, (s, n) in enumerate(zip(seqs, lengths)):
-        host_ids[i, :n] = s["ids"][:n]
-        host_lmask[i, :n] = label_mask(len(s["ids"]), s["spans"], width)[:n]
-    ids, lmask = to_device(host_ids, device), to_device(host_lmask, device)
-    attn = (torch.arange(width, device=device) < to_device(lengths, device)[:, None]).long()
-    with torch.no_grad():  # the base model: hidden states without the LM head over every position
-        states = target.model(ids, attention_mask=attn, output_hidden_states=True).hidden_states
-        taps = torch.cat([states[i + 1] for i in draft.spec.target_layer_ids], dim=-1).float()
-    positions = torch.arange(width, device=device).expand(len(seqs), -1)
-    ctx = draft.context_kv(taps.flatten(0, 1), positions.flatten())  # per layer [S * T, kv_heads, head_dim]
-    seq_of = to_device(np.concatenate([np.full(len(a), i) for i, a in enumerate(anchors)]), device)
-    anchor = to_device(np.concatenate(anchors).astype(np.int64), device)
-    offsets = torch.arange(tc.block, device=device)
-    block_pos = anchor[:, None] + offsets
-    inside = block_pos < width
-    label_pos = block_pos.clamp(max=width - 1)
-    block_ids = torch.full_like(block_pos, tc.mask_token_id)
-    block_ids[:, 0] = ids[seq_of, anchor]
-    contexts, cache = [], {}
-    for layer, window in enumerate(draft.spec.windows):
-        if window not in cache:
-            span = (window - 1) if window is not None else max(1, int(anchor.max()))
-            pos = anchor[:, None] - span + torch.arange(span, device=device)
-            valid = pos >= 0
-            rows = seq_of[:, None] * width + pos.clamp(min=0)
-            visible = valid[:, None, :].expand(-1, tc.block, -1)
-            if window is not None:
-                visible = visible & (block_pos[:, :, None] - pos[:, None, :] < window)
-            cache[window] = (rows, valid, visible)
-        rows, valid, visible = cache[window]
-        keep = valid[:, :, None, None]
-        k, v = (torch.where(keep, window_rows(x, rows), 0) for x in ctx[layer])
-        contexts.append((k, v, visible))
-    with torch.no_grad():
-        embeds = target.get_input_embeddings()(block_ids).float()
-    hidden = draft.block_hidden(embeds, block_pos, contexts)[:, 1:]
-    logits = target.lm_head(hidden.to(target.lm_head.weight.dtype)).float()
-    labels = ids[seq_of[:, None], label_pos[:, 1:]]
-    decay = torch.exp(-(offsets[1:] - 1) / tc.gamma)
-    weights = decay * (inside[:, 1:] & lmask[seq_of[:, None], label_pos[:, 1:]]).float()
-    losses = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
-    if tc.distill:
-        with torch.no_grad():  # the target's distribution for the token at anchor + k comes from anchor + k - 1
-            soft = target.lm_head(states[-1][seq_of[:, None], block_pos[:, :-1].clamp(max=width - 1)]).float().softmax(-1)
-        soft_losses = -(soft * logits.log_softmax(-1)).sum(-1)
-        losses = (1 - tc.distill) * losses + tc.distill * soft_losses
-    return (losses * weights).sum() / weights.sum().clamp(min=1e-6), logits.argmax(-1), weights
+# --- the loss (train.block_loss) ----------------------------------------------------------------------------------
 
 
 def accept_length(predictions: torch.Tensor, seqs, anchors, block: int, weights: torch.Tensor | None = None) -> float:
@@ -352,7 +283,8 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
     if init is not None and not (resume and ckpt is not None and ckpt.exists()):
         load_weights(draft, config, init)
         log(f"weights from {init}")
-    opt = torch.optim.AdamW(draft.parameters(), lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    opt = torch.optim.AdamW(draft.parameters(), lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0,
+                            fused=device.startswith("cuda"))
     plans = {e: epoch_batches(seqs, tc, e) for e in range(tc.epochs)}
     total = sum(map(len, plans.values()))  # the steps of tc.epochs (a paced run takes what its budget allows)
     data = fingerprint(seqs)
@@ -408,7 +340,8 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
                 group["lr"] = tc.lr * (paced_factor(state.seconds / schedule, tc.warmup) if paced
                                        else lr_factor(state.step, total, tc.warmup))
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
-                loss, predictions, weights = block_loss(draft, target, batch, anchors, tc, device)
+                loss, predictions, weights = block_loss(draft, target, batch, anchors, tc, device,
+                                                               fixed_shapes=device.startswith("cuda"))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(draft.parameters(), tc.clip)

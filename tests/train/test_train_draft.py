@@ -15,11 +15,12 @@ from transformers import LlamaConfig
 from modeld.draft import load_draft
 from tests.dflash.tiny_models import load_hf, write_random_target
 from train.batches import epoch_batches, sample_anchors, valid_anchors, weighted
-from train.train_draft import (DraftTooLarge, TrainConfig, accept_length, block_loss, build_target_layer_ids,
-                               check_size, draft_config, new_draft, paced_factor, save_draft, train, window_rows)
+from train.block_loss import block_loss
+from train.train_draft import (DraftTooLarge, TrainConfig, accept_length, build_target_layer_ids, check_size,
+                               draft_config, new_draft, paced_factor, save_draft, train)
 
 TINY = dict(layers=1, block=4, window=16, taps=(1, 2), mask_token_id=63, intermediate=128, lr=3e-3, anchors=8,
-            batch_anchors=128)
+            batch_anchors=128, batch_tokens=2048)
 
 
 def greedy_sequences(target, count: int, seed: int) -> list[dict]:
@@ -60,54 +61,6 @@ def test_epoch_batches_cover_every_sequence_once_in_batches_of_like_lengths():
     assert padded < 1.1 * sum(len(s["ids"]) for s in seqs[:600])  # a random packing pads about 1.8x
     longest = [max(len(seqs[i]["ids"]) for i in b) for b in first]
     assert longest != sorted(longest)  # shuffled: not short to long
-
-
-def test_distillation_mixes_the_targets_distribution_into_the_loss(tiny, monkeypatch):
-    """--distill w: (1 - w) x the hard-label loss + w x the cross-entropy against the target's distribution at the
-    position before each label (from the target's full forward, computed here independently)."""
-    target, train_set, held = tiny
-    anchors = [sample_anchors(s, 8, 2048, 5, 0, i) for i, s in enumerate(held)]
-    draft = new_draft(draft_config(target.config, TrainConfig(**TINY)), target.config, "cpu")
-    with torch.no_grad():
-        hard, _, weights = block_loss(draft, target, held, anchors, TrainConfig(**TINY), "cpu")
-        mixed, _, _ = block_loss(draft, target, held, anchors, TrainConfig(**TINY, distill=0.25), "cpu")
-        soft_only, _, _ = block_loss(draft, target, held, anchors, TrainConfig(**TINY, distill=1.0), "cpu")
-    torch.testing.assert_close(mixed, 0.75 * hard + 0.25 * soft_only)
-    with torch.no_grad():  # soft_only again, from the target's own logits and the draft's block logits
-        width = max(len(s["ids"]) for s in held)
-        ids = torch.tensor(np.stack([np.pad(s["ids"], (0, width - len(s["ids"]))) for s in held]))
-        target_logp = target(ids).logits.float().log_softmax(-1)
-        tc = TrainConfig(**TINY)
-        total = weight_sum = 0.0
-        draft_logp = draft_block_logprobs(draft, target, held, anchors, tc, monkeypatch)
-        row = 0
-        for i, a in enumerate(anchors):
-            for x in a.tolist():
-                for k in range(1, tc.block):
-                    w = float(weights[row, k - 1])
-                    if w:
-                        p = target_logp[i, min(x + k - 1, width - 1)].exp()
-                        total += w * float(-(p * draft_logp[row, k - 1]).sum())
-                        weight_sum += w
-                row += 1
-    assert abs(total / weight_sum - float(soft_only)) < 1e-4
-    with pytest.raises(ValueError, match="distill is a weight"):
-        TrainConfig(distill=1.5)
-
-
-def draft_block_logprobs(draft, target, seqs, anchors, tc, monkeypatch) -> torch.Tensor:
-    """The draft's log-probabilities [A, B-1] in block_loss (the logits its hard-label cross-entropy is given)."""
-    captured = {}
-    original = torch.nn.functional.cross_entropy
-
-    def spy(logits, labels, reduction="mean"):
-        captured["logits"] = logits
-        return original(logits, labels, reduction=reduction)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(torch.nn.functional, "cross_entropy", spy)
-        block_loss(draft, target, seqs, anchors, tc, "cpu")
-    return captured["logits"].float().log_softmax(-1).view(-1, tc.block - 1, captured["logits"].shape[-1])
 
 
 def test_training_learns_and_saves_a_loadable_draft(tiny, tmp_path):
@@ -311,18 +264,3 @@ def test_profile_steps_reports_where_a_step_goes(tiny):
     table = profile_steps(target, train_set, TrainConfig(**TINY, epochs=4), "cpu", 2, messages.append)
     assert "aten::" in table and "Self CPU" in table
     assert messages and messages[0].startswith("profile of 2 steps") and "s wall" in messages[0]
-
-
-def test_window_rows_is_indexing_with_the_same_gradient():
-    """The context-window gather the loss takes by index_select: the values and the accumulated gradient of
-    x[rows] (rows overlap, as neighbouring anchors' windows do)."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(50, 3, 4, generator=gen, dtype=torch.float64)
-    rows = torch.randint(0, 50, (7, 15), generator=gen)
-    grad = torch.randn(7, 15, 3, 4, generator=gen, dtype=torch.float64)
-    a, b = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    a[rows].backward(grad)
-    picked = window_rows(b, rows)
-    picked.backward(grad)
-    assert picked.shape == (7, 15, 3, 4) and torch.equal(picked, x[rows])
-    assert torch.allclose(a.grad, b.grad)

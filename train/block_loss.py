@@ -1,0 +1,147 @@
+"""The training loss of one batch of DFLASH blocks, in one draft forward over every anchor of the batch.
+
+1. The target runs over the batch's sequences (no gradient, its own precision) for the tapped hidden states.
+2. The taps go through the draft's fc + hidden_norm and each layer's K/V projection once per position: the
+   context rows of train.block_layout.
+3. Every anchor's block (its token, then mask tokens) goes through the draft's layers as one set of query rows;
+   each layer's attention is flex attention over the context rows and the block rows, under the layout's mask
+   (what the draft sees at inference: modeld/draft.py). No anchor copies its context window.
+4. Block position k >= 1 predicts the token at anchor + k through the target's frozen LM head
+   (train.head_loss: in chunks, no full logits), weighted exp(-(k-1)/gamma) and only where the label lies in an
+   answer of the sequence.
+"""
+
+import functools
+
+import numpy as np
+import torch
+from torch.nn.attention.flex_attention import flex_attention
+
+from modeld.kernels.fused import rotate_half
+from train.batches import label_mask
+from train.block_layout import DeviceLayout, build_layout
+from train.head_loss import head_cross_entropy
+
+# Key tiles each query tile may read, at least (the compiled attention's shapes stay fixed): a window of 256
+# spans three tiles of 128, plus the anchors' spread, plus the block rows' tile.
+FIXED_TILE_WIDTH = 8
+
+
+def to_device(array: np.ndarray, device: str) -> torch.Tensor:
+    """A host array on the device without waiting for the device: on CUDA through pinned memory, non-blocking (a
+    pageable copy waits for the stream's earlier work, which would stop the host preparing a step while the
+    device runs the last one; PyTorch's pinned-memory cache keeps the buffer until its copy is done)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if device.startswith("cuda"):
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+@functools.cache
+def compiled_attention():
+    """flex attention compiled (on CUDA it must be: uncompiled it materialises every score)."""
+    return torch.compile(flex_attention, dynamic=False)
+
+
+DENSE_QUERY_ROWS = 2048  # query rows a time on the dense path (its mask and scores are [rows x keys])
+
+
+def attention(q, k, v, device_layout: DeviceLayout, window: int | None, scale: float, compiled: bool) -> torch.Tensor:
+    """q [N, heads, D] over k, v [M, kv_heads, D] under the layout's mask -> [N, heads, D]. Compiled: flex
+    attention under the layout's BlockMask. Otherwise (the CPU, where flex attention has no backward) the same
+    mask evaluated densely, a slice of query rows at a time, through scaled-dot-product attention."""
+    if compiled:
+        q, k, v = (x.transpose(0, 1)[None] for x in (q, k, v))
+        out = compiled_attention()(q, k, v, block_mask=device_layout.block_mask(window), scale=scale,
+                                   enable_gqa=q.shape[1] != k.shape[1])
+        return out[0].transpose(0, 1)
+    groups = q.shape[1] // k.shape[1]
+    k, v = (x.repeat_interleave(groups, dim=1).transpose(0, 1) for x in (k, v))
+    visible = device_layout.mask_mod(window)
+    keys = torch.arange(k.shape[1], device=q.device)[None, :]
+    out = []
+    for begin in range(0, len(q), DENSE_QUERY_ROWS):
+        rows = torch.arange(begin, min(begin + DENSE_QUERY_ROWS, len(q)), device=q.device)[:, None]
+        part = q[begin : begin + DENSE_QUERY_ROWS].transpose(0, 1)
+        out.append(torch.nn.functional.scaled_dot_product_attention(
+            part, k, v, attn_mask=visible(0, 0, rows, keys), scale=scale).transpose(0, 1))
+    return torch.cat(out)
+
+
+def block_hidden(draft, context: torch.Tensor, context_pos: torch.Tensor, embeds: torch.Tensor,
+                 query_pos: torch.Tensor, device_layout: DeviceLayout, attention_dtype, compiled: bool) -> torch.Tensor:
+    """The draft's final hidden states [query rows, hidden] of every block at once. context: the draft's context
+    input (hidden_norm(fc(taps))) per context row; embeds: the target's embedding of each block row."""
+    cos_c, sin_c = draft.rope(context, context_pos)
+    h = embeds
+    cos_q, sin_q = draft.rope(h, query_pos)
+    for layer, window in zip(draft.layers, draft.spec.windows):
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        q = attn.q_norm(attn.q_proj(x).unflatten(-1, (attn.heads, attn.head_dim)))
+        q = q * cos_q.unsqueeze(-2) + rotate_half(q) * sin_q.unsqueeze(-2)
+        context_k, context_v = attn.kv(context, cos_c, sin_c)
+        block_k, block_v = attn.kv(x, cos_q, sin_q)
+        dtype = attention_dtype or q.dtype
+        k = torch.cat([context_k.to(dtype), block_k.to(dtype)])
+        v = torch.cat([context_v.to(dtype), block_v.to(dtype)])
+        out = attention(q.to(dtype), k, v, device_layout, window, attn.head_dim**-0.5, compiled)
+        h = h + attn.o_proj(out.flatten(-2).to(x.dtype))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return draft.norm(h)
+
+
+def block_loss(draft, target, seqs: list[dict], anchors: list[np.ndarray], tc, device: str, fixed_shapes: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weighted CE over the blocks, the draft's greedy predictions [A, B-1] (-1 where a label weighs nothing), the
+    labels' weights [A, B-1]) for the anchors of each sequence (sorted). `fixed_shapes`: the layout is padded to
+    tc.batch_anchors anchors and tc.batch_tokens context rows, so that the compiled attention keeps its shapes."""
+    block = tc.block
+    lengths = np.array([min(len(s["ids"]), tc.max_len) for s in seqs], dtype=np.int64)
+    layout = build_layout(lengths, anchors, block, tc.batch_anchors if fixed_shapes else 0,
+                          tc.batch_tokens if fixed_shapes else 0)
+    cuda = device.startswith("cuda")
+    real = layout.real_anchors
+    flat_ids = np.concatenate([np.asarray(s["ids"][:n], dtype=np.int64) for s, n in zip(seqs, lengths)])
+    flat_labelled = np.concatenate([label_mask(len(s["ids"]), s["spans"], tc.max_len)[:n]
+                                    for s, n in zip(seqs, lengths)])
+    seq, pos = layout.anchor_seq[:real], layout.anchor_pos[:real]
+    first_row = layout.starts[seq] + pos
+    block_ids = np.full((len(layout.anchor_seq), block), tc.mask_token_id, dtype=np.int64)
+    block_ids[:real, 0] = flat_ids[first_row]
+    label_pos = pos[:, None] + np.arange(1, block)
+    inside = label_pos < lengths[seq][:, None]
+    label_row = np.where(inside, first_row[:, None] + np.arange(1, block), 0)
+    labels = np.where(inside, flat_ids[label_row], 0)
+    decay = np.exp(-np.arange(block - 1) / tc.gamma)
+    weights = (decay * (inside & flat_labelled[label_row])).astype(np.float32)
+    kept = np.flatnonzero(weights.reshape(-1) > 0)  # the rows the loss reads (padding anchors have none)
+    # the target, over its sequences padded to the longest: the taps of every real position, packed
+    width = int(lengths.max())
+    host_ids = np.zeros((len(seqs), width), dtype=np.int64)
+    for i, (s, n) in enumerate(zip(seqs, lengths)):
+        host_ids[i, :n] = s["ids"][:n]
+    packed = np.concatenate([i * width + np.arange(n) for i, n in enumerate(lengths)])
+    ids = to_device(host_ids, device)
+    attn = (torch.arange(width, device=device) < to_device(lengths, device)[:, None]).long()
+    with torch.no_grad():
+        states = target.model(ids, attention_mask=attn, output_hidden_states=True).hidden_states
+        taps = torch.cat([states[i + 1] for i in draft.spec.target_layer_ids], dim=-1).flatten(0, 1)
+        taps = taps.index_select(0, to_device(packed, device))
+        taps = torch.nn.functional.pad(taps, (0, 0, 0, layout.context_rows - len(packed)))
+        embeds = target.get_input_embeddings()(to_device(block_ids.reshape(-1), device))
+    device_layout = DeviceLayout(layout, device, lambda a: to_device(a, device), draft.spec.causal,
+                                 FIXED_TILE_WIDTH if fixed_shapes else 0)
+    context = draft.hidden_norm(draft.fc(taps.to(draft.fc.weight.dtype)))
+    query_pos = to_device((layout.anchor_pos[:, None] + np.arange(block)).reshape(-1), device)
+    hidden = block_hidden(draft, context, device_layout.context_pos, embeds.to(context.dtype), query_pos,
+                          device_layout, torch.bfloat16 if cuda else None, compiled=cuda)
+    hidden = hidden.view(-1, block, hidden.shape[-1])[:real, 1:].flatten(0, 1)
+    rows = to_device(kept, device)
+    total, guesses = head_cross_entropy(hidden.index_select(0, rows), target.lm_head.weight,
+                                        to_device(labels.reshape(-1)[kept], device),
+                                        to_device(weights.reshape(-1)[kept], device))
+    loss = total / max(float(weights.sum()), 1e-6)
+    predictions = torch.full((real * (block - 1),), -1, dtype=torch.long, device=device)
+    predictions[rows] = guesses
+    return loss, predictions.view(real, block - 1), to_device(weights, device).view(real, block - 1)

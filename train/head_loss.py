@@ -1,0 +1,49 @@
+"""Weighted cross-entropy through the target's frozen LM head, in chunks of rows, so that the full
+[rows x vocabulary] logits never exist: each chunk's logits are made, reduced to its loss, its greedy guess and
+the gradient with respect to its hidden rows, and dropped. The head is frozen, so the hidden rows' gradient is all
+the backward needs, and it is computed in the forward (one more matrix product a chunk, none in the backward).
+"""
+
+import torch
+
+CHUNK_ROWS = 8192  # rows of logits at a time: 8192 x 49,152 fp32 is 1.6 GB
+
+
+class FrozenHeadCrossEntropy(torch.autograd.Function):
+    """sum_i weight_i * CE(hidden_i @ head^T, label_i) and the argmax of each row's logits."""
+
+    @staticmethod
+    def forward(ctx, hidden, head, labels, weights, chunk_rows):
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        guesses = torch.empty(len(hidden), dtype=torch.long, device=hidden.device)
+        grad = torch.empty_like(hidden) if hidden.requires_grad else None
+        for begin in range(0, len(hidden), chunk_rows):
+            end = min(begin + chunk_rows, len(hidden))
+            logits = (hidden[begin:end].to(head.dtype) @ head.T).float()  # the head's own precision, then fp32
+            rows = torch.arange(end - begin, device=hidden.device)
+            label, weight = labels[begin:end], weights[begin:end]
+            lse = torch.logsumexp(logits, dim=-1)
+            loss += ((lse - logits[rows, label]) * weight).sum()
+            guesses[begin:end] = logits.argmax(-1)
+            if grad is not None:  # d loss / d logits = weight * (softmax - one-hot)
+                logits.sub_(lse[:, None]).exp_()
+                logits[rows, label] -= 1.0
+                logits.mul_(weight[:, None])
+                grad[begin:end] = (logits.to(head.dtype) @ head).to(hidden.dtype)
+        ctx.save_for_backward(grad)
+        ctx.mark_non_differentiable(guesses)
+        return loss, guesses
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_guesses):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss.to(grad.dtype), None, None, None, None
+
+
+def head_cross_entropy(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                       chunk_rows: int = CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted sum of the rows' cross-entropies, each row's argmax) for hidden [N, H], a frozen head [V, H],
+    labels [N] and weights [N] (fp32)."""
+    if head.requires_grad:
+        raise ValueError("head_cross_entropy computes no gradient for the head: it must be frozen")
+    return FrozenHeadCrossEntropy.apply(hidden, head, labels, weights.float(), chunk_rows)
