@@ -1,5 +1,5 @@
 """A draft's teacher-forced accept length on its training data against held-out chat, side by side in one run:
-the trainer's own measure (`train.train_draft.block_loss` and `accept_length`, every anchor of each sequence)
+the trainer's own measure (`train.block_loss.block_loss` and `train.train_draft.accept_length`, every anchor of each sequence)
 over the target's greedy answers. Close to the served accept length on the held-out side means trainer and
 server agree; far above it on the training side means the draft learned its data, or its answers loop (a loop's
 copies are accepted in long runs: the last column leaves them out, as the trainer's anchors do).
@@ -25,6 +25,7 @@ from modeld.draft import load_draft
 from modeld.fetch_default import ensure_default_model
 from train import batches, chat, responses
 from train import train_draft as td
+from train.block_loss import block_loss
 from train.prompts import read_records
 
 CHAT_SOURCES = "chat-templates,openai-evals,math-word,python-code"
@@ -69,7 +70,7 @@ def accept_per_sequence(draft, target, seqs: list[dict], tc: td.TrainConfig, dev
         anchors = batches.valid_anchors(len(seq["ids"]), seq["spans"], tc.max_len)
         kept = np.isin(anchors, batches.anchor_positions(seq, tc.max_len, tc.loop_repeats))
         with torch.no_grad():
-            _, predictions, weights = td.block_loss(draft, target, [seq], [anchors], tc, device)
+            _, predictions, weights = block_loss(draft, target, [seq], [anchors], tc, device)
         out.append((td.accept_length(predictions, [seq], [anchors], tc.block, weights),
                     td.accept_length(predictions[kept], [seq], [anchors[kept]], tc.block, weights[kept])))
     return out

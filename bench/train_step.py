@@ -1,25 +1,27 @@
-"""A draft training step's cost without the real model or data: a SmolLM2-135M-shaped target with random weights
+"""The draft trainer's speed without the real model or data: a SmolLM2-135M-shaped target with random weights
 (bench/configs/smollm2-135m) and random token sequences of chat-answer lengths, so that it runs on a bare GPU
-machine. Two tables, each from one run:
+machine. One table: training steps of the 4-layer draft at each anchors-per-sequence setting, with seconds per
+step, anchors (blocks) per second, model FLOP utilisation and peak memory.
 
-1. the gather of each block's context window (train_draft.window_rows) against plain indexing, forward + backward,
-   at a training step's shapes (indexing's backward sorts every index: 44 % of a step's device time on the H200);
-2. training steps of the 4-layer draft at the given anchors per sequence: seconds per step and blocks per second
-   (and, with --profile, the ops by their own device time).
+    python -m bench.train_step [--anchors 512] [--batch-anchors 4096] [--steps 12] [--profile 3] [--before DIR]
 
-    python -m bench.train_step [--anchors 23,128] [--batch-anchors 2048] [--steps 12] [--profile 3] [--before DIR]
+With --before DIR (an earlier commit's train/ package: `git archive REV train | tar -x -C DIR`), that trainer is
+timed too at each anchors setting's first --batch-anchors (the earlier trainer materialises every block's context
+window and full logits: larger batches may not fit), in a child process of the same run, on the same random
+target and sequences; the x column is each row's anchors per second over it.
 
-With --before DIR (an earlier commit's train/ package: `git archive REV train | tar -x -C DIR`), the second table
-times that trainer's steps too, in a child process of the same run, on the same random target and sequences.
+MFU counts the work a step must do, the same for both trainers: the draft's projections and MLP over every block
+row and context row (forward and backward), attention over a full window and the block for every block row, the frozen LM head's
+forward and input gradient at every labelled row, and the target's forward; over the card's dense bf16 peak.
 """
 
 import argparse
 import dataclasses
+import json
 import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import numpy as np
 import torch
@@ -28,6 +30,7 @@ from train import fit_budget
 from train import train_draft as td
 
 CONFIG = pathlib.Path(__file__).parent / "configs" / "smollm2-135m"
+DENSE_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4}  # the datasheets' dense bf16 rate (SXM)
 
 
 def random_target(device: str):
@@ -50,95 +53,109 @@ def random_sequences(count: int, vocab: int, seed: int = 0) -> list[dict]:
     return seqs
 
 
-def timed(fn, repeats: int, device: str) -> float:
-    """Mean seconds of fn() over `repeats` calls after one warm-up call."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    fn()
-    sync()
-    begin = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    sync()
-    return (time.perf_counter() - begin) / repeats
+def train_config(anchors: int, batch_anchors: int) -> td.TrainConfig:
+    """The 4-layer draft's settings (an earlier trainer's TrainConfig may lack some of today's fields)."""
+    wanted = {"layers": 4, "anchors": anchors, "batch_anchors": batch_anchors,
+              "batch_tokens": max(4 * batch_anchors, td.TrainConfig.max_len)}
+    known = {f.name for f in dataclasses.fields(td.TrainConfig)}
+    return td.TrainConfig(**{k: v for k, v in wanted.items() if k in known})
 
 
-def gather_table(device: str, blocks: int, anchors: int, width: int = 600, window: int = 256, repeats: int = 10) -> str:
-    """Forward + backward of the context-window gather for one layer's K (fp32, as autocast leaves it), indexing
-    against window_rows, with a step's rows: `anchors` random anchors per sequence of `width` positions, each
-    reading the window - 1 positions before it, those before the sequence's start clamped to its first row (as
-    block_loss does), so that neighbouring windows overlap and early ones repeat one row."""
-    sequences = blocks // anchors
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    ctx = torch.randn(sequences * width, 3, 64, generator=gen).to(device).requires_grad_(True)
-    anchor = torch.randint(0, width - 16, (sequences * anchors,), generator=gen).to(device)
-    seq_of = torch.arange(sequences, device=device).repeat_interleave(anchors)
-    pos = anchor[:, None] - window + 1 + torch.arange(window - 1, device=device)
-    rows = seq_of[:, None] * width + pos.clamp(min=0)
-    grad = torch.randn(*rows.shape, 3, 64, generator=gen).to(device)
-
-    def indexing():
-        ctx[rows].backward(grad)
-
-    def selecting():
-        td.window_rows(ctx, rows).backward(grad)
-
-    before, after = timed(indexing, repeats, device), timed(selecting, repeats, device)
-    return ("| gather (one layer's K, fp32, forward + backward) | blocks | anchors per sequence | ms | x |\n"
-            f"|---|---|---|---|---|\n| indexing: x[rows] | {len(rows)} | {anchors} | {before * 1e3:.2f} | 1.00 |\n"
-            f"| train_draft.window_rows (index_select) | {len(rows)} | {anchors} | {after * 1e3:.2f} | "
-            f"{before / after:.2f} |\n")
+def anchor_flops(target_cfg, tc: td.TrainConfig, context_per_anchor: float, seen_keys: float) -> float:
+    """FLOPs a trained anchor costs (see the module's docstring); context_per_anchor: sequence tokens per anchor;
+    seen_keys: the keys a block row attends to."""
+    h, inter, vocab = target_cfg.hidden_size, target_cfg.intermediate_size, target_cfg.vocab_size
+    heads, kv, d = target_cfg.num_attention_heads, target_cfg.num_key_value_heads, target_cfg.head_dim
+    layer = h * heads * d * 2 + 2 * h * kv * d + 3 * h * inter  # q, o, k, v, gate, up, down
+    taps = len(td.build_target_layer_ids(target_cfg.num_hidden_layers, tc.layers))
+    block_rows = 6 * tc.layers * layer * tc.block + 3 * 4 * heads * d * seen_keys * tc.layers * tc.block
+    head = 4 * h * vocab * (tc.block - 1)
+    context = 6 * (taps * h * h + tc.layers * 2 * h * kv * d) * context_per_anchor
+    target_layer = h * heads * d * 2 + 2 * h * kv * d + 3 * h * inter
+    target = 2 * target_cfg.num_hidden_layers * target_layer * context_per_anchor
+    return block_rows + head + context + target
 
 
-def step_seconds(target, seqs, anchors: int, batch_anchors: int, steps: int, device: str) -> float:
-    """Seconds per training step of the 4-layer draft over `steps` steps after fit_budget's warm-up steps."""
-    tc = dataclasses.replace(td.TrainConfig(batch_anchors=batch_anchors, layers=4), anchors=anchors)
+def step_figures(target, seqs, anchors: int, batch_anchors: int, steps: int, device: str) -> dict:
+    """Seconds per step over `steps` steps after fit_budget's warm-up steps, anchors per step and per second, the
+    sequence tokens per anchor and the peak memory of the timed steps."""
+    tc = train_config(anchors, batch_anchors)
+    plan = fit_budget.batches.epoch_batches(seqs, tc, 0)[fit_budget.PROBE_WARMUP : fit_budget.PROBE_WARMUP + steps]
+    counts = [min(anchors, len(fit_budget.batches.anchor_positions(seqs[i], tc.max_len, tc.loop_repeats)))
+              for b in plan for i in b]
+    tokens = sum(min(len(seqs[i]["ids"]), tc.max_len) for b in plan for i in b)
+    if device.startswith("cuda"):  # the warm-up steps (compilation) stay out of the peak
+        td.train(target, seqs, tc, device, lambda _msg: None, max_steps=fit_budget.PROBE_WARMUP, save_every=0)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     ends: list[float] = []
     td.train(target, seqs, tc, device, lambda _msg: None, max_steps=fit_budget.PROBE_WARMUP + steps, save_every=0,
              step_ends=ends)
-    return (ends[-1] - ends[fit_budget.PROBE_WARMUP - 1]) / (len(ends) - fit_budget.PROBE_WARMUP)
+    seconds = (ends[-1] - ends[fit_budget.PROBE_WARMUP - 1]) / (len(ends) - fit_budget.PROBE_WARMUP)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else 0.0
+    per_step = sum(counts) / len(plan)
+    return {"seconds": seconds, "anchors_per_step": per_step, "anchors_per_s": per_step / seconds,
+            "tokens_per_anchor": tokens / sum(counts), "peak_gib": peak}
 
 
-def before_seconds(before: str, args, anchors: int) -> float:
-    """step_seconds with the trainer in `before` (an earlier `train/` package), in a child process of this run."""
+def before_figures(before: str, args, anchors: int, batch_anchors: int) -> dict:
+    """step_figures with the trainer in `before` (an earlier `train/` package), in a child process of this run."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([before, os.getcwd(), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-m", "bench.train_step", "--steps-only", "--anchors", str(anchors),
-                          "--batch-anchors", str(args.batch_anchors), "--sequences", str(args.sequences),
+                          "--batch-anchors", str(batch_anchors), "--sequences", str(args.sequences),
                           "--steps", str(args.steps), "--device", args.device],
                          env=env, check=True, capture_output=True, text=True).stdout
-    return float(out.split()[-1])
+    return json.loads(out.splitlines()[-1])
+
+
+def peak_tflops(device: str) -> float | None:
+    if not device.startswith("cuda"):
+        return None
+    name = torch.cuda.get_device_name()
+    return next((rate for card, rate in DENSE_BF16_TFLOPS.items() if card in name), None)
+
+
+def row(name: str, anchors: int, figures: dict, flops: float, peak: float | None, base: dict | None) -> str:
+    mfu = f"{figures['anchors_per_s'] * flops / (peak * 1e12):.1%}" if peak else "-"
+    ratio = f"{figures['anchors_per_s'] / base['anchors_per_s']:.2f}" if base else "1.00"
+    return (f"| {name} | {anchors} | {figures['anchors_per_step']:,.0f} | {figures['seconds']:.3f} | "
+            f"{figures['anchors_per_s']:,.0f} | {mfu} | {figures['peak_gib']:.1f} | {ratio} |")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.train_step", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--anchors", default="23,128", help="anchors per sequence, comma-separated: one row each")
-    p.add_argument("--batch-anchors", type=int, default=2048)
+    p.add_argument("--anchors", default="512", help="anchors per sequence, comma-separated: one row each")
+    p.add_argument("--batch-anchors", default="4096", help="anchors a step at most, comma-separated: one row each")
     p.add_argument("--sequences", type=int, default=4000)
     p.add_argument("--steps", type=int, default=12, help="timed steps per row, after fit_budget's warm-up steps")
-    p.add_argument("--profile", type=int, default=0, help="also profile this many steps at the first anchors")
+    p.add_argument("--profile", type=int, default=0, help="also profile this many steps of the first row")
     p.add_argument("--before", help="a folder holding an earlier train/ package (git archive REV train | tar -x -C "
                                     "DIR): its steps timed beside this tree's, in a child process")
-    p.add_argument("--steps-only", action="store_true", help=argparse.SUPPRESS)  # --before's child: seconds alone
+    p.add_argument("--steps-only", action="store_true", help=argparse.SUPPRESS)  # --before's child: figures alone
     args = p.parse_args(argv)
     target = random_target(args.device)
     seqs = random_sequences(args.sequences, target.config.vocab_size)
-    anchor_rows = [int(a) for a in args.anchors.split(",")]
+    settings = [(int(a), int(b)) for a in args.anchors.split(",") for b in args.batch_anchors.split(",")]
     if args.steps_only:
-        print(step_seconds(target, seqs, anchor_rows[0], args.batch_anchors, args.steps, args.device))
+        print(json.dumps(step_figures(target, seqs, *settings[0], args.steps, args.device)))
         return 0
-    for anchors in anchor_rows:
-        print(gather_table(args.device, args.batch_anchors, anchors))
-    print("| trainer | anchors per sequence | blocks per step | s per step | blocks per s | x |\n|---|---|---|---|---|---|")
-    for anchors in anchor_rows:
-        now = step_seconds(target, seqs, anchors, args.batch_anchors, args.steps, args.device)
-        if args.before:
-            then = before_seconds(args.before, args, anchors)
-            print(f"| {args.before} | {anchors} | {args.batch_anchors} | {then:.3f} | {args.batch_anchors / then:,.0f} | 1.00 |")
-        ratio = f"{then / now:.2f}" if args.before else "-"
-        print(f"| this tree | {anchors} | {args.batch_anchors} | {now:.3f} | {args.batch_anchors / now:,.0f} | {ratio} |")
+    peak = peak_tflops(args.device)
+    card = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    print(f"{card}; MFU over {peak or '-'} TFLOP/s dense bf16\n")
+    print("| trainer | anchors per sequence | anchors per step | s per step | anchors per s | MFU | peak GiB | x |\n"
+          "|---|---|---|---|---|---|---|---|")
+    base = None
+    for anchors, batch_anchors in settings:
+        tc = train_config(anchors, batch_anchors)
+        now = step_figures(target, seqs, anchors, batch_anchors, args.steps, args.device)
+        flops = anchor_flops(target.config, tc, now["tokens_per_anchor"], tc.window - 1 + tc.block)
+        if args.before and (base is None or base_anchors != anchors):  # at each anchors' first batch size
+            base, base_anchors = before_figures(args.before, args, anchors, batch_anchors), anchors
+            print(row(args.before, anchors, base, flops, peak, None), flush=True)
+        print(row("this tree", anchors, now, flops, peak, base), flush=True)
     if args.profile:
-        tc = dataclasses.replace(td.TrainConfig(batch_anchors=args.batch_anchors, layers=4), anchors=anchor_rows[0])
-        fit_budget.profile_steps(target, seqs, tc, args.device, args.profile, print)
+        fit_budget.profile_steps(target, seqs, train_config(*settings[0]), args.device, args.profile, print)
     return 0
 
 

@@ -116,20 +116,37 @@ def key_tiles(layout: BlockLayout, window: int | None, width: int = 0) -> tuple[
 
 
 class DeviceLayout:
-    """A layout's lookup tables on the device, and the BlockMask of each window."""
+    """A layout's lookup tables on the device, the mask of each window over them, and each window's BlockMask.
+    `update` copies another layout of the same shapes into the same tensors: the mask functions and the tensors
+    they read keep their identity from step to step, so that compiled attention is compiled once."""
 
-    def __init__(self, layout: BlockLayout, device: str, to_device, causal: bool, tile_width: int = 0):
-        self.layout, self.causal, self.tile_width = layout, causal, tile_width
-        self.context_seq = to_device(layout.context_seq)
-        self.context_pos = to_device(layout.context_pos)
-        self.anchor_seq = to_device(layout.anchor_seq)
-        self.anchor_pos = to_device(layout.anchor_pos)
-        self.device, self.to_device = device, to_device
-        self.masks: dict = {}
+    def __init__(self, layout: BlockLayout, to_device, causal: bool, tile_width: int = 0):
+        self.layout, self.to_device, self.causal, self.tile_width = layout, to_device, causal, tile_width
+        self.context_seq, self.context_pos = to_device(layout.context_seq), to_device(layout.context_pos)
+        self.anchor_seq, self.anchor_pos = to_device(layout.anchor_seq), to_device(layout.anchor_pos)
+        self.visible: dict = {}  # window -> mask function
+        self.tiles: dict = {}  # window -> (tiles per query tile, their indices) on the device
+        self.masks: dict = {}  # window -> this layout's BlockMask
+
+    def fits(self, layout: BlockLayout) -> bool:
+        return (layout.block, layout.context_rows, len(layout.anchor_seq)) == (
+            self.layout.block, self.layout.context_rows, len(self.layout.anchor_seq))
+
+    def update(self, layout: BlockLayout) -> None:
+        assert self.fits(layout), "a layout of other shapes needs a DeviceLayout of its own"
+        for name in ("context_seq", "context_pos", "anchor_seq", "anchor_pos"):
+            getattr(self, name).copy_(self.to_device(getattr(layout, name)), non_blocking=True)
+        self.layout, self.masks = layout, {}
 
     def mask_mod(self, window: int | None):
+        if window not in self.visible:
+            self.visible[window] = self._mask_mod(window)
+        return self.visible[window]
+
+    def _mask_mod(self, window: int | None):
         block, rows, causal = self.layout.block, self.layout.context_rows, self.causal
-        context_seq, context_pos, anchor_seq, anchor_pos = self.context_seq, self.context_pos, self.anchor_seq, self.anchor_pos
+        context_seq, context_pos = self.context_seq, self.context_pos
+        anchor_seq, anchor_pos = self.anchor_seq, self.anchor_pos
 
         def visible(b, h, q, kv):
             anchor, offset = q // block, q % block
@@ -152,8 +169,14 @@ class DeviceLayout:
             from torch.nn.attention.flex_attention import BlockMask
 
             counts, indices = key_tiles(self.layout, window, self.tile_width)
+            held = self.tiles.get(window)
+            if held is not None and held[1].shape == indices.shape:
+                held[0].copy_(self.to_device(counts), non_blocking=True)
+                held[1].copy_(self.to_device(indices), non_blocking=True)
+            else:
+                held = self.tiles[window] = (self.to_device(counts), self.to_device(indices))
             query, key = self.layout.query_rows, self.layout.context_rows + self.layout.query_rows
             self.masks[window] = BlockMask.from_kv_blocks(
-                self.to_device(counts)[None, None], self.to_device(indices)[None, None], BLOCK_SIZE=TILE,
-                mask_mod=self.mask_mod(window), seq_lengths=(query, key))
+                held[0][None, None], held[1][None, None], BLOCK_SIZE=TILE, mask_mod=self.mask_mod(window),
+                seq_lengths=(query, key))
         return self.masks[window]

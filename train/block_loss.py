@@ -22,9 +22,12 @@ from train.batches import label_mask
 from train.block_layout import DeviceLayout, build_layout
 from train.head_loss import head_cross_entropy
 
-# Key tiles each query tile may read, at least (the compiled attention's shapes stay fixed): a window of 256
-# spans three tiles of 128, plus the anchors' spread, plus the block rows' tile.
-FIXED_TILE_WIDTH = 8
+# Key tiles each query tile may read, at least (the compiled attention's shapes stay fixed): a tile's anchors
+# may close one sequence and open the next, each window of 256 spanning up to three tiles of 128, plus the block
+# rows' tile. Only the tiles listed are read: a wider row costs nothing.
+FIXED_TILE_WIDTH = 16
+# The device tables of the fixed-shape layouts, kept across steps (DeviceLayout.update), by device and shapes.
+FIXED_LAYOUTS: dict = {}
 
 
 def to_device(array: np.ndarray, device: str) -> torch.Tensor:
@@ -38,21 +41,24 @@ def to_device(array: np.ndarray, device: str) -> torch.Tensor:
 
 
 @functools.cache
-def compiled_attention():
-    """flex attention compiled (on CUDA it must be: uncompiled it materialises every score)."""
-    return torch.compile(flex_attention, dynamic=False)
+def compiled_attention(dynamic: bool):
+    """flex attention compiled (on CUDA it must be: uncompiled it materialises every score); for fixed shapes
+    (training steps) or for shapes that change every call (an evaluation's sequences)."""
+    return torch.compile(flex_attention, dynamic=dynamic)
 
 
 DENSE_QUERY_ROWS = 2048  # query rows a time on the dense path (its mask and scores are [rows x keys])
 
 
-def attention(q, k, v, device_layout: DeviceLayout, window: int | None, scale: float, compiled: bool) -> torch.Tensor:
+def attention(q, k, v, device_layout: DeviceLayout, window: int | None, scale: float, compiled: str | None
+              ) -> torch.Tensor:
     """q [N, heads, D] over k, v [M, kv_heads, D] under the layout's mask -> [N, heads, D]. Compiled: flex
     attention under the layout's BlockMask. Otherwise (the CPU, where flex attention has no backward) the same
-    mask evaluated densely, a slice of query rows at a time, through scaled-dot-product attention."""
-    if compiled:
+    mask evaluated densely, a slice of query rows at a time, through scaled-dot-product attention. `compiled`:
+    None (the dense path), "fixed" (a training step's padded shapes) or "dynamic"."""
+    if compiled is not None:
         q, k, v = (x.transpose(0, 1)[None] for x in (q, k, v))
-        out = compiled_attention()(q, k, v, block_mask=device_layout.block_mask(window), scale=scale,
+        out = compiled_attention(compiled == "dynamic")(q, k, v, block_mask=device_layout.block_mask(window), scale=scale,
                                    enable_gqa=q.shape[1] != k.shape[1])
         return out[0].transpose(0, 1)
     groups = q.shape[1] // k.shape[1]
@@ -69,7 +75,8 @@ def attention(q, k, v, device_layout: DeviceLayout, window: int | None, scale: f
 
 
 def block_hidden(draft, context: torch.Tensor, context_pos: torch.Tensor, embeds: torch.Tensor,
-                 query_pos: torch.Tensor, device_layout: DeviceLayout, attention_dtype, compiled: bool) -> torch.Tensor:
+                 query_pos: torch.Tensor, device_layout: DeviceLayout, attention_dtype, compiled: str | None
+                 ) -> torch.Tensor:
     """The draft's final hidden states [query rows, hidden] of every block at once. context: the draft's context
     input (hidden_norm(fc(taps))) per context row; embeds: the target's embedding of each block row."""
     cos_c, sin_c = draft.rope(context, context_pos)
@@ -89,6 +96,19 @@ def block_hidden(draft, context: torch.Tensor, context_pos: torch.Tensor, embeds
         h = h + attn.o_proj(out.flatten(-2).to(x.dtype))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return draft.norm(h)
+
+
+def layout_on(device: str, layout, causal: bool, fixed_shapes: bool) -> DeviceLayout:
+    """The layout's tables on the device: for fixed shapes the same tensors every step, updated in place."""
+    if not fixed_shapes:
+        return DeviceLayout(layout, lambda a: to_device(a, device), causal)
+    key = (device, layout.block, layout.context_rows, len(layout.anchor_seq), causal)
+    held = FIXED_LAYOUTS.get(key)
+    if held is None:
+        held = FIXED_LAYOUTS[key] = DeviceLayout(layout, lambda a: to_device(a, device), causal, FIXED_TILE_WIDTH)
+    else:
+        held.update(layout)
+    return held
 
 
 def block_loss(draft, target, seqs: list[dict], anchors: list[np.ndarray], tc, device: str, fixed_shapes: bool = False
@@ -130,12 +150,13 @@ def block_loss(draft, target, seqs: list[dict], anchors: list[np.ndarray], tc, d
         taps = taps.index_select(0, to_device(packed, device))
         taps = torch.nn.functional.pad(taps, (0, 0, 0, layout.context_rows - len(packed)))
         embeds = target.get_input_embeddings()(to_device(block_ids.reshape(-1), device))
-    device_layout = DeviceLayout(layout, device, lambda a: to_device(a, device), draft.spec.causal,
-                                 FIXED_TILE_WIDTH if fixed_shapes else 0)
+    device_layout = layout_on(device, layout, draft.spec.causal, fixed_shapes)
     context = draft.hidden_norm(draft.fc(taps.to(draft.fc.weight.dtype)))
     query_pos = to_device((layout.anchor_pos[:, None] + np.arange(block)).reshape(-1), device)
+    autocast = cuda and torch.is_autocast_enabled("cuda")
     hidden = block_hidden(draft, context, device_layout.context_pos, embeds.to(context.dtype), query_pos,
-                          device_layout, torch.bfloat16 if cuda else None, compiled=cuda)
+                          device_layout, torch.get_autocast_dtype("cuda") if autocast else None,
+                          compiled=("fixed" if fixed_shapes else "dynamic") if cuda else None)
     hidden = hidden.view(-1, block, hidden.shape[-1])[:real, 1:].flatten(0, 1)
     rows = to_device(kept, device)
     total, guesses = head_cross_entropy(hidden.index_select(0, rows), target.lm_head.weight,

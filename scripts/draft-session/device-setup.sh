@@ -1,7 +1,7 @@
 # On the GPU machine (the last part call of scripts/draft-session/prepare: carry the last .gpucache/pN, .whl and
 # .gpucache/smoke): the last folder's model part and prompt files (device-part.sh), both checked whole (the model's
 # sha256; every file manifest.json lists, by size and sha256), the wheels, the default model converted, then a
-# smoke run of generation (SECONDS, start-up included) whose answers the full run keeps.
+# smoke run of generation (SECONDS, start-up included; none with 0) whose answers the full run keeps.
 bash scripts/draft-session/device-part.sh || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
@@ -36,6 +36,7 @@ PY
 python3 -m modeld.fetch_default --gguf /tmp/smol/smol.gguf 2>&1 | tail -1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 mkdir -p /tmp/gen && cp train/data/*/*.npz /tmp/gen/ 2>/dev/null  # the answers of earlier sessions: skipped
+[ "${1:-110}" = 0 ] && exit 0  # SECONDS 0: no smoke run (a session that trains on the answers it has)
 python3 -m train.generate --prompts .gpucache/smoke --out /tmp/gen --sampling greedy --max-new-tokens 512 \
     --concurrency 256 --time-budget "${1:-110}" 2>&1 | grep -v Loading | tail -5
 python3 -m train.stats /tmp/gen

@@ -12,7 +12,7 @@ import torch
 from tests.dflash.tiny_models import load_hf, write_random_target
 from tests.train.per_anchor_reference import per_anchor_loss
 from train.block_layout import TILE, DeviceLayout, build_layout, key_tiles
-from train.block_loss import block_loss
+from train.block_loss import FIXED_LAYOUTS, block_loss
 from train.head_loss import head_cross_entropy
 from train.train_draft import TrainConfig, draft_config, new_draft
 
@@ -70,19 +70,23 @@ def test_packed_loss_equals_the_per_anchor_reference(target, window, causal):
 
 
 def test_fixed_shapes_pad_without_changing_the_loss(target):
-    """Padded to the batch budgets (the compiled step's fixed shapes), the loss and gradients stay the same."""
+    """Padded to the batch budgets (the compiled step's fixed shapes, its device tables reused from step to step),
+    the loss and gradients of two batches in turn stay those of the unpadded layout."""
     tc = TrainConfig(**TINY)
     draft = new_draft(draft_config(target.config, tc), target.config, "cpu")
-    seqs, anchors = batch(2)
-    loose, _, _ = block_loss(draft, target, seqs, anchors, tc, "cpu")
-    loose.backward()
-    want = grads(draft)
-    draft.zero_grad(set_to_none=True)
-    fixed, _, _ = block_loss(draft, target, seqs, anchors, tc, "cpu", fixed_shapes=True)
-    fixed.backward()
-    torch.testing.assert_close(fixed, loose, rtol=1e-6, atol=1e-6)
-    for name, value in grads(draft).items():
-        torch.testing.assert_close(value, want[name], rtol=1e-5, atol=1e-7)
+    for seed in (2, 4):
+        seqs, anchors = batch(seed)
+        draft.zero_grad(set_to_none=True)
+        loose, _, _ = block_loss(draft, target, seqs, anchors, tc, "cpu")
+        loose.backward()
+        want = grads(draft)
+        draft.zero_grad(set_to_none=True)
+        fixed, _, _ = block_loss(draft, target, seqs, anchors, tc, "cpu", fixed_shapes=True)
+        fixed.backward()
+        torch.testing.assert_close(fixed, loose, rtol=1e-6, atol=1e-6)
+        for name, value in grads(draft).items():
+            torch.testing.assert_close(value, want[name], rtol=1e-5, atol=1e-7)
+    assert len(FIXED_LAYOUTS) == 1  # one set of device tables, updated in place
 
 
 @pytest.mark.parametrize("block,window", [(16, 256), (16, None), (10, 64), (8, 256)])
@@ -95,7 +99,7 @@ def test_the_key_tiles_cover_every_visible_pair_and_little_else(block, window):
                for n in lengths]
     anchors[2] = np.array([0, 1, 2])  # blocks with no or little context
     layout = build_layout(lengths, anchors, block, pad_anchors=len(np.concatenate(anchors)) + 37)
-    device_layout = DeviceLayout(layout, "cpu", torch.from_numpy, causal=False)
+    device_layout = DeviceLayout(layout, torch.from_numpy, causal=False)
     visible = device_layout.mask_mod(window)
     q = torch.arange(layout.query_rows)[:, None]
     kv = torch.arange(layout.context_rows + layout.query_rows)[None, :]
