@@ -80,10 +80,10 @@ def build_layout(lengths, anchors, block: int, pad_anchors: int = 0, pad_context
     return BlockLayout(block, context_seq, context_pos, anchor_seq, anchor_pos, starts, real)
 
 
-def key_tiles(layout: BlockLayout, window: int | None, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(tiles per query tile [Q], their indices [Q, W]): the key tiles each query tile may read (the union of its
-    anchors' context tiles, and the tiles of its own block rows), W at least `width` (a fixed width keeps a
-    compiled step's shapes fixed)."""
+def key_tiles(layout: BlockLayout, window: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(tiles per query tile [Q], their indices [Q, K]): the key tiles each query tile may read (the union of its
+    anchors' context tiles, and the tiles of its own block rows), first in each row of K, the number of key tiles
+    (BlockMask's layout: the rest of a row is ignored)."""
     block = layout.block
     index = np.arange(len(layout.anchor_seq))
     real = layout.anchor_seq >= 0
@@ -108,8 +108,7 @@ def key_tiles(layout: BlockLayout, window: int | None, width: int = 0) -> tuple[
     pairs = np.unique(np.concatenate(pairs), axis=0)  # sorted by query tile, then key tile
     query_tiles = layout.query_rows // TILE
     counts = np.bincount(pairs[:, 0], minlength=query_tiles).astype(np.int32)
-    width = max(width, int(counts.max()))
-    indices = np.zeros((query_tiles, width), dtype=np.int32)
+    indices = np.zeros((query_tiles, (layout.context_rows + layout.query_rows) // TILE), dtype=np.int32)
     slot = np.arange(len(pairs)) - np.repeat(np.cumsum(counts) - counts, counts)
     indices[pairs[:, 0], slot] = pairs[:, 1]
     return counts, indices
@@ -120,8 +119,8 @@ class DeviceLayout:
     `update` copies another layout of the same shapes into the same tensors: the mask functions and the tensors
     they read keep their identity from step to step, so that compiled attention is compiled once."""
 
-    def __init__(self, layout: BlockLayout, to_device, causal: bool, tile_width: int = 0):
-        self.layout, self.to_device, self.causal, self.tile_width = layout, to_device, causal, tile_width
+    def __init__(self, layout: BlockLayout, to_device, causal: bool):
+        self.layout, self.to_device, self.causal = layout, to_device, causal
         self.context_seq, self.context_pos = to_device(layout.context_seq), to_device(layout.context_pos)
         self.anchor_seq, self.anchor_pos = to_device(layout.anchor_seq), to_device(layout.anchor_pos)
         self.visible: dict = {}  # window -> mask function
@@ -168,7 +167,7 @@ class DeviceLayout:
         if window not in self.masks:
             from torch.nn.attention.flex_attention import BlockMask
 
-            counts, indices = key_tiles(self.layout, window, self.tile_width)
+            counts, indices = key_tiles(self.layout, window)
             held = self.tiles.get(window)
             if held is not None and held[1].shape == indices.shape:
                 held[0].copy_(self.to_device(counts), non_blocking=True)

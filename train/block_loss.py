@@ -22,10 +22,6 @@ from train.batches import label_mask
 from train.block_layout import DeviceLayout, build_layout
 from train.head_loss import head_cross_entropy
 
-# Key tiles each query tile may read, at least (the compiled attention's shapes stay fixed): a tile's anchors
-# may close one sequence and open the next, each window of 256 spanning up to three tiles of 128, plus the block
-# rows' tile. Only the tiles listed are read: a wider row costs nothing.
-FIXED_TILE_WIDTH = 16
 # The device tables of the fixed-shape layouts, kept across steps (DeviceLayout.update), by device and shapes.
 FIXED_LAYOUTS: dict = {}
 
@@ -105,7 +101,7 @@ def layout_on(device: str, layout, causal: bool, fixed_shapes: bool) -> DeviceLa
     key = (device, layout.block, layout.context_rows, len(layout.anchor_seq), causal)
     held = FIXED_LAYOUTS.get(key)
     if held is None:
-        held = FIXED_LAYOUTS[key] = DeviceLayout(layout, lambda a: to_device(a, device), causal, FIXED_TILE_WIDTH)
+        held = FIXED_LAYOUTS[key] = DeviceLayout(layout, lambda a: to_device(a, device), causal)
     else:
         held.update(layout)
     return held

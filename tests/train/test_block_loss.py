@@ -111,6 +111,7 @@ def test_the_key_tiles_cover_every_visible_pair_and_little_else(block, window):
     needed = dense.view(len(listed), TILE, -1, TILE).any(3).any(1)
     assert not (needed & ~listed).any(), "a visible pair lies in a tile the BlockMask skips"
     assert dense.sum(1).min() >= 1  # every query row sees at least its own block
+    assert torch.equal(device_layout.block_mask(window).to_dense()[0, 0].bool(), listed)  # what flex attention reads
     assert (listed & ~needed).sum() <= 0.05 * listed.sum()  # almost every listed tile holds a visible pair
     assert listed.sum() < 0.2 * listed.numel()  # a sparse mask, not a dense one
     # each anchor's row sees exactly its visible context and its block
