@@ -96,21 +96,20 @@ def key_tiles(layout: BlockLayout, window: int | None) -> tuple[np.ndarray, np.n
     span = int((hi_tile - lo_tile).max()) + 1 if len(seq) else 0
     tiles = lo_tile[:, None] + np.arange(span)
     wanted = tiles <= hi_tile[:, None]
-    pairs = []
+    query_tiles, key_tiles_total = layout.query_rows // TILE, (layout.context_rows + layout.query_rows) // TILE
+    listed = np.zeros((query_tiles, key_tiles_total), dtype=bool)  # which key tiles each query tile reads
     for query_row in (index * block, index * block + block - 1):  # a block may straddle two query tiles
         query_tile = np.broadcast_to((query_row[has] // TILE)[:, None], tiles.shape)
-        pairs.append(np.stack([query_tile[wanted], tiles[wanted]], axis=1))
+        listed[query_tile[wanted], tiles[wanted]] = True
     own = layout.context_rows // TILE  # the first key tile of the block rows: they lie as the query rows do
     rows = np.arange(layout.query_rows)
-    whole_blocks = np.stack([rows // TILE, own + (rows // block * block) // TILE], axis=1)
-    pairs.append(whole_blocks)
-    pairs.append(np.stack([rows // TILE, own + ((rows // block + 1) * block - 1) // TILE], axis=1))
-    pairs = np.unique(np.concatenate(pairs), axis=0)  # sorted by query tile, then key tile
-    query_tiles = layout.query_rows // TILE
-    counts = np.bincount(pairs[:, 0], minlength=query_tiles).astype(np.int32)
-    indices = np.zeros((query_tiles, (layout.context_rows + layout.query_rows) // TILE), dtype=np.int32)
-    slot = np.arange(len(pairs)) - np.repeat(np.cumsum(counts) - counts, counts)
-    indices[pairs[:, 0], slot] = pairs[:, 1]
+    listed[rows // TILE, own + (rows // block * block) // TILE] = True
+    listed[rows // TILE, own + ((rows // block + 1) * block - 1) // TILE] = True
+    query_tile, key_tile = np.nonzero(listed)  # row by row, each row's tiles in order
+    counts = np.bincount(query_tile, minlength=query_tiles).astype(np.int32)
+    indices = np.zeros(listed.shape, dtype=np.int32)
+    slot = np.arange(len(query_tile)) - np.repeat(np.cumsum(counts) - counts, counts)
+    indices[query_tile, slot] = key_tile
     return counts, indices
 
 
