@@ -16,6 +16,9 @@ MAX_STOP_TOKEN_IDS = 256
 # refused before the tokenizer runs; the factor leaves room for normalizers that shorten a text before it is split
 # (Unicode NFC composing a character from its parts).
 TEXT_BYTES_PER_LONGEST_TOKEN = 2
+# Chat messages of one request, whatever the context: a conversation longer than this is not a chat. Below it,
+# a request may have at most as many messages as empty turns fit its context (chat_turn_tokens).
+MAX_CHAT_MESSAGES = 4096
 
 
 def check_request_id(rid: str) -> None:
@@ -30,6 +33,28 @@ def text_bytes_per_token(tokenizer) -> int:
     """The bound on a prompt's UTF-8 bytes per token of the context, for this tokenizer."""
     longest = max(len(tokenizer.convert_tokens_to_string([token]).encode()) for token in tokenizer.get_vocab())
     return TEXT_BYTES_PER_LONGEST_TOKEN * longest
+
+
+def chat_turn_tokens(tokenizer) -> int:
+    """The fewest tokens a turn adds to a conversation: what one more empty user turn costs in the chat template
+    (at least 1: no template renders a turn as nothing)."""
+    def length(turns: int) -> int:
+        messages = [{"role": "user", "content": ""}] * turns
+        return len(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False))
+
+    try:
+        return max(1, length(2) - length(1))
+    except (ValueError, TypeError, AttributeError):  # no chat template (or one that refuses empty turns)
+        return 1
+
+
+def check_message_count(count: int, context_len: int, turn_tokens: int) -> None:
+    """Before any message is read: more turns than fit the context cannot be answered, and rendering them would
+    hold a worker for as long as they are many."""
+    limit = min(MAX_CHAT_MESSAGES, max(1, context_len // turn_tokens))
+    if count > limit:
+        raise InvalidRequest(f"{count} messages: at most {limit} (a turn takes at least {turn_tokens} tokens of the "
+                             f"context of {context_len}; at most {MAX_CHAT_MESSAGES} in any context)")
 
 
 def check_text_size(text: str, context_len: int, bytes_per_token: int) -> None:

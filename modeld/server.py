@@ -65,6 +65,7 @@ async def _serve(cfg: ModeldConfig) -> int:
         await set_statuses(False)
         await server.stop(grace=5)
     finally:
+        service.prepare.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(engine.stop)  # the engine fails what still runs and closes memd's session
         if sock is not None:
             sock.unlink(missing_ok=True)

@@ -1,17 +1,20 @@
 """modeld's gRPC servicer on grpc.aio: Generate (server streaming), Abort, GetInfo, Capacity.
 
 Every handler runs on the front's one asyncio loop, no thread per stream; the engine runs in its own process
-(modeld.engine_client). What the engine sends for a request goes into its queue and wakes its stream, which takes
+(modeld.engine_client). A request's checks, chat template and tokenizing run on one worker thread beside the loop
+(bounded first: modeld.limits), so a large prompt never holds up health checks or the other streams. What the engine sends for a request goes into its queue and wakes its stream, which takes
 what is queued, makes its text and sends it as one message."""
 
 import asyncio
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from modeld.detokenize import TextStream
 from modeld.engine_client import ENGINE_GONE, EngineClient
-from modeld.limits import check_request_id, check_stops, check_text_size, text_bytes_per_token
+from modeld.limits import (chat_turn_tokens, check_message_count, check_request_id, check_stops, check_text_size,
+                           text_bytes_per_token)
 from modeld.output import take_events
 from modeld.request import Request
 from modeld.sampling_params import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
@@ -27,12 +30,16 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.text_bytes_per_token = text_bytes_per_token(self.tokenizer) if self.tokenizer is not None else 0
+        self.turn_tokens = chat_turn_tokens(self.tokenizer) if self.tokenizer is not None else 1
+        # One thread: a fast tokenizer is not safe to encode with from several threads at once, and the bounds keep
+        # each request's share of it short.
+        self.prepare = ThreadPoolExecutor(1, thread_name_prefix="modeld-prepare")
         self.vocab_size = engine.vocab_size
         self.memd = memd_pb2_grpc.MemdStub(grpc.aio.insecure_channel(memd))
 
     async def Generate(self, request, context):
         try:
-            req = self._build(request)
+            req = await self.prepared(request)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         await self._check_serving(context)
@@ -94,6 +101,10 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             spec_accept_length=req.accept_length(),
         )
 
+    async def prepared(self, request: modeld_pb2.GenerateRequest) -> Request:
+        """_build on the prepare thread, off the loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.prepare, self._build, request)
+
     def _build(self, request: modeld_pb2.GenerateRequest) -> Request:
         """Validates a GenerateRequest, the prompt last (so nothing is tokenized for a request refused anyway); raises
         InvalidRequest with what is wrong."""
@@ -154,6 +165,7 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             raise InvalidRequest("this model has no tokenizer: send input_ids")
         if not messages:
             raise InvalidRequest("messages is empty")
+        check_message_count(len(messages), context_len, self.turn_tokens)
         bad = next((m.role for m in messages if m.role not in CHAT_ROLES), None)
         if bad is not None:
             raise InvalidRequest(f"message role {bad!r}: one of {', '.join(CHAT_ROLES)}")

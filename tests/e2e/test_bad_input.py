@@ -130,6 +130,8 @@ CASES = {
     "input-id-negative": lambda env: env.generate(gen(prompt=None, input_ids=[1, -1])),
     "input-id-outside-vocabulary": lambda env: env.generate(gen(prompt=None, input_ids=[1, VOCAB])),
     "prompt-missing": lambda env: env.generate(modeld_pb2.GenerateRequest()),
+    "messages-too-many": lambda env: env.generate(modeld_pb2.GenerateRequest(messages=modeld_pb2.ChatMessages(
+        messages=[modeld_pb2.ChatMessage(role="user")] * 100_000))),
     "prompt-empty": lambda env: env.generate(gen(prompt="")),
     "prompt-and-output-beyond-context": lambda env: env.generate(gen(max_new_tokens=CONTEXT)),
     "request-id-too-long": lambda env: env.generate(gen(request_id=rid(257))),
