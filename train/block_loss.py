@@ -12,14 +12,16 @@
 """
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch.nn.attention.flex_attention import flex_attention
+from torch.profiler import record_function
 
 from modeld.kernels.fused import rotate_half
 from train.batches import label_mask
-from train.block_layout import DeviceLayout, build_layout
+from train.block_layout import BlockLayout, DeviceLayout, build_layout
 from train.head_loss import head_cross_entropy
 
 # The device tables of the fixed-shape layouts, kept across steps (DeviceLayout.update), by device and shapes.
@@ -54,8 +56,9 @@ def attention(q, k, v, device_layout: DeviceLayout, window: int | None, scale: f
     None (the dense path), "fixed" (a training step's padded shapes) or "dynamic"."""
     if compiled is not None:
         q, k, v = (x.transpose(0, 1)[None] for x in (q, k, v))
-        out = compiled_attention(compiled == "dynamic")(q, k, v, block_mask=device_layout.block_mask(window), scale=scale,
-                                   enable_gqa=q.shape[1] != k.shape[1])
+        run = compiled_attention(compiled == "dynamic")
+        mask = device_layout.block_mask(window)
+        out = run(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
         return out[0].transpose(0, 1)
     groups = q.shape[1] // k.shape[1]
     k, v = (x.repeat_interleave(groups, dim=1).transpose(0, 1) for x in (k, v))
@@ -107,16 +110,25 @@ def layout_on(device: str, layout, causal: bool, fixed_shapes: bool) -> DeviceLa
     return held
 
 
-def block_loss(draft, target, seqs: list[dict], anchors: list[np.ndarray], tc, device: str, fixed_shapes: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(weighted CE over the blocks, the draft's greedy predictions [A, B-1] (-1 where a label weighs nothing), the
-    labels' weights [A, B-1]) for the anchors of each sequence (sorted). `fixed_shapes`: the layout is padded to
-    tc.batch_anchors anchors and tc.batch_tokens context rows, so that the compiled attention keeps its shapes."""
+@dataclass(frozen=True)
+class HostBatch:
+    """A batch's host arrays: its layout, the target's padded input, and the labels of every block row k >= 1."""
+
+    layout: BlockLayout
+    target_ids: np.ndarray  # [sequences, longest] the sequences padded with 0
+    lengths: np.ndarray  # [sequences]
+    packed: np.ndarray  # the rows of target_ids (flattened) that are context rows, in order
+    block_ids: np.ndarray  # [anchors, block] the anchor's token, then mask tokens
+    labels: np.ndarray  # [real anchors, block - 1] the token at anchor + k
+    weights: np.ndarray  # [real anchors, block - 1] exp(-(k-1)/gamma) where the label lies in an answer, else 0
+    kept: np.ndarray  # the flat indices of the weighted labels (the rows the loss reads)
+
+
+def host_batch(seqs: list[dict], anchors: list[np.ndarray], tc, fixed_shapes: bool) -> HostBatch:
     block = tc.block
     lengths = np.array([min(len(s["ids"]), tc.max_len) for s in seqs], dtype=np.int64)
     layout = build_layout(lengths, anchors, block, tc.batch_anchors if fixed_shapes else 0,
                           tc.batch_tokens if fixed_shapes else 0)
-    cuda = device.startswith("cuda")
     real = layout.real_anchors
     flat_ids = np.concatenate([np.asarray(s["ids"][:n], dtype=np.int64) for s, n in zip(seqs, lengths)])
     flat_labelled = np.concatenate([label_mask(len(s["ids"]), s["spans"], tc.max_len)[:n]
@@ -125,40 +137,59 @@ def block_loss(draft, target, seqs: list[dict], anchors: list[np.ndarray], tc, d
     first_row = layout.starts[seq] + pos
     block_ids = np.full((len(layout.anchor_seq), block), tc.mask_token_id, dtype=np.int64)
     block_ids[:real, 0] = flat_ids[first_row]
-    label_pos = pos[:, None] + np.arange(1, block)
-    inside = label_pos < lengths[seq][:, None]
+    inside = pos[:, None] + np.arange(1, block) < lengths[seq][:, None]
     label_row = np.where(inside, first_row[:, None] + np.arange(1, block), 0)
-    labels = np.where(inside, flat_ids[label_row], 0)
     decay = np.exp(-np.arange(block - 1) / tc.gamma)
     weights = (decay * (inside & flat_labelled[label_row])).astype(np.float32)
-    kept = np.flatnonzero(weights.reshape(-1) > 0)  # the rows the loss reads (padding anchors have none)
-    # the target, over its sequences padded to the longest: the taps of every real position, packed
     width = int(lengths.max())
-    host_ids = np.zeros((len(seqs), width), dtype=np.int64)
+    target_ids = np.zeros((len(seqs), width), dtype=np.int64)
     for i, (s, n) in enumerate(zip(seqs, lengths)):
-        host_ids[i, :n] = s["ids"][:n]
+        target_ids[i, :n] = s["ids"][:n]
     packed = np.concatenate([i * width + np.arange(n) for i, n in enumerate(lengths)])
-    ids = to_device(host_ids, device)
-    attn = (torch.arange(width, device=device) < to_device(lengths, device)[:, None]).long()
-    with torch.no_grad():
-        states = target.model(ids, attention_mask=attn, output_hidden_states=True).hidden_states
-        taps = torch.cat([states[i + 1] for i in draft.spec.target_layer_ids], dim=-1).flatten(0, 1)
-        taps = taps.index_select(0, to_device(packed, device))
-        taps = torch.nn.functional.pad(taps, (0, 0, 0, layout.context_rows - len(packed)))
-        embeds = target.get_input_embeddings()(to_device(block_ids.reshape(-1), device))
-    device_layout = layout_on(device, layout, draft.spec.causal, fixed_shapes)
-    context = draft.hidden_norm(draft.fc(taps.to(draft.fc.weight.dtype)))
-    query_pos = to_device((layout.anchor_pos[:, None] + np.arange(block)).reshape(-1), device)
-    autocast = cuda and torch.is_autocast_enabled("cuda")
-    hidden = block_hidden(draft, context, device_layout.context_pos, embeds.to(context.dtype), query_pos,
-                          device_layout, torch.get_autocast_dtype("cuda") if autocast else None,
-                          compiled=("fixed" if fixed_shapes else "dynamic") if cuda else None)
-    hidden = hidden.view(-1, block, hidden.shape[-1])[:real, 1:].flatten(0, 1)
-    rows = to_device(kept, device)
-    total, guesses = head_cross_entropy(hidden.index_select(0, rows), target.lm_head.weight,
-                                        to_device(labels.reshape(-1)[kept], device),
-                                        to_device(weights.reshape(-1)[kept], device))
-    loss = total / max(float(weights.sum()), 1e-6)
-    predictions = torch.full((real * (block - 1),), -1, dtype=torch.long, device=device)
-    predictions[rows] = guesses
-    return loss, predictions.view(real, block - 1), to_device(weights, device).view(real, block - 1)
+    return HostBatch(layout, target_ids, lengths, packed, block_ids, np.where(inside, flat_ids[label_row], 0),
+                     weights, np.flatnonzero(weights.reshape(-1) > 0))
+
+
+@torch.no_grad()
+def target_inputs(draft, target, host: HostBatch, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the tapped target layers of every context row [context rows, taps x hidden], padded with zeros; the target's
+    embedding of every block row [query rows, hidden]): the target runs over its sequences padded to the longest."""
+    width = host.target_ids.shape[1]
+    attn = (torch.arange(width, device=device) < to_device(host.lengths, device)[:, None]).long()
+    ids = to_device(host.target_ids, device)
+    states = target.model(ids, attention_mask=attn, output_hidden_states=True).hidden_states
+    taps = torch.cat([states[i + 1] for i in draft.spec.target_layer_ids], dim=-1).flatten(0, 1)
+    taps = taps.index_select(0, to_device(host.packed, device))
+    taps = torch.nn.functional.pad(taps, (0, 0, 0, host.layout.context_rows - len(host.packed)))
+    return taps, target.get_input_embeddings()(to_device(host.block_ids.reshape(-1), device))
+
+
+def block_loss(draft, target, seqs: list[dict], anchors: list[np.ndarray], tc, device: str, fixed_shapes: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weighted CE over the blocks, the draft's greedy predictions [A, B-1] (-1 where a label weighs nothing), the
+    labels' weights [A, B-1]) for the anchors of each sequence (sorted). `fixed_shapes`: the layout is padded to
+    tc.batch_anchors anchors and tc.batch_tokens context rows, so that the compiled attention keeps its shapes."""
+    cuda = device.startswith("cuda")
+    with record_function("train.host_batch"):
+        host = host_batch(seqs, anchors, tc, fixed_shapes)
+    layout, block, real = host.layout, tc.block, host.layout.real_anchors
+    with record_function("train.target"):
+        taps, embeds = target_inputs(draft, target, host, device)
+    with record_function("train.draft_forward"):
+        device_layout = layout_on(device, layout, draft.spec.causal, fixed_shapes)
+        context = draft.hidden_norm(draft.fc(taps.to(draft.fc.weight.dtype)))
+        query_pos = to_device((layout.anchor_pos[:, None] + np.arange(block)).reshape(-1), device)
+        autocast = cuda and torch.is_autocast_enabled("cuda")
+        hidden = block_hidden(draft, context, device_layout.context_pos, embeds.to(context.dtype), query_pos,
+                              device_layout, torch.get_autocast_dtype("cuda") if autocast else None,
+                              compiled=("fixed" if fixed_shapes else "dynamic") if cuda else None)
+    with record_function("train.head_loss"):
+        hidden = hidden.view(-1, block, hidden.shape[-1])[:real, 1:].flatten(0, 1)
+        rows = to_device(host.kept, device)
+        total, guesses = head_cross_entropy(hidden.index_select(0, rows), target.lm_head.weight,
+                                            to_device(host.labels.reshape(-1)[host.kept], device),
+                                            to_device(host.weights.reshape(-1)[host.kept], device))
+        loss = total / max(float(host.weights.sum()), 1e-6)
+        predictions = torch.full((real * (block - 1),), -1, dtype=torch.long, device=device)
+        predictions[rows] = guesses
+    return loss, predictions.view(real, block - 1), to_device(host.weights, device).view(real, block - 1)

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from safetensors.torch import save_file
+from torch.profiler import record_function
 from transformers import Qwen3Config
 
 from modeld.draft import DFlashDraft, read_spec
@@ -341,11 +342,13 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
                                        else lr_factor(state.step, total, tc.warmup))
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
                 loss, predictions, weights = block_loss(draft, target, batch, anchors, tc, device,
-                                                               fixed_shapes=device.startswith("cuda"))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), tc.clip)
-            opt.step()
+                                                        fixed_shapes=device.startswith("cuda"))
+            with record_function("train.backward"):
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+            with record_function("train.optimizer"):
+                torch.nn.utils.clip_grad_norm_(draft.parameters(), tc.clip)
+                opt.step()
             pending.append(loss.detach())
             if step_ends is not None:
                 step_ends.append(time.monotonic())

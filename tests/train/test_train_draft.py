@@ -264,3 +264,4 @@ def test_profile_steps_reports_where_a_step_goes(tiny):
     table = profile_steps(target, train_set, TrainConfig(**TINY, epochs=4), "cpu", 2, messages.append)
     assert "aten::" in table and "Self CPU" in table
     assert messages and messages[0].startswith("profile of 2 steps") and "s wall" in messages[0]
+    assert "host ms a step by phase: host_batch" in messages[0] and "optimizer" in messages[0]
