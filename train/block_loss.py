@@ -154,10 +154,14 @@ def host_batch(seqs: list[dict], anchors: list[np.ndarray], tc, fixed_shapes: bo
 def target_inputs(draft, target, host: HostBatch, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(the tapped target layers of every context row [context rows, taps x hidden], padded with zeros; the target's
     embedding of every block row [query rows, hidden]): the target runs over its sequences padded to the longest."""
-    width = host.target_ids.shape[1]
-    attn = (torch.arange(width, device=device) < to_device(host.lengths, device)[:, None]).long()
+    positions = torch.arange(host.target_ids.shape[1], device=device)
+    real = positions < to_device(host.lengths, device)[:, None]
+    # The causal mask with the padding in it, whole (4-D): given a 2-D padding mask, transformers asks the device
+    # whether any position is padding (a host sync every step, which stops the host queueing the next step while the
+    # device runs this one).
+    mask = (positions[:, None] >= positions[None, :]) & real[:, None, :]
     ids = to_device(host.target_ids, device)
-    states = target.model(ids, attention_mask=attn, output_hidden_states=True).hidden_states
+    states = target.model(ids, attention_mask=mask[:, None], output_hidden_states=True).hidden_states
     taps = torch.cat([states[i + 1] for i in draft.spec.target_layer_ids], dim=-1).flatten(0, 1)
     taps = taps.index_select(0, to_device(host.packed, device))
     taps = torch.nn.functional.pad(taps, (0, 0, 0, host.layout.context_rows - len(host.packed)))
