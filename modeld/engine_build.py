@@ -13,12 +13,11 @@ from modeld.dflash import DflashWorker
 from modeld.draft import load_draft
 from modeld.engine import Engine
 from modeld.fingerprint import model_fingerprint
-from modeld.loader import load_target
+from modeld.loader import eos_token_ids, load_target
 from modeld.memd_link import MemdLink, StartupError
 from modeld.packed_inputs import FIELDS
 from modeld.runner import ModelRunner
 from modeld.scheduler import Scheduler
-from modeld.service import eos_token_ids
 
 log = logging.getLogger("modeld")
 
