@@ -43,6 +43,15 @@ class StepItem:
     verify: bool = False  # a DFLASH block: [last token, drafts] (the drafts are proposed on the device)
 
 
+@dataclass(frozen=True, slots=True)
+class PlanItem:
+    """A request's part of a planned step, before memd answers (then a StepItem)."""
+    req: Request
+    num_tokens: int
+    decode: bool  # a decode (one token, or a DFLASH verify block); else a prompt chunk
+    ask: int  # positions to ask memd for beyond those the request holds (0: it runs on slots it holds)
+
+
 class Scheduler:
     def __init__(self, session: MemdSession, max_running: int, chunk_tokens: int, context_len: int, block: int = 0,
                  lookahead: int = 0, async_top_ups: bool = False, speculate_below: int = 0,
@@ -124,11 +133,11 @@ class Scheduler:
             else:
                 hopeless.append(self._give_up(self.running[0]))
 
-    def _ask(self, plan, refused: set[tuple], lean: bool):
+    def _ask(self, plan: list[PlanItem], refused: set[tuple], lean: bool):
         """memd's answer to a plan ({} when the step needs no call), or None when it is (or was already) refused."""
         memd = self.memd
-        extends = [(r.rid, r.held, ask) for r, n, decode, ask in plan if not decode and ask]
-        grows = [(r.rid, ask) for r, n, decode, ask in plan if decode and ask]
+        extends = [(p.req.rid, p.req.held, p.ask) for p in plan if not p.decode and p.ask]
+        grows = [(p.req.rid, p.ask) for p in plan if p.decode and p.ask]
         if not (extends or grows) and (memd.async_top_ups or not (memd.releases or memd.cache)):
             return {}  # every decode runs on slots granted ahead; releases go out without waiting, or with the next call
         memd.settle_in_flight(wait=True)
@@ -148,15 +157,16 @@ class Scheduler:
             return self._allocs_one_by_one(plan)
         return {a.rid: a for a in answer.requests}
 
-    def _allocs_one_by_one(self, plan) -> dict:
+    def _allocs_one_by_one(self, plan: list[PlanItem]) -> dict:
         """Each request's allocation on its own (a request memd refuses fails alone, never the batch): the ones memd
         refuses outright fail, the ones it has no room for sit this step out. Returns the answers; the rest of the
         plan is marked in `self.left_out`."""
         answer = {}
-        for r, n, decode, ask in plan:
-            if not ask:
+        for p in plan:
+            if not p.ask:
                 continue  # runs on slots it holds
-            op = dict(grows=[(r.rid, ask)]) if decode else dict(extends=[(r.rid, r.held, ask)])
+            r = p.req
+            op = dict(grows=[(r.rid, p.ask)]) if p.decode else dict(extends=[(r.rid, r.held, p.ask)])
             try:
                 answer.update({a.rid: a for a in self.memd.session.alloc(**op).requests})
             except grpc.RpcError as exc:
@@ -209,7 +219,8 @@ class Scheduler:
         """Drops from the step the requests memd refused alone: failed with memd's error, or (no room) waiting."""
         if not self.left_out:
             return plan, admitted
-        for r, *_ in plan:
+        for p in plan:
+            r = p.req
             if r.rid not in self.left_out:
                 continue
             exc = self.left_out[r.rid]
@@ -220,7 +231,7 @@ class Scheduler:
         back = [r for r in admitted if r.rid in self.left_out and self.left_out[r.rid] is None]
         self.waiting.extendleft(reversed(back))
         admitted = [r for r in admitted if r.rid not in self.left_out]
-        return [p for p in plan if p[0].rid not in self.left_out], admitted
+        return [p for p in plan if p.req.rid not in self.left_out], admitted
 
     def _speculating(self) -> bool:
         """Decodes verify DFLASH blocks this step: with a draft, while fewer than `speculate_below` requests run, or
@@ -237,10 +248,9 @@ class Scheduler:
         """A decode computes the last token; with DFLASH it verifies a whole block when it fits."""
         return self.block if spec and r.computed + self.block <= self.context_len else 1
 
-    def _plan(self, level: int, admit: int, spec: bool, lean: bool):
-        """(request, tokens, is_decode, tokens to ask memd for) for this step, the requests newly admitted, and whether
-        its one prompt chunk runs alone (the decodes wait): level 0 admits up to `admit` waiting requests, level 1
-        serves running requests only, level 2 decodes."""
+    def _plan(self, level: int, admit: int, spec: bool, lean: bool) -> tuple[list[PlanItem], list[Request], bool]:
+        """This step's plan, the requests newly admitted, and whether its one prompt chunk runs alone (the decodes
+        wait): level 0 admits up to `admit` waiting requests, level 1 serves running requests only, level 2 decodes."""
         memd = self.memd
         decodes = [(r, self._decode_tokens(r, spec)) for r in self.running if r.pending == 1]
         plan = []
@@ -249,7 +259,7 @@ class Scheduler:
             for r in self.running:
                 if r.pending > 1 and budget > 0:
                     take = min(r.pending, budget)
-                    plan.append((r, take, False, self._extend_ask(r, take, lean)))
+                    plan.append(PlanItem(r, take, False, self._extend_ask(r, take, lean)))
                     budget -= take
         admitted = []
         no_rows = level == 0 and self._match_ahead(min(admit, self.max_running - len(self.running)), budget, lean)
@@ -263,7 +273,7 @@ class Scheduler:
                     break
             r = self.waiting.popleft()
             take = min(r.pending, budget)
-            plan.append((r, take, False, self._extend_ask(r, take, lean)))
+            plan.append(PlanItem(r, take, False, self._extend_ask(r, take, lean)))
             admitted.append(r)
             budget -= take
         alone = bool(decodes) and self._runs_alone(plan)
@@ -271,14 +281,15 @@ class Scheduler:
             decodes = []  # they run the next step
         releasing = bool(memd.releases or memd.cache) and not memd.async_top_ups  # else they go out without waiting
         # memd is called anyway (so top-ups join): a plan item asks for positions (not those granted with a match)
-        calling = lean or any(ask for *_, ask in plan) or releasing or any(r.computed + n > r.held for r, n in decodes)
+        calling = lean or any(p.ask for p in plan) or releasing or any(r.computed + n > r.held for r, n in decodes)
         commits = memd.outgoing_commits(lean) if calling else {}
-        grants = [(r, n, True, self._grant(r, n, commits.get(r.rid, r.held), lean, calling)) for r, n in decodes]
+        grants = [PlanItem(r, n, True, self._grant(r, n, commits.get(r.rid, r.held), lean, calling))
+                  for r, n in decodes]
         return grants + plan, admitted, alone
 
-    def _runs_alone(self, chunks: list) -> bool:
+    def _runs_alone(self, chunks: list[PlanItem]) -> bool:
         """Whether this step's prompt chunks are one short enough to run without the decodes (not twice in a row)."""
-        return len(chunks) == 1 and chunks[0][1] <= self.alone_prompt_tokens and not self.alone_last
+        return len(chunks) == 1 and chunks[0].num_tokens <= self.alone_prompt_tokens and not self.alone_last
 
     def _extend_ask(self, r: Request, take: int, lean: bool) -> int:
         """Positions to ask memd for, for a prefill chunk of `take` tokens, beyond those it holds (granted with its
@@ -341,15 +352,16 @@ class Scheduler:
             r.computed = 0
         return bool(matched)
 
-    def _commit(self, plan, admitted, answer) -> list[StepItem]:
+    def _commit(self, plan: list[PlanItem], admitted: list[Request], answer: dict) -> list[StepItem]:
         for r in admitted:
             if not r.output_ids and not r.cached_tokens:
                 r.cached_tokens = r.computed  # the prompt tokens served from the prefix cache
             self.running.append(r)
         items = []
-        for r, n, decode, ask in plan:
+        for p in plan:
+            r, n, decode = p.req, p.num_tokens, p.decode
             got = answer.get(r.rid)
-            if got is not None:  # slots of positions [got.start, got.start + ask); earlier spare slots stay
+            if got is not None:  # slots of positions [got.start, got.start + p.ask); earlier spare slots stay
                 kept = r.slots[r.computed - r.slots_from : got.start - r.slots_from] if decode else []
                 r.slots, r.slots_from, r.row = kept + list(got.target_slots), r.computed, got.row
                 r.held = got.start + len(got.target_slots)
