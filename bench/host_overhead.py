@@ -54,7 +54,7 @@ class ModelTime:
         for owner, name in ((runner, "forward"), (runner.model, "logits"), (modeld.engine, "sample")):
             self.patches.replace(owner, name, self._timed)
         for name in ("alloc", "alloc_async", "free", "match_prefix", "match_prefix_batch"):
-            self.patches.replace(engine.scheduler.session, name, self._counted)
+            self.patches.replace(engine.scheduler.memd.session, name, self._counted)
 
         def timed_step(step):
             def timed():

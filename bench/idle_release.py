@@ -29,7 +29,7 @@ def one_round(engine, prompts, mode: str, tag: str, new_tokens: int) -> tuple[fl
     """(mean first tokens' ms, mean request ms) of the prompts answered one at a time."""
     patches = Patches()
     if mode == MODES[0]:
-        patches.replace(engine.scheduler, "release_idle", lambda sent_ahead: engine.scheduler.flush_releases)
+        patches.replace(engine.scheduler.memd, "release_idle", lambda sent_ahead: engine.scheduler.memd.flush_releases)
     firsts = []
     begin = time.perf_counter()
     try:

@@ -45,8 +45,8 @@ class Waits:
         sched = engine.scheduler
         for name, kind in (("alloc", "Alloc"), ("free", "Free"), ("match_prefix", "MatchPrefix"),
                            ("match_prefix_batch", "MatchPrefixBatch")):
-            self.patches.replace(sched.session, name, self._timed(lambda *a, kind=kind: kind))
-        self.patches.replace(sched, "_await_answer",
+            self.patches.replace(sched.memd.session, name, self._timed(lambda *a, kind=kind: kind))
+        self.patches.replace(sched.memd, "_await_answer",
                              self._timed(lambda future: None if future.done() else "Alloc sent ahead, awaited"))
         per_step = [1]
 

@@ -38,10 +38,10 @@ class Breakdown:
         if engine.dflash is not None:
             self._wrap(engine.dflash, "propose", "draft")
             self._wrap(engine.dflash, "replay_greedy_cycles", "forward")  # greedy verify steps: draft included
-        self._wrap(sched.session, "alloc", "memd")
-        self._wrap(sched.session, "free", "memd")
-        self._wrap(sched.session, "match_prefix", "memd")
-        self._wrap(sched, "_await_answer", "memd", waited=lambda future: not future.done())  # a call sent ahead
+        self._wrap(sched.memd.session, "alloc", "memd")
+        self._wrap(sched.memd.session, "free", "memd")
+        self._wrap(sched.memd.session, "match_prefix", "memd")
+        self._wrap(sched.memd, "_await_answer", "memd", waited=lambda future: not future.done())  # a call sent ahead
         self._wrap(modeld.engine, "sample", "sampling")
         # a chain of decode steps (sampling, the draft's context) counts as forward, timed whole: a synchronise
         # inside it would stop the host from running ahead of the device, which is what a chain is for

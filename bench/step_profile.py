@@ -65,7 +65,7 @@ def profile_config(memd: str, args, prompts, dflash: bool) -> str:
             if cuda:
                 torch.cuda.synchronize()
     finally:
-        engine.scheduler.flush_releases()
+        engine.scheduler.memd.flush_releases()
         built.link.close()
     if args.trace:  # the timeline: where the device waits between a step's kernels and the next step's
         prof.export_chrome_trace(f"{args.trace}-{'dflash' if dflash else 'plain'}.json")

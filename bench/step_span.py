@@ -185,7 +185,7 @@ def main(argv=None) -> int:
                      for name, before in launch_conditions(engine.runner).items() for k, replay in replays]
         finally:
             engine.ahead.drop()  # a step queued after the last request's end (--overlap-decode)
-            engine.scheduler.flush_releases()
+            engine.scheduler.memd.flush_releases()
             built.link.close()
     gpu = torch.cuda.get_device_name()
     print(f"GPU: {gpu}; batch 1, {args.prompts} requests of {args.new_tokens} tokens one at a time, {tokens} tokens "

@@ -143,7 +143,7 @@ class Engine:
             for req in hopeless:
                 self._complete(req)
             if not items:
-                self.scheduler.release_idle()
+                self.scheduler.memd.release_idle()
                 return False
         else:  # a request finished or aborted since that step was queued: its token there is dropped
             items = [item for item in queued.items if item.req.finish is None]
@@ -244,19 +244,19 @@ class Engine:
         """Advances every request by what its item computed in each step of the replay (steps[i]: item i's tokens per
         step: a verify's committed tokens, a decode's token, a prompt chunk's sampled token or none). Returns, per
         item, its tokens and how many it committed in each step."""
-        results = []
+        results, memd = [], self.scheduler.memd
         for item, per_step in zip(items, steps):
             req, before = item.req, item.req.computed
             tokens = [t for step in per_step for t in step]
             if item.verify:
                 req.computed += len(tokens)  # each block's first token and its accepted drafts
-                self.scheduler.commit(req, req.computed)
+                memd.commit(req, req.computed)
             else:
                 req.computed += item.num_tokens * len(per_step)
                 if before < len(req.prompt_ids) <= req.computed:
-                    self.scheduler.checkpoint(req)  # the prompt is computed: memd caches it now
+                    memd.checkpoint(req)  # the prompt is computed: memd caches it now
             if self.trim_draft:
-                self.scheduler.trim(req)
+                memd.trim(req)
             results.append((item, tokens, [len(step) for step in per_step]))
         return results
 
@@ -291,10 +291,10 @@ class Engine:
                 req.in_memd = False  # the lease of a lost session frees its slots in memd
             self._complete(req)
         if not memd_alive:
-            self.scheduler.drop_releases()  # the lost session's slots are gone with it
+            self.scheduler.memd.drop_releases()  # the lost session's slots are gone with it
             return
         try:
-            self.scheduler.flush_releases()
+            self.scheduler.memd.flush_releases()
         except grpc.RpcError as exc:
             log.error("could not release slots in memd: %s", exc.details())
 

@@ -13,12 +13,11 @@ from modeld.dflash import DflashWorker
 from modeld.draft import load_draft
 from modeld.engine import Engine
 from modeld.fingerprint import model_fingerprint
-from modeld.loader import load_target
+from modeld.loader import eos_token_ids, load_target
 from modeld.memd_link import MemdLink, StartupError
 from modeld.packed_inputs import FIELDS
 from modeld.runner import ModelRunner
 from modeld.scheduler import Scheduler
-from modeld.service import eos_token_ids
 
 log = logging.getLogger("modeld")
 
@@ -103,7 +102,7 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     runner = ModelRunner(model, link.pools, cfg.device, taps=worker.taps if worker else (), graphs=graphs)
     if worker is not None and graphs is not None:
         worker.use_graphs(graphs)
-    link.rebinders += [lambda session, pools: scheduler.rebind(session), lambda session, pools: runner.bind(pools)]
+    link.rebinders += [lambda session, pools: scheduler.memd.rebind(session), lambda session, pools: runner.bind(pools)]
     if worker is not None:
         link.rebinders.append(lambda session, pools: worker.bind(pools))
     engine = Engine(runner, scheduler, tokenizer, eos_token_ids(tokenizer, hf_config, cfg.target_model),

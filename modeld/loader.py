@@ -1,12 +1,12 @@
 """Load a target: a Hugging Face folder (config.json + safetensors + tokenizer), a GGUF file
-(through transformers), or random weights built from config.json alone (--load-format dummy)."""
+(through transformers), or random weights built from config.json alone (--load-format dummy); and its EOS ids."""
 
 import os
 import pathlib
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from modeld.model import CausalLM, fuse_checkpoint
 
@@ -59,6 +59,21 @@ def load_target(path: str, dtype: str, device: str, load_format: str = "auto"):
     else:
         _load_state(model, state, cfg)
     return model.eval(), tokenizer, cfg
+
+
+def eos_token_ids(tokenizer, hf_config, model_dir: str) -> set[int]:
+    """EOS ids from the generation config, the model config and the tokenizer."""
+    ids: set[int] = set()
+    try:
+        gen = GenerationConfig.from_pretrained(model_dir)
+        ids |= set(gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id] if gen.eos_token_id is not None else [])
+    except (OSError, ValueError):
+        pass
+    eos = getattr(hf_config, "eos_token_id", None)
+    ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
 
 
 def _load_state(model: CausalLM, state: dict, cfg) -> None:

@@ -1,9 +1,8 @@
-"""How the scheduler talks to memd besides planning: releases queued until a call carries them, calls sent ahead
-without waiting and their answers, the MatchPrefix of waiting requests, and refused calls reconciled one by one
-(a request memd refuses fails alone, never the batch; one bad release never wedges the session)."""
+"""How the scheduler talks to memd besides planning: the step's Alloc, releases queued until a call carries them,
+calls sent ahead without waiting and their answers, the MatchPrefix of waiting requests, and refused releases
+reconciled one by one (one bad release never wedges the session)."""
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -27,20 +26,15 @@ class InFlight:
 
 
 class MemdCalls:
-    """The scheduler's base: its memd session and what goes over it. `running`, `context_len` and
-    `_admission_end` are the scheduler's (modeld.scheduler)."""
+    """A scheduler's memd session and what goes over it (modeld.scheduler holds one)."""
 
-    running: list[Request]
-    context_len: int
-    _admission_end: Callable[[Request, int, bool], int]  # where a lone arrival's first chunk ends (0: not granted)
-
-    def __init__(self, session: MemdSession, lookahead: int, async_top_ups: bool):
+    def __init__(self, session: MemdSession, running: list[Request], lookahead: int, async_top_ups: bool):
         self.session = session
-        self.lookahead = lookahead  # decode positions granted beyond a step's need (0: exactly what it needs)
-        # Top-ups and releases sent without waiting, answered while the GPU runs the step.
-        self.async_top_ups = async_top_ups and lookahead > 0
+        # The scheduler's running requests: its own list, changed in place and never rebound, so always current here.
+        self.running = running
+        self.set_lookahead(lookahead, async_top_ups)
         # a call memd has not answered yet; nothing else is sent meanwhile, except behind an idle pass's releases
-        # (_behind_idle_releases)
+        # (behind_idle_releases)
         self.in_flight: InFlight | None = None
         # Releases that ride on the next memd call: finished requests, verified lengths
         # (the uncommitted speculative tail goes back), and out-of-window draft trims.
@@ -48,9 +42,21 @@ class MemdCalls:
         self.cache: dict[str, list[int]] = {}  # computed tokens for memd's prefix cache: released or checkpointed
         self.commits: dict[str, int] = {}
         self.trims: dict[str, int] = {}  # rid -> the computed length its out-of-window draft trim counts from
-        self.left_out: dict[str, grpc.RpcError | None] = {}  # requests memd refused alone this step (None: no room)
 
-    def _release(self, req: Request) -> None:
+    def set_lookahead(self, lookahead: int, async_top_ups: bool) -> None:
+        self.lookahead = lookahead  # decode positions granted beyond a step's need (0: exactly what it needs)
+        # Top-ups and releases sent without waiting, answered while the GPU runs the step.
+        self.async_top_ups = async_top_ups and lookahead > 0
+
+    def alloc(self, extends: list[tuple[str, int, int]], grows: list[tuple[str, int]], lean: bool):
+        """One Alloc of a step's positions, carrying the releases due. A refusal (grpc.RpcError) changed nothing in
+        memd and leaves the releases pending."""
+        commits = self.outgoing_commits(lean)
+        answer = self.session.alloc(extends=extends, grows=grows, **self._release_args(lean))
+        self._sent(commits)
+        return answer
+
+    def release(self, req: Request) -> None:
         """memd frees the request on the next call; the tokens whose K/V it computed go into the cache."""
         if req.in_memd:
             self.releases.append(req.rid)
@@ -77,7 +83,7 @@ class MemdCalls:
         later, after more steps, frees less than it could: never a slot still in the window)."""
         self.trims[req.rid] = req.computed
 
-    def _outgoing_commits(self, lean: bool) -> dict[str, int]:
+    def outgoing_commits(self, lean: bool) -> dict[str, int]:
         """Commits this call sends. Without a lookahead every verified length goes out; with one, spare slots
         stay granted, except in a lean plan (memory is short: every spare goes back)."""
         if not self.lookahead:
@@ -87,8 +93,8 @@ class MemdCalls:
         return {r.rid: r.computed for r in self.running if r.in_memd and r.held > r.computed}
 
     def _release_args(self, lean: bool = True) -> dict:
-        return dict(finishes=self.releases, commits=list(self._outgoing_commits(lean).items()), trims=sorted(self.trims.items()),
-                    cache=list(self.cache.items()))
+        return dict(finishes=self.releases, commits=list(self.outgoing_commits(lean).items()),
+                    trims=sorted(self.trims.items()), cache=list(self.cache.items()))
 
     def rebind(self, session: MemdSession) -> None:
         """A new memd session (re-attached): nothing of the old one is in flight any more."""
@@ -109,16 +115,16 @@ class MemdCalls:
 
     def flush_releases(self) -> None:
         """Idle: nothing to batch the releases with, so free them now."""
-        self._settle_in_flight(wait=True)
+        self.settle_in_flight(wait=True)
         if self.releases or self.commits or self.trims:
-            commits = self._outgoing_commits(lean=True)
+            commits = self.outgoing_commits(lean=True)
             try:
                 self.session.free(**self._release_args(lean=True))
             except grpc.RpcError as exc:
                 if exc.code() in MEMD_GONE:
                     raise
                 log.error("memd refused the releases (%s: %s): they go one by one", exc.code().name, exc.details())
-                self._releases_one_by_one(lean=True)
+                self.releases_one_by_one(lean=True)
                 return
             self._sent(commits)
 
@@ -130,13 +136,14 @@ class MemdCalls:
         if self.running or not self.async_top_ups:
             self.flush_releases()
             return
-        self._settle_in_flight(wait=True)
-        self._send_async([])
+        self.settle_in_flight(wait=True)
+        if self.releases or self.cache:
+            self.send_ahead([])
 
-    def _releases_one_by_one(self, lean: bool) -> None:
+    def releases_one_by_one(self, lean: bool) -> None:
         """Sends each pending release on its own, in memd's order (commits, checkpoints, trims, finishes with
         their cache ops); one memd refuses (a request it no longer holds, say) is logged and dropped."""
-        commits = self._outgoing_commits(lean)
+        commits = self.outgoing_commits(lean)
         ops = [dict(commits=[(rid, n)]) for rid, n in commits.items()]
         ops += [dict(cache=[(rid, tokens)]) for rid, tokens in self.cache.items() if rid not in self.releases]
         ops += [dict(trims=[trim]) for trim in sorted(self.trims.items())]
@@ -150,47 +157,16 @@ class MemdCalls:
                 log.error("memd refused %s (%s: %s): dropped", sorted(op), exc.code().name, exc.details())
         self._sent(commits)
 
-    def _allocs_one_by_one(self, plan) -> dict:
-        """Each request's allocation on its own: the ones memd refuses outright fail (alone), the ones it has no
-        room for sit this step out. Returns the answers; the rest of the plan is marked in `self.left_out`."""
-        answer = {}
-        for r, n, decode, ask in plan:
-            if not ask:
-                continue  # runs on slots it holds
-            op = dict(grows=[(r.rid, ask)]) if decode else dict(extends=[(r.rid, r.held, ask)])
-            try:
-                answer.update({a.rid: a for a in self.session.alloc(**op).requests})
-            except grpc.RpcError as exc:
-                if exc.code() in MEMD_GONE:
-                    raise
-                self.left_out[r.rid] = None if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else exc
-        return answer
-
-    def _send_async(self, items) -> None:
-        """After a step that needed no call, once a decode's spare is under half the lookahead or releases are pending
-        (finishes, checkpoints; trims ride along): one Alloc, without waiting, with the releases and the top-ups of
-        every item of the step not at its full lookahead. Topping up all of them aligns the requests of a batch, so
-        that they come due together: one call every lookahead / 2 steps, not one a step for the few due (requests
-        admitted a few at a time come due on different steps). Its answer is applied before the next step that needs
-        it (or at once if it is there)."""
-        if self.in_flight is not None:
-            return
-        grows, due = [], False
-        for item in items:
-            r, need = item.req, item.req.computed + item.num_tokens
-            full = min(need + self.lookahead, self.context_len)
-            if r.held < full:
-                grows.append((r.rid, full - r.held))
-                due = due or r.held - need < self.lookahead // 2
-        if not (due or self.releases or self.cache):
-            return  # trims alone wait: a grant comes every lookahead / 2 positions, and the trims ride on it
+    def send_ahead(self, grows: list[tuple[str, int]]) -> None:
+        """One Alloc of these top-ups (rid, positions) with the releases due, without waiting: its answer is applied
+        before the next step that needs it (or at once if it is there). Only while no call is in flight."""
         sent = InFlight(None, self.releases, self.cache, self.trims, tops_up=bool(grows))
         sent.future = self.session.alloc_async(grows=grows, trims=sorted(sent.trims.items()), finishes=sent.finishes,
                                                cache=list(sent.cache.items()))
         self.in_flight = sent
         self.releases, self.cache, self.trims = [], {}, {}
 
-    def _behind_idle_releases(self) -> bool:
+    def behind_idle_releases(self) -> bool:
         """Whether a call sent now may go without waiting for the one in flight: nothing runs and that call carries
         releases alone (an idle pass's, release_idle). memd answers a session's calls in the order sent, over one
         stream, so it frees (and caches) first, and nothing this side needs the answer before; it is applied once
@@ -201,7 +177,7 @@ class MemdCalls:
         """memd's answer to a call sent ahead (the engine waits here only when a step needs it)."""
         return future.result()
 
-    def _settle_in_flight(self, wait: bool) -> None:
+    def settle_in_flight(self, wait: bool) -> None:
         """Applies the call in flight once memd answered (waiting for it when `wait`). memd refused it: nothing
         changed there, its releases are pending again (and go one by one if memd refused for another reason than
         room), its top-ups are dropped (the next step that needs slots asks again, waiting)."""
@@ -220,7 +196,7 @@ class MemdCalls:
             if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                 log.error("memd refused a call sent ahead (%s: %s): its releases go one by one", exc.code().name,
                           exc.details())
-                self._releases_one_by_one(lean=True)
+                self.releases_one_by_one(lean=True)
             return
         running = {r.rid: r for r in self.running}
         for got in answer.requests:
@@ -230,7 +206,7 @@ class MemdCalls:
             r.slots = r.slots[r.computed - r.slots_from : got.start - r.slots_from] + list(got.target_slots)
             r.slots_from, r.held = r.computed, got.start + len(got.target_slots)
 
-    def _match(self, r: Request, extend_to: int = 0) -> bool:
+    def match(self, r: Request, extend_to: int = 0) -> bool:
         """Register a waiting request in memd at its usable cached prefix (the last token is always
         computed: its logits give the next one). It keeps that row and lock while it waits, until
         admitted or until memory pressure releases it. With `extend_to`, memd grants positions up to it in
@@ -255,29 +231,9 @@ class MemdCalls:
             got = answer.extension
             r.slots, r.slots_from, r.held = list(got.target_slots), got.start, got.start + len(got.target_slots)
 
-    def _match_ahead(self, count: int, budget: int, lean: bool) -> bool:
-        """Registers in memd the waiting requests this step may admit (up to `count`) in one MatchPrefixBatch: one
-        round trip and one call's work in memd for a burst of arrivals (on the CPU, 16 MatchPrefix calls in flight
-        together took 4.0 ms, one batch of 16 0.85 ms: bench.memd_latency). All of them, not only those whose prompts
-        fit the token budget: their cached prefixes are unknown until matched, and what is cached is not prefilled,
-        so the admission loop may admit more than the whole prompts' budget says. The leading ones whose whole prompt
-        fits the budget ask for their first chunk with the match (`_admission_end`), until the first that does not or
-        a waiting request matched earlier (its chunk is asked for in the step's Alloc: FIFO for memory); when memd
-        grants every one, the burst is admitted in that one round trip. Those memd has no row for stay unmatched;
-        True when there were such (the admission loop then stops at the first, without asking memd again)."""
-        picks, extending = [], True
-        for r in self.waiting:
-            if len(picks) >= count or r.rid in self.releases:
-                break
-            if r.in_memd:
-                extending = False
-            else:
-                end = self._admission_end(r, budget, lean) if extending else 0
-                extending = end > 0
-                picks.append((r, end))
-            budget -= r.pending
-        if len(picks) < 2:
-            return False  # the admission loop matches a lone request itself
+    def match_batch(self, picks: list[tuple[Request, int]]) -> bool:
+        """Registers waiting requests in memd in one MatchPrefixBatch, each (request, where the positions granted with
+        its match end; 0: none). Those memd has no row for stay unmatched: True when there were such."""
         answers = self.session.match_prefix_batch([(r.rid, r.all_ids[:-1], end) for r, end in picks])
         for (r, _), answer in zip(picks, answers):
             self._matched(r, answer)

@@ -43,21 +43,32 @@ class StepItem:
     verify: bool = False  # a DFLASH block: [last token, drafts] (the drafts are proposed on the device)
 
 
-class Scheduler(MemdCalls):
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ cost about 8 us a step at 16 requests
+class PlanItem:
+    """A request's part of a planned step, before memd answers (then a StepItem)."""
+    req: Request
+    num_tokens: int
+    decode: bool  # a decode (one token, or a DFLASH verify block); else a prompt chunk
+    ask: int  # positions to ask memd for beyond those the request holds (0: it runs on slots it holds)
+
+
+class Scheduler:
     def __init__(self, session: MemdSession, max_running: int, chunk_tokens: int, context_len: int, block: int = 0,
                  lookahead: int = 0, async_top_ups: bool = False, speculate_below: int = 0,
                  speculate_below_sampled: int = 0, alone_prompt_tokens: int = 0):
-        super().__init__(session, lookahead, async_top_ups)
         self.max_running = max_running
         self.chunk_tokens = chunk_tokens
         self.context_len = context_len
+        self.lookahead = lookahead  # decode positions granted beyond a step's need (0: exactly what it needs)
         self.block = block  # DFLASH block size: a decode verifies this many tokens; 0 without speculation
         self.speculate_below = speculate_below  # verify blocks only while fewer requests run (0: always)
         self.speculate_below_sampled = speculate_below_sampled  # the same while any running request samples
         self.alone_prompt_tokens = alone_prompt_tokens  # a lone prompt chunk this short runs without the decodes
         self.alone_last = False  # the last step ran a prompt chunk alone while requests decoded
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.running: list[Request] = []  # shared with self.memd: changed in place only
+        self.memd = MemdCalls(session, self.running, lookahead, async_top_ups)
+        self.left_out: dict[str, grpc.RpcError | None] = {}  # requests memd refused alone this step (None: no room)
         self.preemptions = 0
 
     def add(self, req: Request) -> None:
@@ -69,12 +80,13 @@ class Scheduler(MemdCalls):
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self._release(req)
+        self.memd.release(req)
 
     def set_limits(self, max_running: int, chunk_tokens: int, context_len: int, lookahead: int, async_top_ups: bool) -> None:
         """memd's limits (again after a re-attach to a memd with other settings)."""
         self.max_running, self.chunk_tokens, self.context_len = max_running, chunk_tokens, context_len
-        self.lookahead, self.async_top_ups = lookahead, async_top_ups and lookahead > 0
+        self.lookahead = lookahead
+        self.memd.set_lookahead(lookahead, async_top_ups)
 
     def next_step(self) -> tuple[list[StepItem], list[Request]]:
         """The batch of this step, and requests that can never fit (to be failed).
@@ -85,7 +97,8 @@ class Scheduler(MemdCalls):
         newest running request is preempted. A request that cannot be admitted even alone into an
         idle pool can never run: it is failed."""
         hopeless: list[Request] = []
-        self._settle_in_flight(wait=self._may_call() and not self._behind_idle_releases())
+        memd = self.memd
+        memd.settle_in_flight(wait=self._may_call() and not memd.behind_idle_releases())
         refused: set[tuple] = set()  # plans memd refused this step: a level that changes nothing is not asked again
         admit, level, spec, lean = self.max_running, 0, self._speculating(), not self.lookahead
         while True:
@@ -97,8 +110,8 @@ class Scheduler(MemdCalls):
                     plan, admitted = self._leave_out(plan, admitted, hopeless)
                     items = self._commit(plan, admitted, answer)
                     self.alone_last = alone
-                    if not answer and self.async_top_ups:
-                        self._send_async(items)
+                    if not answer and memd.async_top_ups:
+                        self._send_top_ups(items)
                     return items, hopeless
                 self.waiting.extendleft(reversed(admitted))
             elif level == 0 or not self.running:
@@ -120,19 +133,19 @@ class Scheduler(MemdCalls):
             else:
                 hopeless.append(self._give_up(self.running[0]))
 
-    def _ask(self, plan, refused: set[tuple], lean: bool):
+    def _ask(self, plan: list[PlanItem], refused: set[tuple], lean: bool):
         """memd's answer to a plan ({} when the step needs no call), or None when it is (or was already) refused."""
-        extends = [(r.rid, r.held, ask) for r, n, decode, ask in plan if not decode and ask]
-        grows = [(r.rid, ask) for r, n, decode, ask in plan if decode and ask]
-        if not (extends or grows) and (self.async_top_ups or not (self.releases or self.cache)):
+        memd = self.memd
+        extends = [(p.req.rid, p.req.held, p.ask) for p in plan if not p.decode and p.ask]
+        grows = [(p.req.rid, p.ask) for p in plan if p.decode and p.ask]
+        if not (extends or grows) and (memd.async_top_ups or not (memd.releases or memd.cache)):
             return {}  # every decode runs on slots granted ahead; releases go out without waiting, or with the next call
-        self._settle_in_flight(wait=True)
-        key = (tuple(extends), tuple(grows), tuple(self.releases), lean)
+        memd.settle_in_flight(wait=True)
+        key = (tuple(extends), tuple(grows), tuple(memd.releases), lean)
         if key in refused:
             return None
-        commits = self._outgoing_commits(lean)
         try:
-            answer = self.session.alloc(extends=extends, grows=grows, **self._release_args(lean))
+            answer = memd.alloc(extends, grows, lean)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 refused.add(key)
@@ -140,17 +153,53 @@ class Scheduler(MemdCalls):
             if exc.code() in MEMD_GONE:
                 raise
             log.error("memd refused a step (%s: %s): its operations go one by one", exc.code().name, exc.details())
-            self._releases_one_by_one(lean)
+            memd.releases_one_by_one(lean)
             return self._allocs_one_by_one(plan)
-        self._sent(commits)
         return {a.rid: a for a in answer.requests}
+
+    def _allocs_one_by_one(self, plan: list[PlanItem]) -> dict:
+        """Each request's allocation on its own (a request memd refuses fails alone, never the batch): the ones memd
+        refuses outright fail, the ones it has no room for sit this step out. Returns the answers; the rest of the
+        plan is marked in `self.left_out`."""
+        answer = {}
+        for p in plan:
+            if not p.ask:
+                continue  # runs on slots it holds
+            r = p.req
+            op = dict(grows=[(r.rid, p.ask)]) if p.decode else dict(extends=[(r.rid, r.held, p.ask)])
+            try:
+                answer.update({a.rid: a for a in self.memd.session.alloc(**op).requests})
+            except grpc.RpcError as exc:
+                if exc.code() in MEMD_GONE:
+                    raise
+                self.left_out[r.rid] = None if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else exc
+        return answer
+
+    def _send_top_ups(self, items: list[StepItem]) -> None:
+        """After a step that needed no call, once a decode's spare is under half the lookahead or releases are pending
+        (finishes, checkpoints; trims ride along): one Alloc, without waiting, with the releases and the top-ups of
+        every item of the step not at its full lookahead. Topping up all of them aligns the requests of a batch, so
+        that they come due together: one call every lookahead / 2 steps, not one a step for the few due (requests
+        admitted a few at a time come due on different steps)."""
+        memd = self.memd
+        if memd.in_flight is not None:
+            return
+        grows, due = [], False
+        for item in items:
+            r, need = item.req, item.req.computed + item.num_tokens
+            full = min(need + self.lookahead, self.context_len)
+            if r.held < full:
+                grows.append((r.rid, full - r.held))
+                due = due or r.held - need < self.lookahead // 2
+        if due or memd.releases or memd.cache:  # trims alone wait: a grant comes every lookahead / 2 positions
+            memd.send_ahead(grows)
 
     def _may_call(self) -> bool:
         """Whether this step might wait for memd (then the call in flight must be answered first, unless it carries
-        an idle pass's releases alone: _behind_idle_releases): an admission, a prefill chunk, a decode short of
+        an idle pass's releases alone: MemdCalls.behind_idle_releases): an admission, a prefill chunk, a decode short of
         slots, or (without calls sent ahead) a pending release."""
-        spec = self._speculating()
-        releasing = bool(self.releases or self.cache) and not self.async_top_ups
+        spec, memd = self._speculating(), self.memd
+        releasing = bool(memd.releases or memd.cache) and not memd.async_top_ups
         return bool(self.waiting) or releasing or any(
             r.pending > 1 or r.computed + self._decode_tokens(r, spec) > r.held for r in self.running)
 
@@ -160,8 +209,8 @@ class Scheduler(MemdCalls):
         nothing is to be released or cached, every running request is in it as a one-token decode (no DFLASH
         verify), and each holds the position that step computes with half the lookahead to spare (so a top-up goes
         out at its usual time, on a step of its own)."""
-        if self.waiting or self.releases or self.cache or not self.lookahead or len(items) != len(self.running) \
-                or self._speculating():
+        if self.waiting or self.memd.releases or self.memd.cache or not self.lookahead \
+                or len(items) != len(self.running) or self._speculating():
             return False
         return all(not item.verify and item.num_tokens == 1 and item.req.pending == 1
                    and item.req.held - (item.req.computed + 2) >= self.lookahead // 2 for item in items)
@@ -170,7 +219,8 @@ class Scheduler(MemdCalls):
         """Drops from the step the requests memd refused alone: failed with memd's error, or (no room) waiting."""
         if not self.left_out:
             return plan, admitted
-        for r, *_ in plan:
+        for p in plan:
+            r = p.req
             if r.rid not in self.left_out:
                 continue
             exc = self.left_out[r.rid]
@@ -181,7 +231,7 @@ class Scheduler(MemdCalls):
         back = [r for r in admitted if r.rid in self.left_out and self.left_out[r.rid] is None]
         self.waiting.extendleft(reversed(back))
         admitted = [r for r in admitted if r.rid not in self.left_out]
-        return [p for p in plan if p[0].rid not in self.left_out], admitted
+        return [p for p in plan if p.req.rid not in self.left_out], admitted
 
     def _speculating(self) -> bool:
         """Decodes verify DFLASH blocks this step: with a draft, while fewer than `speculate_below` requests run, or
@@ -198,10 +248,10 @@ class Scheduler(MemdCalls):
         """A decode computes the last token; with DFLASH it verifies a whole block when it fits."""
         return self.block if spec and r.computed + self.block <= self.context_len else 1
 
-    def _plan(self, level: int, admit: int, spec: bool, lean: bool):
-        """(request, tokens, is_decode, tokens to ask memd for) for this step, the requests newly admitted, and whether
-        its one prompt chunk runs alone (the decodes wait): level 0 admits up to `admit` waiting requests, level 1
-        serves running requests only, level 2 decodes."""
+    def _plan(self, level: int, admit: int, spec: bool, lean: bool) -> tuple[list[PlanItem], list[Request], bool]:
+        """This step's plan, the requests newly admitted, and whether its one prompt chunk runs alone (the decodes
+        wait): level 0 admits up to `admit` waiting requests, level 1 serves running requests only, level 2 decodes."""
+        memd = self.memd
         decodes = [(r, self._decode_tokens(r, spec)) for r in self.running if r.pending == 1]
         plan = []
         if level < 2:
@@ -209,36 +259,37 @@ class Scheduler(MemdCalls):
             for r in self.running:
                 if r.pending > 1 and budget > 0:
                     take = min(r.pending, budget)
-                    plan.append((r, take, False, self._extend_ask(r, take, lean)))
+                    plan.append(PlanItem(r, take, False, self._extend_ask(r, take, lean)))
                     budget -= take
         admitted = []
         no_rows = level == 0 and self._match_ahead(min(admit, self.max_running - len(self.running)), budget, lean)
         while level == 0 and self.waiting and len(admitted) < admit and len(self.running) + len(admitted) < self.max_running and budget > 0:
-            if self.waiting[0].rid in self.releases:
+            if self.waiting[0].rid in memd.releases:
                 break  # preempted this step: memd frees its old slots first
             first = self.waiting[0]
             if not first.in_memd:
                 # Granted with its match only when no earlier admission of this step asks first (FIFO for memory).
-                if no_rows or not self._match(first, 0 if admitted else self._admission_end(first, budget, lean)):
+                if no_rows or not memd.match(first, 0 if admitted else self._admission_end(first, budget, lean)):
                     break
             r = self.waiting.popleft()
             take = min(r.pending, budget)
-            plan.append((r, take, False, self._extend_ask(r, take, lean)))
+            plan.append(PlanItem(r, take, False, self._extend_ask(r, take, lean)))
             admitted.append(r)
             budget -= take
         alone = bool(decodes) and self._runs_alone(plan)
         if alone:
             decodes = []  # they run the next step
-        releasing = bool(self.releases or self.cache) and not self.async_top_ups  # else they go out without waiting
+        releasing = bool(memd.releases or memd.cache) and not memd.async_top_ups  # else they go out without waiting
         # memd is called anyway (so top-ups join): a plan item asks for positions (not those granted with a match)
-        calling = lean or any(ask for *_, ask in plan) or releasing or any(r.computed + n > r.held for r, n in decodes)
-        commits = self._outgoing_commits(lean) if calling else {}
-        grants = [(r, n, True, self._grant(r, n, commits.get(r.rid, r.held), lean, calling)) for r, n in decodes]
+        calling = lean or any(p.ask for p in plan) or releasing or any(r.computed + n > r.held for r, n in decodes)
+        commits = memd.outgoing_commits(lean) if calling else {}
+        grants = [PlanItem(r, n, True, self._grant(r, n, commits.get(r.rid, r.held), lean, calling))
+                  for r, n in decodes]
         return grants + plan, admitted, alone
 
-    def _runs_alone(self, chunks: list) -> bool:
+    def _runs_alone(self, chunks: list[PlanItem]) -> bool:
         """Whether this step's prompt chunks are one short enough to run without the decodes (not twice in a row)."""
-        return len(chunks) == 1 and chunks[0][1] <= self.alone_prompt_tokens and not self.alone_last
+        return len(chunks) == 1 and chunks[0].num_tokens <= self.alone_prompt_tokens and not self.alone_last
 
     def _extend_ask(self, r: Request, take: int, lean: bool) -> int:
         """Positions to ask memd for, for a prefill chunk of `take` tokens, beyond those it holds (granted with its
@@ -254,6 +305,31 @@ class Scheduler(MemdCalls):
         with the match); 0 (no grant with the match) otherwise. An unmatched request holds nothing (computed == held
         == 0), so that end is _extend_ask's ask for the whole prompt."""
         return self._extend_ask(r, r.pending, lean) if r.pending <= budget else 0
+
+    def _match_ahead(self, count: int, budget: int, lean: bool) -> bool:
+        """Registers in memd the waiting requests this step may admit (up to `count`) in one MatchPrefixBatch: one
+        round trip and one call's work in memd for a burst of arrivals (on the CPU, 16 MatchPrefix calls in flight
+        together took 4.0 ms, one batch of 16 0.85 ms: bench.memd_latency). All of them, not only those whose prompts
+        fit the token budget: their cached prefixes are unknown until matched, and what is cached is not prefilled,
+        so the admission loop may admit more than the whole prompts' budget says. The leading ones whose whole prompt
+        fits the budget ask for their first chunk with the match (`_admission_end`), until the first that does not or
+        a waiting request matched earlier (its chunk is asked for in the step's Alloc: FIFO for memory); when memd
+        grants every one, the burst is admitted in that one round trip. Those memd has no row for stay unmatched;
+        True when there were such (the admission loop then stops at the first, without asking memd again)."""
+        picks, extending, releases = [], True, self.memd.releases
+        for r in self.waiting:
+            if len(picks) >= count or r.rid in releases:
+                break
+            if r.in_memd:
+                extending = False
+            else:
+                end = self._admission_end(r, budget, lean) if extending else 0
+                extending = end > 0
+                picks.append((r, end))
+            budget -= r.pending
+        if len(picks) < 2:
+            return False  # the admission loop matches a lone request itself
+        return self.memd.match_batch(picks)
 
     def _grant(self, r: Request, n: int, base: int, lean: bool, calling: bool) -> int:
         """Positions to ask memd for, for a decode of n tokens of a request memd holds `base` positions of
@@ -272,19 +348,20 @@ class Scheduler(MemdCalls):
         call): under memory pressure, before any running request is preempted. True if any did."""
         matched = [r for r in self.waiting if r.in_memd]
         for r in matched:
-            self._release(r)
+            self.memd.release(r)
             r.computed = 0
         return bool(matched)
 
-    def _commit(self, plan, admitted, answer) -> list[StepItem]:
+    def _commit(self, plan: list[PlanItem], admitted: list[Request], answer: dict) -> list[StepItem]:
         for r in admitted:
             if not r.output_ids and not r.cached_tokens:
                 r.cached_tokens = r.computed  # the prompt tokens served from the prefix cache
             self.running.append(r)
         items = []
-        for r, n, decode, ask in plan:
+        for p in plan:
+            r, n, decode = p.req, p.num_tokens, p.decode
             got = answer.get(r.rid)
-            if got is not None:  # slots of positions [got.start, got.start + ask); earlier spare slots stay
+            if got is not None:  # slots of positions [got.start, got.start + p.ask); earlier spare slots stay
                 kept = r.slots[r.computed - r.slots_from : got.start - r.slots_from] if decode else []
                 r.slots, r.slots_from, r.row = kept + list(got.target_slots), r.computed, got.row
                 r.held = got.start + len(got.target_slots)
@@ -295,7 +372,7 @@ class Scheduler(MemdCalls):
     def _preempt(self, victim: Request) -> None:
         """Release the victim's slots; it is recomputed from its tokens when it is admitted again."""
         self.running.remove(victim)
-        self._release(victim)
+        self.memd.release(victim)
         victim.computed = 0
         self.waiting.appendleft(victim)
         self.preemptions += 1

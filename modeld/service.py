@@ -197,21 +197,3 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"memd: {exc.details()}")
         running, waiting, _ = await self.engine.counts_and_spec()
         return modeld_pb2.CapacityResponse(memd=memd, running_requests=running, waiting_requests=waiting)
-
-
-def eos_token_ids(tokenizer, hf_config, model_dir: str) -> set[int]:
-    """EOS ids from the generation config, the model config and the tokenizer."""
-    from transformers import GenerationConfig
-
-    ids: set[int] = set()
-    try:
-        gen = GenerationConfig.from_pretrained(model_dir)
-        ids |= set(gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id] if gen.eos_token_id is not None else [])
-    except (OSError, ValueError):
-        pass
-    eos = getattr(hf_config, "eos_token_id", None)
-    ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
-

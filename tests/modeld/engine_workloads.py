@@ -41,6 +41,6 @@ def wait_until_released(memd, engine, timeout: float = 10.0) -> None:
     releases once they are sent, and the call sent ahead once memd's answer is applied (an idle pass's releases
     go without waiting: the next pass applies the answer)."""
     assert is_idle(memd.wait_idle(timeout))
-    deadline = time.monotonic() + timeout
-    while (engine.scheduler.releases or engine.scheduler.in_flight is not None) and time.monotonic() < deadline:
+    deadline, calls = time.monotonic() + timeout, engine.scheduler.memd
+    while (calls.releases or calls.in_flight is not None) and time.monotonic() < deadline:
         time.sleep(0.01)

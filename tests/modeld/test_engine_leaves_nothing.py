@@ -49,8 +49,9 @@ def test_nothing_of_a_served_workload_stays_in_the_engine(default_model, chat_id
             wait_until_released(memd, engine)
             assert engine.requests == {} and engine.live == {}
             assert sched.running == [] and not sched.waiting
-            assert sched.releases == [] and sched.cache == {} and sched.commits == {} and sched.trims == {}
-            assert sched.left_out == {} and sched.in_flight is None
+            memd = sched.memd
+            assert memd.releases == [] and memd.cache == {} and memd.commits == {} and memd.trims == {}
+            assert sched.left_out == {} and memd.in_flight is None
         finally:
             engine.stop()
             built.link.close()

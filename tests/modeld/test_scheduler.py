@@ -230,7 +230,7 @@ class Sim:
             self.failed[req.rid] = req
             self.sched.remove(req)  # engine._complete
         if not items:
-            self.sched.release_idle()  # what the engine does on a pass with no step
+            self.sched.memd.release_idle()  # what the engine does on a pass with no step
         else:
             produced = [self._run(item) for item in items]
             for item, tokens in zip(items, produced):
@@ -254,7 +254,7 @@ class Sim:
             self.kv[item.slots] = item.tokens
             tokens = [out_token(base + i) for i in range(k + 1)]  # accepted drafts and the bonus token
             req.computed += k + 1
-            self.sched.commit(req, req.computed)
+            self.sched.memd.commit(req, req.computed)
             self.verified.append((req, start, k))
         else:
             assert 1 <= n <= req.pending
@@ -262,7 +262,7 @@ class Sim:
             tokens = [out_token(len(req.output_ids))] if n == req.pending else []
             req.computed += n
         if self.block:  # engine.trim_draft: a bounded draft pool
-            self.sched.trim(req)
+            self.sched.memd.trim(req)
         return tokens
 
     def _append(self, req: Request, tokens: list[int]) -> None:
@@ -284,14 +284,14 @@ class Sim:
         # memd holds exactly the running requests, the waiting ones matched at their cached prefix,
         # and those whose release is still to be sent
         matched = {r.rid for r in sched.waiting if r.in_memd}
-        assert set(held) == {r.rid for r in sched.running} | matched | set(sched.releases)
-        assert len(set(sched.releases)) == len(sched.releases)
+        assert set(held) == {r.rid for r in sched.running} | matched | set(sched.memd.releases)
+        assert len(set(sched.memd.releases)) == len(sched.memd.releases)
         for req in sched.running:
             assert req.in_memd and req.pending >= 1
             mem = held[req.rid]
             assert mem.length >= req.computed
-            if req.rid in sched.commits:
-                assert sched.commits[req.rid] == req.computed
+            if req.rid in sched.memd.commits:
+                assert sched.memd.commits[req.rid] == req.computed
             slots = self.mgr.req_to_token[mem.row, : req.computed]
             assert self.kv[slots].tolist() == req.all_ids[: req.computed], f"{req.rid}: KV does not match its tokens"
         for req in sched.waiting:  # matched (in memd at its cached prefix, perhaps with its first chunk granted) or not
@@ -300,7 +300,7 @@ class Sim:
                 assert req.computed == mem.cached_pages * P and req.held == mem.length >= req.computed
             else:
                 assert req.computed == req.held == 0
-        if not sched.running and not sched.waiting and not sched.releases:
+        if not sched.running and not sched.waiting and not sched.memd.releases:
             self.assert_all_free()
 
     def assert_all_free(self) -> None:
@@ -323,7 +323,7 @@ class Sim:
             items, hopeless = self.step()
             if each:
                 each(items, hopeless)
-            if self.idle() and not self.sched.releases and self.sched.in_flight is None:
+            if self.idle() and not self.sched.memd.releases and self.sched.memd.in_flight is None:
                 return n
         raise AssertionError(f"not idle after {max_steps} steps: running {[r.rid for r in self.sched.running]}, "
                              f"waiting {[r.rid for r in self.sched.waiting]}")
@@ -352,7 +352,7 @@ def test_mixed_step_is_one_alloc_and_idle_releases_are_one_free():
         before = len(sim.session.calls)
         sim.step()
         assert len(sim.session.calls) == before + 1
-    assert "a" in sim.done and sim.sched.running == [b] and sim.sched.releases == ["a"]
+    assert "a" in sim.done and sim.sched.running == [b] and sim.sched.memd.releases == ["a"]
     c = sim.request("c", 7, max_new=2)
 
     before = len(sim.session.calls)
@@ -366,14 +366,14 @@ def test_mixed_step_is_one_alloc_and_idle_releases_are_one_free():
 
     while sim.sched.running:
         sim.step()
-    pending = list(sim.sched.releases)  # the last finished: nothing left to batch its release with
+    pending = list(sim.sched.memd.releases)  # the last finished: nothing left to batch its release with
     assert pending == ["b"] and not sim.sched.waiting
     before = len(sim.session.calls)
     items, hopeless = sim.step()
     assert items == [] and hopeless == []
     assert len(sim.session.calls) == before + 1
     call = sim.session.calls[-1]
-    assert call.kind == "free" and call.ok and call.finishes == pending and not sim.sched.releases
+    assert call.kind == "free" and call.ok and call.finishes == pending and not sim.sched.memd.releases
     sim.assert_all_free()
     before = len(sim.session.calls)
     sim.step()  # idle with nothing to release: no memd call at all
@@ -733,7 +733,7 @@ def test_resubmitted_rid_waits_for_the_release_of_its_predecessor():
     sim.request("keep", 4, max_new=8)
     sim.request("x", 4, max_new=1)
     sim.step()  # x finishes at once: its release is pending
-    assert "x" in sim.done and sim.sched.releases == ["x"]
+    assert "x" in sim.done and sim.sched.memd.releases == ["x"]
     again = sim.request("x", 6, max_new=2)  # same rid, accepted again by the engine once completed
     sim.step()
     call = sim.session.calls[-1]
@@ -814,12 +814,12 @@ def test_dflash_commit_is_applied_before_the_next_growth():
     sim.step()  # prefill: computed 10, one token sampled
     sim.step()  # verify [t, d1, d2, d3] at 10..13, one draft accepted
     assert sim.verified and sim.verified[0][1:] == (10, 1)
-    assert x.computed == 12 and sim.sched.commits == {"x": 12} and sim.sched.trims == {"x": 12}
+    assert x.computed == 12 and sim.sched.memd.commits == {"x": 12} and sim.sched.memd.trims == {"x": 12}
     assert sim._held()["x"].length == 14  # the rejected tail is still held until the next call
-    sim.sched.flush_releases()  # what the engine does when the batch is empty
+    sim.sched.memd.flush_releases()  # what the engine does when the batch is empty
     call = sim.session.calls[-1]
     assert call.kind == "free" and call.commits == [("x", 12)] and call.trims == ["x"] and call.finishes == []
-    assert sim._held()["x"].length == 12 and not sim.sched.commits and not sim.sched.trims
+    assert sim._held()["x"].length == 12 and not sim.sched.memd.commits and not sim.sched.memd.trims
     sim.step()
     assert sim.session.calls[-1].commits == [] and sim.session.calls[-1].grows == [("x", B)]
     assert sim._held()["x"].length == 12 + B
@@ -831,9 +831,10 @@ def test_dflash_remove_drops_pending_commit_and_trim():
     y = sim.request("y", 6, max_new=40)
     sim.step()
     sim.step()  # both verified: commits and trims pending for both
-    assert set(sim.sched.commits) == {"x", "y"} and set(sim.sched.trims) == {"x", "y"}
+    memd = sim.sched.memd
+    assert set(memd.commits) == {"x", "y"} and set(memd.trims) == {"x", "y"}
     sim.sched.remove(x)  # aborted
-    assert set(sim.sched.commits) == {"y"} and set(sim.sched.trims) == {"y"} and sim.sched.releases == ["x"]
+    assert set(memd.commits) == {"y"} and set(memd.trims) == {"y"} and memd.releases == ["x"]
     sim.step()
     call = sim.session.calls[-1]
     assert call.ok and call.finishes == ["x"]
@@ -1024,7 +1025,7 @@ def test_an_idle_pass_sends_its_releases_ahead_and_the_next_arrival_finds_them_a
     call = sim.session.calls[-1]
     assert call.kind == "ahead" and call.finishes == ["a"] and call.ok and not call.allocated
     assert not any(c.kind == "free" for c in sim.session.calls), "an idle pass waited for a Free"
-    assert sim.sched.releases == [] and sim.sched.in_flight is not None
+    assert sim.sched.memd.releases == [] and sim.sched.memd.in_flight is not None
     again = Request(rid="b", prompt_ids=list(first.prompt_ids), params=SamplingParams(max_new_tokens=3, temperature=0))
     sim.sched.add(again)
     sim.step()  # applies the answer, then the admission
@@ -1077,7 +1078,7 @@ def test_an_arrival_after_an_idle_pass_is_matched_behind_its_releases_without_wa
     while "a" not in sim.done:
         sim.step()
     sim.step()  # the idle pass: the release goes ahead
-    release = sim.sched.in_flight.future
+    release = sim.sched.memd.in_flight.future
     assert not release.done() and sim.session.calls[-1].finishes == ["a"]
     again = Request(rid="b", prompt_ids=list(first.prompt_ids), params=SamplingParams(max_new_tokens=3, temperature=0))
     sim.sched.add(again)
@@ -1095,9 +1096,9 @@ def test_a_top_up_in_flight_is_answered_before_an_arrival_is_planned():
     as before (only an idle pass's releases let the next call go behind them)."""
     sim = Sim(pages=128, max_running=4, chunk=64, context=64, lookahead=8, async_top_ups=True, session=InOrderSession)
     sim.request("long", 5, max_new=40)
-    while sim.sched.in_flight is None:
+    while sim.sched.memd.in_flight is None:
         sim.step()  # decode until a top-up goes ahead
-    top_up = sim.sched.in_flight
+    top_up = sim.sched.memd.in_flight
     assert top_up.tops_up and not top_up.future.done()
     sim.request("late", 5, max_new=2)
     sim.step()
@@ -1126,12 +1127,12 @@ def test_a_refused_call_sent_ahead_sends_its_releases_one_by_one():
     sim.request("x", 4, max_new=2)
     while "x" not in sim.done:
         sim.step()
-    assert sim.sched.releases == ["x"]  # its release goes out with the next call sent ahead
+    assert sim.sched.memd.releases == ["x"]  # its release goes out with the next call sent ahead
     sim.mgr.apply_release(SESSION, Release(finishes=("x",)))  # freed behind the scheduler's back
     sim.run()
     assert "NOT_FOUND" in sim.session.errors()
     assert not sim.failed and sim.done["keep"].output_ids == expected_outputs(30)
-    assert not sim.sched.releases and sim.sched.in_flight is None
+    assert not sim.sched.memd.releases and sim.sched.memd.in_flight is None
     sim.assert_all_free()
 
 
@@ -1211,11 +1212,11 @@ def test_a_refused_release_does_not_wedge_the_scheduler():
     sim.request("keep", 5, max_new=20)
     sim.request("x", 4, max_new=1)
     sim.step()  # x finishes at once: its release is pending
-    assert sim.sched.releases == ["x"]
+    assert sim.sched.memd.releases == ["x"]
     sim.mgr.apply_release(SESSION, Release(finishes=("x",)))  # freed behind the scheduler's back
     sim.run()
     assert not sim.failed and sim.done["keep"].output_ids == expected_outputs(20)
-    assert not sim.sched.releases
+    assert not sim.sched.memd.releases
     sim.assert_all_free()
 
 
@@ -1226,7 +1227,7 @@ def test_a_refused_idle_release_is_dropped_and_the_rest_freed():
     sim.step()  # both finish at once: their releases are pending
     sim.mgr.apply_release(SESSION, Release(finishes=("x",)))  # freed behind the scheduler's back
     sim.step()  # idle: the releases go out in a Free, which memd refuses; then one by one
-    assert not sim.sched.releases
+    assert not sim.sched.memd.releases
     sim.assert_all_free()
 
 

@@ -106,7 +106,7 @@ def answers(memd, model, prompts, overlap: bool, draft, abort_running: bool = Fa
                 pass
         wait_until_released(memd, engine)
         assert engine.requests == {} and engine.live == {} and engine.ahead.queued is None and not failures
-        assert engine.scheduler.running == [] and engine.scheduler.releases == []
+        assert engine.scheduler.running == [] and engine.scheduler.memd.releases == []
     finally:
         engine.stop()
         built.link.close()
