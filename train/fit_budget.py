@@ -6,7 +6,7 @@ whose steps ran faster than the probe said ends early: the 2026-12-04 (fourth se
 steps in 250 s and left the rest of its call unused. Paced, the run ends annealed when the budget does.
 
     python -m train.fit_budget --prompts DIR --responses DIR[,DIR] --out DRAFT --ckpt FILE --seconds S
-        [--epochs 2] [--batch-anchors 4096] [--probe-anchors 128] [--layers 5] [--lr 6e-4] [--init DRAFT]
+        [--epochs 3] [--batch-anchors 8192] [--probe-anchors 512] [--layers 5] [--lr 6e-4] [--init DRAFT]
         [--batch-tokens 16384] [--log-json FILE] [--profile-steps N] [--schedule-seconds T --continue-args FILE]
 
 One run may span several device calls (a call is at most 10 minutes; a session's GPU time is 30): with
@@ -39,9 +39,9 @@ PROBE_WARMUP, PROBE_STEPS = 3, 20
 PROBES = 2  # the first at --probe-anchors, the second at the anchors the first picked
 SAVE_MARGIN_S = 25.0  # the checkpoint and the bf16 export at the end
 PACKING_SLACK = 0.95  # batches are packed whole sequences: a step holds a little under --batch-anchors blocks
-# Fewer anchors per sequence than this and a step's time goes mostly to the target's forward (H200: 0.45 s per
-# 1,024 blocks at 12 anchors, 0.29 s per 4,096 at 128): fewer epochs at more anchors train more blocks.
-MIN_ANCHORS = 64
+# The DFlash recipe anchors at least this many positions of a sequence (every position of a short answer): when the
+# time allows fewer, the schedule takes fewer epochs rather than fewer anchors.
+MIN_ANCHORS = 256
 
 
 def valid_counts(seqs: list[dict], tc: td.TrainConfig) -> np.ndarray:
@@ -135,9 +135,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--out", required=True)
     p.add_argument("--ckpt", required=True)
     p.add_argument("--seconds", type=float, required=True, help="the whole call's budget, probe and loading included")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-anchors", type=int, default=4096)
-    p.add_argument("--probe-anchors", type=int, default=128)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-anchors", type=int, default=8192)
+    p.add_argument("--probe-anchors", type=int, default=512)
     p.add_argument("--layers", type=int, default=td.TrainConfig.layers,
                    help="draft layers (4 continues the shipped draft with --init modeld/default_draft)")
     p.add_argument("--lr", type=float, default=td.TrainConfig.lr, help="peak learning rate")

@@ -12,7 +12,7 @@ shift
 # backward).
 python3 -m train.stats /tmp/gen
 python3 -m train.fit_budget --prompts /tmp/prompts --responses /tmp/gen --out /tmp/draft --ckpt /tmp/ckpt.pt \
-    --seconds "$seconds" --epochs 2 --profile-steps 3 --log-json "$OUT/train_log.json" \
+    --seconds "$seconds" --profile-steps 3 --log-json "$OUT/train_log.json" \
     --continue-args /tmp/train-continue.txt "$@" 2>&1 | grep -v Loading \
     > "$OUT/train.txt"
 grep -v '^[-| ]' "$OUT/train.txt" | tail -30
