@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from gateway.backends import Backends
+from gateway.body_limit import BodyLimit
 from gateway.config import GatewayConfig
 from gateway.errors import ApiError, api_error_response, error_body
 from gateway.generation import generate
@@ -32,6 +33,7 @@ def create_app(cfg: GatewayConfig) -> FastAPI:
         await backends.close()
 
     app = FastAPI(title="dflash-serve gateway", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes, timeout=cfg.body_timeout)  # before any route runs
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, exc: ApiError):

@@ -45,3 +45,9 @@ def test_config_refuses_bad_flags():
     with pytest.raises(ValueError, match="twice"):
         config_from_args(["--modeld", "127.0.0.1:1", "--modeld", "127.0.0.1:1"])
     assert config_from_args(["--modeld", "unix:///tmp/m.sock"]).port == 8000
+    with pytest.raises(ValueError, match="--max-body-bytes must be >= 1, got 0"):
+        config_from_args(["--modeld", "unix:///tmp/m.sock", "--max-body-bytes", "0"])
+    with pytest.raises(ValueError, match="--body-timeout must be > 0 seconds, got 0.0"):
+        config_from_args(["--modeld", "unix:///tmp/m.sock", "--body-timeout", "0"])
+    defaults = config_from_args(["--modeld", "unix:///tmp/m.sock"])
+    assert (defaults.max_body_bytes, defaults.body_timeout) == (8 << 20, 30.0)
