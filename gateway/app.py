@@ -1,4 +1,4 @@
-"""The HTTP application: OpenAI's routes, health, and errors in OpenAI's shape."""
+"""The HTTP application: OpenAI's routes, readiness (/health) and liveness (/livez), and errors in OpenAI's shape."""
 
 import logging
 from contextlib import asynccontextmanager
@@ -72,9 +72,18 @@ def create_app(cfg: GatewayConfig) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        reachable = [b for b in state["backends"].all if b.reachable]
-        status = 200 if reachable else 503
-        return JSONResponse({"status": "ok" if reachable else "unavailable", "modelds": len(reachable)},
-                            status_code=status)
+        """Readiness: 200 while at least one modeld answered SERVING at the last poll (no RPC here), else 503."""
+        backends = state["backends"]
+        ready = backends.ready()
+        body = {"status": "ok" if ready else "unavailable", "modelds": len(ready),
+                "backends": [{"index": b.index, "health": b.health, "ready": b.ready} for b in backends.all]}
+        if not ready:
+            body["message"] = f"no modeld is ready: none of {len(backends.all)} answers SERVING to grpc.health"
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/livez")
+    async def livez():
+        """Liveness: 200 while the gateway's process runs and answers, whatever its modelds do."""
+        return {"status": "alive"}
 
     return app

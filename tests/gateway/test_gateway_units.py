@@ -1,8 +1,12 @@
-"""The gateway's parts without daemons: error mapping, routing by load and prefix affinity, configuration."""
+"""The gateway's parts without daemons: error mapping, routing by load and prefix affinity, a modeld's readiness,
+configuration."""
+
+import asyncio
 
 import pytest
 
 from client.errors import error_for
+from gateway.backends import Backend
 from gateway.config import config_from_args
 from gateway.errors import from_client_error
 from gateway.router import Router
@@ -37,6 +41,22 @@ def test_affinity_map_is_bounded():
     for i in range(20):
         router.pick(f"prompt number {i}", [backend])
     assert len(router.recent) == 5
+
+
+def test_a_modeld_is_ready_only_while_serving_and_not_after_an_unavailable_refusal():
+    async def states() -> list[bool]:
+        backend = Backend(0, "unix:///nonexistent/modeld.sock", request_timeout=1.0)
+        seen = [backend.ready]  # nothing polled yet
+        backend.reachable, backend.health = True, "NOT_SERVING"  # answers GetInfo, but its engine or memd is gone
+        seen.append(backend.ready)
+        backend.health = "SERVING"
+        seen.append(backend.ready)
+        backend.refused_unavailable()  # until the next poll says SERVING again
+        seen.append(backend.ready)
+        await backend.client.close()
+        return seen
+
+    assert asyncio.run(states()) == [False, False, True, False]
 
 
 def test_config_refuses_bad_flags():
