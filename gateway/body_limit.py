@@ -19,6 +19,8 @@ TOO_LARGE, TOO_SLOW = 413, 408
 
 
 class Refused(Exception):
+    """A body the gateway will not read: the HTTP status, the message and OpenAI's error code to answer with."""
+
     def __init__(self, status: int, message: str, code: str):
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
@@ -57,7 +59,7 @@ class BodyLimit:
                               "request_too_large")
 
     async def _read(self, receive) -> bytes:
-        """The whole body, never holding more than the bound."""
+        """The whole body; reading stops at the first message that takes it past the bound."""
         parts, size = [], 0
         while True:
             message = await receive()
