@@ -1,4 +1,4 @@
-"""The HTTP application: OpenAI's routes, health, and errors in OpenAI's shape."""
+"""The HTTP application: OpenAI's routes, readiness (/health) and liveness (/livez), and errors in OpenAI's shape."""
 
 import logging
 from contextlib import asynccontextmanager
@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from gateway.backends import Backends
+from gateway.body_limit import BodyLimit
 from gateway.config import GatewayConfig
 from gateway.errors import ApiError, api_error_response, error_body
 from gateway.generation import generate
@@ -32,6 +33,7 @@ def create_app(cfg: GatewayConfig) -> FastAPI:
         await backends.close()
 
     app = FastAPI(title="dflash-serve gateway", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes, timeout=cfg.body_timeout)  # before any route runs
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, exc: ApiError):
@@ -70,9 +72,18 @@ def create_app(cfg: GatewayConfig) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        reachable = [b for b in state["backends"].all if b.reachable]
-        status = 200 if reachable else 503
-        return JSONResponse({"status": "ok" if reachable else "unavailable", "modelds": len(reachable)},
-                            status_code=status)
+        """Readiness: 200 while at least one modeld answered SERVING at the last poll (no RPC here), else 503."""
+        backends = state["backends"]
+        ready = backends.ready()
+        body = {"status": "ok" if ready else "unavailable", "modelds": len(ready),
+                "backends": [{"index": b.index, "health": b.health, "ready": b.ready} for b in backends.all]}
+        if not ready:
+            body["message"] = f"no modeld is ready: none of {len(backends.all)} answers SERVING to grpc.health"
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/livez")
+    async def livez():
+        """Liveness: 200 while the gateway's process runs and answers, whatever its modelds do."""
+        return {"status": "alive"}
 
     return app

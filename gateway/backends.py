@@ -1,4 +1,9 @@
-"""The modelds behind the gateway: one asyncio client each, and their model and load, polled with GetInfo."""
+"""The modelds behind the gateway: one asyncio client each; their model and load, polled with GetInfo, and whether
+they serve, polled with grpc.health (the standard gRPC health checking protocol).
+
+A modeld can answer GetInfo while it cannot serve (its engine died, its memd is down): its health says NOT_SERVING
+then, and only a modeld that answered SERVING at the last poll is ready to take new requests. Polling in the
+background keeps `/health` and the choice of a modeld free of RPCs: both read the last poll's answers."""
 
 import asyncio
 import logging
@@ -9,18 +14,21 @@ from client.errors import ClientError
 
 log = logging.getLogger("gateway")
 POLL_TIMEOUT = 2.0
+SERVING = "SERVING"
 
 
 class Backend:
     """One modeld. Its load is the larger of what it reported at the last poll (running + waiting, every client's)
-    and the requests the gateway has open on it now (exact between polls)."""
+    and the requests the gateway has open on it now (exact between polls). It is ready while it answered both
+    GetInfo and SERVING at the last poll, and no request has been refused UNAVAILABLE by it since."""
 
     def __init__(self, index: int, address: str, request_timeout: float):
         self.index = index
         self.address = address
         self.client = client.AsyncClient(address, timeout=request_timeout, connect_timeout=2.0, max_retries=1)
         self.model = ""  # GetInfo's target model, by its folder's name; "" until the first answer
-        self.reachable = False
+        self.reachable = False  # GetInfo answered at the last poll
+        self.health = "UNKNOWN"  # grpc.health's status at the last poll, or the status code of its failed check
         self.reported_load = 0
         self.open_requests = 0
 
@@ -35,19 +43,38 @@ class Backend:
     def load(self) -> int:
         return max(self.reported_load, self.open_requests)
 
+    @property
+    def ready(self) -> bool:
+        return self.reachable and self.health == SERVING
+
+    def refused_unavailable(self) -> None:
+        """modeld refused a request with UNAVAILABLE: it takes no new one until a poll finds it SERVING again."""
+        if self.health == SERVING:
+            log.warning("modeld %s refused a request as unavailable: not ready until it answers SERVING", self.address)
+            self.health = "UNAVAILABLE"
+
     async def poll(self) -> None:
-        try:
-            info = await self.client.info(timeout=POLL_TIMEOUT)
-        except ClientError as exc:
-            if self.reachable:
-                log.warning("modeld %s is unreachable: %s", self.address, exc)
-            self.reachable = False
+        health, info = await asyncio.gather(self.client.health(timeout=POLL_TIMEOUT), self._info())
+        if health != self.health and (health == SERVING or self.health == SERVING):
+            log.log(logging.INFO if health == SERVING else logging.WARNING, "modeld %s: health %s", self.address,
+                    health)
+        self.health = health
+        if info is None:
             return
         if not self.reachable:
             log.info("modeld %s serves %s", self.address, model_name(info["target_model"]))
         self.model = model_name(info["target_model"])
         self.reported_load = info["running_requests"] + info["waiting_requests"]
         self.reachable = True
+
+    async def _info(self) -> dict | None:
+        try:
+            return await self.client.info(timeout=POLL_TIMEOUT)
+        except ClientError as exc:
+            if self.reachable:
+                log.warning("modeld %s is unreachable: %s", self.address, exc)
+            self.reachable = False
+            return None
 
 
 def model_name(target_model: str) -> str:
@@ -86,5 +113,9 @@ class Backends:
     def known_model(self, model: str) -> bool:
         return any(b.model == model for b in self.all)
 
+    def ready(self) -> list[Backend]:
+        return [b for b in self.all if b.ready]
+
     def serving(self, model: str) -> list[Backend]:
-        return [b for b in self.all if b.reachable and b.model == model]
+        """The modelds that may take a new request for `model`: ready ones only."""
+        return [b for b in self.ready() if b.model == model]

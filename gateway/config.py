@@ -5,6 +5,11 @@ from dataclasses import dataclass
 
 from memd.addresses import check_address
 
+# 8 MiB: a prompt that fills a 128K-token context is about 0.5 MB of text, and JSON's escapes (\uXXXX: 6 bytes for
+# one character) still leave it within 8 MiB; yet the bound sits far below modeld's gRPC receive bound (64 MiB), so an
+# oversized body is the gateway's 413 and never modeld's RESOURCE_EXHAUSTED (429).
+MAX_BODY_BYTES = 8 << 20
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
@@ -16,6 +21,8 @@ class GatewayConfig:
     affinity_block_chars: int = 64  # prompts are keyed by their prefixes at multiples of this many characters
     affinity_entries: int = 4096  # prefix keys remembered (least recently used dropped first)
     affinity_max_imbalance: int = 4  # affinity yields when its modeld has this many more requests than the least loaded
+    max_body_bytes: int = MAX_BODY_BYTES  # a request body over this is refused (413) before it is read whole
+    body_timeout: float = 30.0  # seconds from the end of the headers to the end of the body (408 after)
     log_level: str = "INFO"
 
     def __post_init__(self):
@@ -28,6 +35,8 @@ class GatewayConfig:
             (self.affinity_block_chars >= 1, "--affinity-block-chars must be >= 1"),
             (self.affinity_entries >= 0, "--affinity-entries must be >= 0"),
             (self.affinity_max_imbalance >= 0, "--affinity-max-imbalance must be >= 0"),
+            (self.max_body_bytes >= 1, f"--max-body-bytes must be >= 1, got {self.max_body_bytes}"),
+            (self.body_timeout > 0, f"--body-timeout must be > 0 seconds, got {self.body_timeout}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -48,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--affinity-max-imbalance", type=int, default=4,
                    help="a shared prefix stays on its modeld unless that one runs this many more requests than the "
                         "least loaded")
+    p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+                   help="largest request body accepted, in bytes (default 8 MiB: room for a 128K-token prompt with "
+                        "JSON escapes, far below modeld's 64 MiB message bound); a larger one is refused with 413 "
+                        "before it is read, so a client cannot make the gateway hold more than this per request")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a request's whole body may take to arrive after its headers (default 30: a local "
+                        "client sends 8 MiB in well under a second); a slower one is refused with 408, so a client "
+                        "that trickles its body cannot hold a request open")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -60,5 +77,5 @@ def config_from_args(argv=None) -> GatewayConfig:
         modelds=tuple(args.modeld), host=args.host, port=args.port, poll_interval=args.poll_interval,
         request_timeout=args.request_timeout, affinity_block_chars=args.affinity_block_chars,
         affinity_entries=args.affinity_entries, affinity_max_imbalance=args.affinity_max_imbalance,
-        log_level=args.log_level,
+        max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, log_level=args.log_level,
     )

@@ -28,8 +28,8 @@ def choose_backend(backends: Backends, router: Router, body: ChatRequest | Compl
     if candidates:
         return router.pick(body.affinity_key(), candidates)
     if backends.known_model(body.model):
-        raise ApiError(503, f"no modeld serving {body.model!r} is reachable now", "service_unavailable",
-                       code="unavailable")
+        raise ApiError(503, f"no modeld serving {body.model!r} is ready now (none answers SERVING to its health "
+                       "check)", "service_unavailable", code="unavailable")
     raise ApiError(404, f"the model {body.model!r} does not exist; served: {', '.join(backends.models()) or 'none'}",
                    code="model_not_found", param="model")
 
@@ -59,6 +59,8 @@ async def generate(request: Request, backends: Backends, router: Router, body: C
         log.info("request %s: the client disconnected; aborted in modeld %s", request_id, backend.address)
         return Response(status_code=CLIENT_CLOSED)
     except ClientError as exc:
+        if exc.code == "UNAVAILABLE":
+            backend.refused_unavailable()
         raise from_client_error(exc) from exc
     finally:
         if not streaming:

@@ -1,7 +1,8 @@
-"""docs/bad-input.md, row by row: every bad input in its table is sent (to one memd + modeld pair, to a daemon's
-command line, or to the client library) and must get the answer and the message the row gives; a row without a case
-here, or a case without a row, fails too. Then what the limits are for: refused before any work (a long prompt is not
-tokenized, a huge Alloc is not walked), client strings logged escaped and cut, and the daemons unharmed."""
+"""docs/bad-input.md, row by row: every bad input in its table is sent (to one memd + modeld pair, to the gateway in
+front of them, to a daemon's command line, or to the client library) and must get the answer and the message the
+row gives; a row without a case here, or a case without a row, fails too. Then what the limits are for: refused
+before any work (a long prompt is not tokenized, a huge Alloc is not walked), client strings logged escaped and cut,
+and the daemons unharmed."""
 
 import math
 import pathlib
@@ -14,6 +15,7 @@ import grpc
 import pytest
 
 import client
+import gateway.server
 import modeld.server
 from client.messages import build_generate_request
 from memd.attach import MemdSession
@@ -21,12 +23,15 @@ from memd.log_text import LOG_TEXT_CHARS
 from memd.sockets import CHANNEL_OPTIONS
 from protos import memd_pb2, modeld_pb2
 from tests.daemons import REPO, child_env, run_memd, run_modeld
+from tests.gateway.raw_http import chunked, post
+from tests.gateway.stack import run_gateway
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "bad-input.md"
 CONTEXT, MAX_RUNNING, VOCAB = 1024, 4, 49152
 MEMD_ARGS = ["--page-size", "1", "--max-running-requests", str(MAX_RUNNING), "--max-total-tokens", "8192",
              "--context-length", str(CONTEXT), "--draft-model", "none", "--kv-cache-dtype", "float32", "--strict"]
 NOT_UTF8 = b"\xff\xfe"
+GATEWAY_BODY_TIMEOUT = 1.0
 
 
 def doc_rows() -> dict[str, tuple[str, str]]:
@@ -41,8 +46,8 @@ def doc_rows() -> dict[str, tuple[str, str]]:
 
 
 class Daemons:
-    def __init__(self, memd, modeld, session: MemdSession):
-        self.memd, self.modeld, self.session = memd, modeld, session
+    def __init__(self, memd, modeld, session: MemdSession, gateway_url: str):
+        self.memd, self.modeld, self.session, self.gateway_url = memd, modeld, session, gateway_url
         self.modeld_channel = grpc.insecure_channel(modeld.address)
         self.memd_channel = grpc.insecure_channel(memd.address, options=CHANNEL_OPTIONS)
 
@@ -66,6 +71,12 @@ class Daemons:
         data = request if isinstance(request, bytes) else request.SerializeToString()
         return self.raw(self.memd_channel, f"/memd.v1.Memd/{method}", data, streaming=method == "Attach")
 
+    def gateway(self, parts, headers: dict[str, str], pause: float = 0.0) -> tuple[str, str]:
+        """The gateway's answer to a chat request of `parts`: "HTTP <status>" and its error message."""
+        answer = post(self.gateway_url, "/v1/chat/completions", parts,
+                      {"Content-Type": "application/json", **headers}, pause=pause)
+        return f"HTTP {answer.status}", (answer.body or {}).get("error", {}).get("message", "")
+
     def close(self) -> None:
         self.modeld_channel.close()
         self.memd_channel.close()
@@ -75,8 +86,9 @@ class Daemons:
 def daemons(default_model):
     with run_memd(default_model, *MEMD_ARGS) as memd_process, \
             run_modeld(memd_process, "--target-model", str(default_model)) as modeld_process, \
+            run_gateway(modeld_process.address, args=("--body-timeout", str(GATEWAY_BODY_TIMEOUT))) as gateway_url, \
             MemdSession(memd_process.address, "bad-input") as session:
-        env = Daemons(memd_process, modeld_process, session)
+        env = Daemons(memd_process, modeld_process, session, gateway_url)
         yield env
         env.close()
 
@@ -108,6 +120,25 @@ def memd_exit(*flags: str) -> tuple[str, str]:
     proc = subprocess.run([sys.executable, "-m", "memd", "--device", "cpu", "--listen", "127.0.0.1:0", *flags],
                           capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=30)
     return f"exit {proc.returncode}", proc.stderr.strip().splitlines()[-1]
+
+
+def gateway_exit(*flags: str) -> tuple[str, str]:
+    """The gateway's main() in this process: "exit 1" and the message it exits with."""
+    with pytest.raises(SystemExit) as exited:
+        gateway.server.main(["--modeld", "127.0.0.1:1", *flags])
+    code = exited.value.code
+    return ("exit 1", code) if isinstance(code, str) else (f"exit {code}", "")
+
+
+def chat_body(size: int):
+    """A chat request of `size` bytes (its user turn padded), in parts of 1 MiB, made as it is sent."""
+    head, tail = b'{"model": "m", "messages": [{"role": "user", "content": "', b'"}]}'
+    left = size - len(head) - len(tail)
+    yield head
+    while left > 0:
+        yield b"x" * min(1 << 20, left)
+        left -= 1 << 20
+    yield tail
 
 
 def client_refusal(call) -> tuple[str, str]:
@@ -193,6 +224,15 @@ CASES = {
     "modeld-listen-bogus": lambda env: modeld_exit("--listen", "bogus"),
     "modeld-memd-port-zero": lambda env: modeld_exit("--memd", "127.0.0.1:0"),
     "modeld-connect-timeout-zero": lambda env: modeld_exit("--connect-timeout", "0"),
+    # the gateway
+    "gateway-body-declared-too-large": lambda env: env.gateway(chat_body(100_000_000),
+                                                               {"Content-Length": "100000000"}),
+    "gateway-body-chunked-too-large": lambda env: env.gateway(chunked(chat_body(100_000_000)),
+                                                              {"Transfer-Encoding": "chunked"}),
+    "gateway-body-too-slow": lambda env: env.gateway(chunked(b" " for _ in range(1000)),
+                                                     {"Transfer-Encoding": "chunked"}, pause=0.05),
+    "gateway-max-body-bytes-zero": lambda env: gateway_exit("--max-body-bytes", "0"),
+    "gateway-body-timeout-zero": lambda env: gateway_exit("--body-timeout", "0"),
     # the client library
     "client-prompt-and-input-ids": lambda env: client_refusal(lambda: build_generate_request("hi", input_ids=[1])),
     "client-max-new-tokens-overflow": lambda env: client_refusal(lambda: nowhere().generate("hi",

@@ -1,8 +1,12 @@
-"""The gateway's parts without daemons: error mapping, routing by load and prefix affinity, configuration."""
+"""The gateway's parts without daemons: error mapping, routing by load and prefix affinity, a modeld's readiness,
+configuration."""
+
+import asyncio
 
 import pytest
 
 from client.errors import error_for
+from gateway.backends import Backend
 from gateway.config import config_from_args
 from gateway.errors import from_client_error
 from gateway.router import Router
@@ -39,9 +43,31 @@ def test_affinity_map_is_bounded():
     assert len(router.recent) == 5
 
 
+def test_a_modeld_is_ready_only_while_serving_and_not_after_an_unavailable_refusal():
+    async def states() -> list[bool]:
+        backend = Backend(0, "unix:///nonexistent/modeld.sock", request_timeout=1.0)
+        seen = [backend.ready]  # nothing polled yet
+        backend.reachable, backend.health = True, "NOT_SERVING"  # answers GetInfo, but its engine or memd is gone
+        seen.append(backend.ready)
+        backend.health = "SERVING"
+        seen.append(backend.ready)
+        backend.refused_unavailable()  # until the next poll says SERVING again
+        seen.append(backend.ready)
+        await backend.client.close()
+        return seen
+
+    assert asyncio.run(states()) == [False, False, True, False]
+
+
 def test_config_refuses_bad_flags():
     with pytest.raises(ValueError, match="--modeld"):
         config_from_args(["--modeld", "nowhere"])
     with pytest.raises(ValueError, match="twice"):
         config_from_args(["--modeld", "127.0.0.1:1", "--modeld", "127.0.0.1:1"])
     assert config_from_args(["--modeld", "unix:///tmp/m.sock"]).port == 8000
+    with pytest.raises(ValueError, match="--max-body-bytes must be >= 1, got 0"):
+        config_from_args(["--modeld", "unix:///tmp/m.sock", "--max-body-bytes", "0"])
+    with pytest.raises(ValueError, match="--body-timeout must be > 0 seconds, got 0.0"):
+        config_from_args(["--modeld", "unix:///tmp/m.sock", "--body-timeout", "0"])
+    defaults = config_from_args(["--modeld", "unix:///tmp/m.sock"])
+    assert (defaults.max_body_bytes, defaults.body_timeout) == (8 << 20, 30.0)
