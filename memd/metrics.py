@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from memd.plan import ConfigError
 from protos import memd_pb2
 
 log = logging.getLogger("memd")
@@ -100,8 +101,11 @@ def families(capacity: memd_pb2.CapacityResponse | None):
 
 def start_metrics(host: str, port: int, service, loop: asyncio.AbstractEventLoop) -> int:
     """Serve /metrics on host:port (0: any free port) from a thread; returns the port."""
+    try:
+        server, _ = start_http_server(port, addr=host)
+    except OSError as exc:  # a port in use, an address not of this host
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
     REGISTRY.register(PoolCollector(service, loop))
-    server, _ = start_http_server(port, addr=host)
     bound = server.server_port
     log.info("memd metrics on http://%s:%d/metrics", host, bound)
     return bound

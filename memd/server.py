@@ -99,13 +99,13 @@ async def serve(cfg: MemdConfig, plan: PoolPlan, stop_signals: StopSignals) -> i
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        if cfg.metrics_port is not None:  # before the socket: a port in use ends memd with one line, nothing bound
+            start_metrics(cfg.metrics_host, cfg.metrics_port, service, asyncio.get_running_loop())
         port, sock = listen(server, cfg.listen, cfg.allow_group)
         if sock is None:
             log.warning("memd listens on TCP: there is no peer check, anyone who reaches the port can attach and call "
                         "(a Unix socket admits only memd's user, root and --allow-group)")
         await server.start()
-        if cfg.metrics_port is not None:
-            start_metrics(cfg.metrics_host, cfg.metrics_port, service, asyncio.get_running_loop())
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         bound = cfg.listen if sock is not None else f"{cfg.listen.rsplit(':', 1)[0]}:{port}"

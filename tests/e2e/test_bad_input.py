@@ -7,6 +7,7 @@ and the daemons unharmed."""
 import math
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -141,6 +142,14 @@ def chat_body(size: int):
     yield tail
 
 
+def memd_metrics_port_in_use() -> tuple[str, str]:
+    """memd asked to serve metrics on a port another socket holds."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        return memd_exit("--metrics-port", str(held.getsockname()[1]), *MEMD_ARGS)
+
+
 def client_refusal(call) -> tuple[str, str]:
     """A client-side refusal: nothing is sent (the address is never dialled)."""
     with pytest.raises(client.BadArgument) as refused:
@@ -220,8 +229,11 @@ CASES = {
     "memd-context-length-negative": lambda env: memd_exit("--context-length", "-1"),
     "memd-context-length-not-a-number": lambda env: memd_exit("--context-length", "abc"),
     "memd-socket-in-use": lambda env: memd_exit("--listen", env.memd.address, *MEMD_ARGS),
+    "memd-listen-relative": lambda env: memd_exit("--listen", "unix://relative/memd.sock"),
+    "memd-metrics-port-in-use": lambda env: memd_metrics_port_in_use(),
     "modeld-listen-port-out-of-range": lambda env: modeld_exit("--listen", "127.0.0.1:99999"),
     "modeld-listen-bogus": lambda env: modeld_exit("--listen", "bogus"),
+    "modeld-listen-relative": lambda env: modeld_exit("--listen", "unix:relative/modeld.sock"),
     "modeld-memd-port-zero": lambda env: modeld_exit("--memd", "127.0.0.1:0"),
     "modeld-connect-timeout-zero": lambda env: modeld_exit("--connect-timeout", "0"),
     # the gateway
