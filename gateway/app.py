@@ -42,6 +42,11 @@ def create_app(cfg: GatewayConfig) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":  # its loc is a character offset of the body, not a field
+            reason = first.get("ctx", {}).get("error", "not JSON")
+            offset = first.get("loc", ("body", "?"))[-1]
+            message = f"the request body is not valid JSON: {reason} at character {offset}"
+            return JSONResponse(error_body(message, "invalid_request_error"), status_code=400)
         where = ".".join(str(part) for part in first.get("loc", ())[1:])
         message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
         return JSONResponse(error_body(message, "invalid_request_error", param=where or None), status_code=400)

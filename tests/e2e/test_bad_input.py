@@ -33,6 +33,7 @@ MEMD_ARGS = ["--page-size", "1", "--max-running-requests", str(MAX_RUNNING), "--
              "--context-length", str(CONTEXT), "--draft-model", "none", "--kv-cache-dtype", "float32", "--strict"]
 NOT_UTF8 = b"\xff\xfe"
 GATEWAY_BODY_TIMEOUT = 1.0
+BROKEN_JSON = b'{"model": "m",, "messages": []}'
 
 
 def doc_rows() -> dict[str, tuple[str, str]]:
@@ -241,6 +242,7 @@ CASES = {
                                                                {"Content-Length": "100000000"}),
     "gateway-body-chunked-too-large": lambda env: env.gateway(chunked(chat_body(100_000_000)),
                                                               {"Transfer-Encoding": "chunked"}),
+    "gateway-json-syntax-error": lambda env: env.gateway([BROKEN_JSON], {"Content-Length": str(len(BROKEN_JSON))}),
     "gateway-body-too-slow": lambda env: env.gateway(chunked(b" " for _ in range(1000)),
                                                      {"Transfer-Encoding": "chunked"}, pause=0.05),
     "gateway-max-body-bytes-zero": lambda env: gateway_exit("--max-body-bytes", "0"),
@@ -276,6 +278,13 @@ def test_a_long_prompt_is_refused_before_it_is_tokenized(daemons):
     start = time.monotonic()
     assert daemons.generate(gen(prompt="word " * 1_000_000))[0] == "INVALID_ARGUMENT"  # 5 MB
     assert time.monotonic() - start < 1.0  # tokenizing it takes seconds
+
+
+def test_a_json_syntax_error_names_no_field(daemons):
+    """The offset of a JSON syntax error is in the message, not in `param` (which names a request field)."""
+    answer = post(daemons.gateway_url, "/v1/chat/completions", [BROKEN_JSON],
+                  {"Content-Type": "application/json", "Content-Length": str(len(BROKEN_JSON))})
+    assert answer.status == 400 and answer.body["error"]["param"] is None, answer.body
 
 
 def test_an_alloc_of_many_ops_is_refused_before_any_work(daemons):
