@@ -4,9 +4,10 @@ Fields OpenAI defines that the gateway does not serve are refused (400) rather t
 would change the answer (n > 1, logprobs, tools); other unknown fields are ignored, as OpenAI-compatible
 servers do."""
 
+import struct
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.errors import ApiError
 
@@ -28,6 +29,14 @@ class SamplingRequest(BaseModel):
     logprobs: bool | int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+    @field_validator("top_p")
+    @classmethod
+    def top_p_survives_float32(cls, value: float | None) -> float | None:
+        """modeld's top_p is a float32: a positive value that rounds to 0 there would be refused as 0.0."""
+        if value is not None and struct.unpack("f", struct.pack("f", value))[0] == 0.0:
+            raise ValueError(f"top_p {value!r} is 0 as a float32 (modeld's precision): at least 1.4e-45")
+        return value
 
     def check_supported(self) -> None:
         if self.n != 1:

@@ -34,6 +34,7 @@ MEMD_ARGS = ["--page-size", "1", "--max-running-requests", str(MAX_RUNNING), "--
 NOT_UTF8 = b"\xff\xfe"
 GATEWAY_BODY_TIMEOUT = 1.0
 BROKEN_JSON = b'{"model": "m",, "messages": []}'
+TINY_TOP_P = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": 1e-300}'
 
 
 def doc_rows() -> dict[str, tuple[str, str]]:
@@ -242,6 +243,7 @@ CASES = {
                                                                {"Content-Length": "100000000"}),
     "gateway-body-chunked-too-large": lambda env: env.gateway(chunked(chat_body(100_000_000)),
                                                               {"Transfer-Encoding": "chunked"}),
+    "gateway-top-p-below-float32": lambda env: env.gateway([TINY_TOP_P], {"Content-Length": str(len(TINY_TOP_P))}),
     "gateway-json-syntax-error": lambda env: env.gateway([BROKEN_JSON], {"Content-Length": str(len(BROKEN_JSON))}),
     "gateway-body-too-slow": lambda env: env.gateway(chunked(b" " for _ in range(1000)),
                                                      {"Transfer-Encoding": "chunked"}, pause=0.05),
