@@ -30,14 +30,16 @@ class MemdSession:
     def __init__(self, address: str, client_name: str = "", connect_timeout: float = 10.0,
                  writes_draft_kv: bool = True, model_fingerprint: str = ""):
         self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        ready = grpc.channel_ready_future(self.channel)
-        try:
-            ready.result(timeout=connect_timeout)
-        except grpc.FutureTimeoutError:
-            ready.cancel()  # stop its polling thread, or a retrying caller leaks one per attempt
-            self.channel.close()
-            raise
         self.stub = memd_pb2_grpc.MemdStub(self.channel)
+        # Wait for memd with a first unary call rather than grpc.channel_ready_future: the future's connectivity
+        # watch stays on the channel and made every close() wait out its 200 ms poll.
+        try:
+            self.stub.Capacity(memd_pb2.CapacityRequest(), wait_for_ready=True, timeout=connect_timeout)
+        except grpc.RpcError as exc:
+            self.channel.close()
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise grpc.FutureTimeoutError(f"memd at {address} did not answer within {connect_timeout:g} s") from None
+            raise
         self.calls = CallStream(self.stub.Calls)  # Alloc, Free and the matches: over one stream, not a unary RPC each
         attach = memd_pb2.AttachRequest(client_name=client_name, writes_draft_kv=writes_draft_kv,
                                         model_fingerprint=model_fingerprint)
