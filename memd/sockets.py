@@ -62,6 +62,25 @@ def listen(server, address: str, group: int | None = None) -> tuple[int, pathlib
     return port, path
 
 
+def check_can_listen(address: str) -> None:
+    """Before a slow start (modeld's engine loads the model and captures its graphs first), whether `address` could
+    be listened on now: a live daemon's socket or a TCP port another process listens on is refused with ConfigError,
+    a dead daemon's socket removed (listen() binds for real afterwards; the check only makes a taken address fail
+    at once, not after the start)."""
+    path = unix_path(address)
+    if path is not None:
+        prepare_socket(path)
+        return
+    host, _, port = address.rpartition(":")
+    if int(port) == 0:
+        return
+    try:
+        with socket.create_server((host.strip("[]"), int(port))):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {address}: {exc.strerror or exc}") from None
+
+
 def prepare_socket(path: pathlib.Path, group: int | None = None) -> None:
     """The parent folder: made owner-only (with `group`: 0710, searchable by the group), or, if it exists and a group
     is given, searchable by it; a leftover socket of a dead daemon is removed, a live one refused."""

@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection
 
 from memd.parse_guard import AsyncParseGuard
 from memd.plan import ConfigError
-from memd.sockets import listen
+from memd.sockets import check_can_listen, listen
 from modeld.config import ModeldConfig, config_from_args
 from modeld.engine_client import EngineClient
 from modeld.limits import MAX_REQUEST_BYTES
@@ -43,6 +43,7 @@ async def _serve(cfg: ModeldConfig) -> int:
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, status)
 
+    check_can_listen(cfg.listen)  # a taken address fails now, not after the engine's start (and holding memd)
     engine = EngineClient(cfg, lambda serving: loop.create_task(set_statuses(serving)))  # blocks until it serves
     engine.attach(loop)
     service = ModeldService(engine, cfg.memd)
@@ -54,8 +55,9 @@ async def _serve(cfg: ModeldConfig) -> int:
     stop = asyncio.Event()
     for sig in STOP_SIGNALS:  # before the socket exists: from here every stop goes through the clean-up below
         loop.add_signal_handler(sig, stop.set)
-    port, sock = listen(server, cfg.listen)
+    sock = None
     try:
+        port, sock = listen(server, cfg.listen)  # inside: a bind that fails still stops the engine below
         await server.start()
         await set_statuses(not engine.memd_lost)
         bound = cfg.listen if sock else f"{cfg.listen.rsplit(':', 1)[0]}:{port}"

@@ -152,6 +152,15 @@ def memd_metrics_port_in_use() -> tuple[str, str]:
         return memd_exit("--metrics-port", str(held.getsockname()[1]), *MEMD_ARGS)
 
 
+def modeld_port_in_use() -> tuple[str, str]:
+    """modeld asked to listen on a TCP port another socket holds (refused before its engine starts: memd's address
+    here is nobody's, so an engine start would fail on that instead)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        return modeld_exit("--listen", f"127.0.0.1:{held.getsockname()[1]}")
+
+
 def client_refusal(call) -> tuple[str, str]:
     """A client-side refusal: nothing is sent (the address is never dialled)."""
     with pytest.raises(client.BadArgument) as refused:
@@ -235,6 +244,8 @@ CASES = {
     "memd-metrics-port-in-use": lambda env: memd_metrics_port_in_use(),
     "modeld-listen-port-out-of-range": lambda env: modeld_exit("--listen", "127.0.0.1:99999"),
     "modeld-listen-bogus": lambda env: modeld_exit("--listen", "bogus"),
+    "modeld-socket-in-use": lambda env: modeld_exit("--listen", env.modeld.address),
+    "modeld-port-in-use": lambda env: modeld_port_in_use(),
     "modeld-listen-relative": lambda env: modeld_exit("--listen", "unix:relative/modeld.sock"),
     "modeld-memd-port-zero": lambda env: modeld_exit("--memd", "127.0.0.1:0"),
     "modeld-connect-timeout-zero": lambda env: modeld_exit("--connect-timeout", "0"),
