@@ -1,6 +1,6 @@
 """A draft's teacher-forced accept length on its training data against held-out chat, side by side in one run:
-the trainer's own measure (`train.block_loss.block_loss` and `train.train_draft.accept_length`, every anchor of each sequence)
-over the target's greedy answers. Close to the served accept length on the held-out side means trainer and
+the trainer's own measure (`train.block_loss.block_loss` and `train.train_draft.accept_length`, every anchor of
+each sequence) over the target's greedy answers. Close to the served accept length on the held-out side means trainer and
 server agree; far above it on the training side means the draft learned its data, or its answers loop (a loop's
 copies are accepted in long runs: the last column leaves them out, as the trainer's anchors do).
 

@@ -11,8 +11,9 @@ window and full logits: larger batches may not fit), in a child process of the s
 target and sequences; the x column is each row's anchors per second over it.
 
 MFU counts the work a step must do, the same for both trainers: the draft's projections and MLP over every block
-row and context row (forward and backward), attention over a full window and the block for every block row, the frozen LM head's
-forward and input gradient at every labelled row, and the target's forward; over the card's dense bf16 peak.
+row and context row (forward and backward), attention over a full window and the block for every block row, the
+frozen LM head's forward and input gradient at every labelled row, and the target's forward; over the card's dense
+bf16 peak.
 """
 
 import argparse
@@ -66,13 +67,12 @@ def anchor_flops(target_cfg, tc: td.TrainConfig, context_per_anchor: float, seen
     seen_keys: the keys a block row attends to."""
     h, inter, vocab = target_cfg.hidden_size, target_cfg.intermediate_size, target_cfg.vocab_size
     heads, kv, d = target_cfg.num_attention_heads, target_cfg.num_key_value_heads, target_cfg.head_dim
-    layer = h * heads * d * 2 + 2 * h * kv * d + 3 * h * inter  # q, o, k, v, gate, up, down
+    layer = h * heads * d * 2 + 2 * h * kv * d + 3 * h * inter  # q, o, k, v, gate, up, down (draft and target alike)
     taps = len(td.build_target_layer_ids(target_cfg.num_hidden_layers, tc.layers))
     block_rows = 6 * tc.layers * layer * tc.block + 3 * 4 * heads * d * seen_keys * tc.layers * tc.block
     head = 4 * h * vocab * (tc.block - 1)
     context = 6 * (taps * h * h + tc.layers * 2 * h * kv * d) * context_per_anchor
-    target_layer = h * heads * d * 2 + 2 * h * kv * d + 3 * h * inter
-    target = 2 * target_cfg.num_hidden_layers * target_layer * context_per_anchor
+    target = 2 * target_cfg.num_hidden_layers * layer * context_per_anchor
     return block_rows + head + context + target
 
 

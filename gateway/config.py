@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest request body accepted, in bytes (default 8 MiB: room for a 128K-token prompt with "
                         "JSON escapes, far below modeld's 64 MiB message bound); a larger one is refused with 413 "
                         "before it is read, so a client cannot make the gateway hold more than this per request")
-    p.add_argument("--body-timeout", type=float, default=30.0,
+    p.add_argument("--body-timeout", type=float, default=GatewayConfig.body_timeout,
                    help="seconds a request's whole body may take to arrive after its headers (default 30: a local "
                         "client sends 8 MiB in well under a second); a slower one is refused with 408, so a client "
                         "that trickles its body cannot hold a request open")

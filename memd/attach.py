@@ -38,7 +38,8 @@ class MemdSession:
         except grpc.RpcError as exc:
             self.channel.close()
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise grpc.FutureTimeoutError(f"memd at {address} did not answer within {connect_timeout:g} s") from None
+                raise grpc.FutureTimeoutError(
+                    f"memd at {address} did not answer within {connect_timeout:g} s") from None
             raise
         self.calls = CallStream(self.stub.Calls)  # Alloc, Free and the matches: over one stream, not a unary RPC each
         attach = memd_pb2.AttachRequest(client_name=client_name, writes_draft_kv=writes_draft_kv,

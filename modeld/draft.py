@@ -71,10 +71,14 @@ class DraftAttention(nn.Module):
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         return k * cos + rotate_half(k) * sin, self.v_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))
 
+    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Q (normed, rotated) of inputs x [..., hidden] -> [..., heads, head_dim]."""
+        q = self.q_norm(self.q_proj(x).unflatten(-1, (self.heads, self.head_dim)))
+        return q * cos.unsqueeze(-2) + rotate_half(q) * sin.unsqueeze(-2)
+
     def forward(self, h, cos, sin, ctx_k, ctx_v, ctx_visible, causal: bool):
         """h [N, B, hidden]; ctx_k/v [N, C, kv_heads, head_dim]; ctx_visible [N, B, C] bool."""
-        q = self.q_norm(self.q_proj(h).unflatten(-1, (self.heads, self.head_dim)))
-        q = q * cos.unsqueeze(-2) + rotate_half(q) * sin.unsqueeze(-2)
+        q = self.query(h, cos, sin)
         k_blk, v_blk = self.kv(h, cos, sin)
         out = draft_attention(q, k_blk, v_blk, ctx_k, ctx_v, ctx_visible, causal, self.head_dim**-0.5)
         return self.o_proj(out.flatten(-2))

@@ -61,16 +61,20 @@ def load_target(path: str, dtype: str, device: str, load_format: str = "auto"):
     return model.eval(), tokenizer, cfg
 
 
+def as_ids(eos) -> set[int]:
+    """A config's eos_token_id (one id, a list of them, or None) as a set."""
+    return set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+
+
 def eos_token_ids(tokenizer, hf_config, model_dir: str) -> set[int]:
     """EOS ids from the generation config, the model config and the tokenizer."""
     ids: set[int] = set()
     try:
         gen = GenerationConfig.from_pretrained(model_dir)
-        ids |= set(gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id] if gen.eos_token_id is not None else [])
+        ids |= as_ids(gen.eos_token_id)
     except (OSError, ValueError):
         pass
-    eos = getattr(hf_config, "eos_token_id", None)
-    ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    ids |= as_ids(getattr(hf_config, "eos_token_id", None))
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return ids

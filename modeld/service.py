@@ -2,8 +2,9 @@
 
 Every handler runs on the front's one asyncio loop, no thread per stream; the engine runs in its own process
 (modeld.engine_client). A request's checks, chat template and tokenizing run on one worker thread beside the loop
-(bounded first: modeld.limits), so a large prompt never holds up health checks or the other streams. What the engine sends for a request goes into its queue and wakes its stream, which takes
-what is queued, makes its text and sends it as one message."""
+(bounded first: modeld.limits), so a large prompt never holds up health checks or the other streams. What the
+engine sends for a request goes into its queue and wakes its stream, which takes what is queued, makes its text
+and sends it as one message."""
 
 import asyncio
 import uuid

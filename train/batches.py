@@ -49,10 +49,9 @@ SORT_WINDOW = 4096  # sequences whose batches are packed in length order (then t
 
 def epoch_batches(seqs: list[dict], tc, epoch: int) -> list[list[int]]:
     """Sequence indices per step, packed until batch_anchors blocks or batch_tokens tokens: every sequence with an
-    anchor once. A seeded
-    order for the epoch, cut into windows of SORT_WINDOW sequences, each packed in length order so that a batch
-    holds sequences of about one length (the target's forward pads a batch to its longest sequence); the
-    batches are then shuffled, so the schedule does not run from short to long."""
+    anchor once. A seeded order for the epoch, cut into windows of SORT_WINDOW sequences, each packed in length
+    order so that a batch holds sequences of about one length (the target's forward pads a batch to its longest
+    sequence); the batches are then shuffled, so the schedule does not run from short to long."""
     counts = [min(tc.anchors, len(anchor_positions(s, tc.max_len, tc.loop_repeats))) for s in seqs]
     rng = np.random.default_rng([tc.seed, epoch, 2**31])
     order = rng.permutation(len(seqs)).tolist()

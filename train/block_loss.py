@@ -19,7 +19,6 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 from torch.profiler import record_function
 
-from modeld.kernels.fused import rotate_half
 from train.batches import label_mask
 from train.block_layout import BlockLayout, DeviceLayout, build_layout
 from train.head_loss import head_cross_entropy
@@ -84,8 +83,7 @@ def block_hidden(draft, context: torch.Tensor, context_pos: torch.Tensor, embeds
     for layer, window in zip(draft.layers, draft.spec.windows):
         attn = layer.self_attn
         x = layer.input_layernorm(h)
-        q = attn.q_norm(attn.q_proj(x).unflatten(-1, (attn.heads, attn.head_dim)))
-        q = q * cos_q.unsqueeze(-2) + rotate_half(q) * sin_q.unsqueeze(-2)
+        q = attn.query(x, cos_q, sin_q)
         context_k, context_v = attn.kv(context, cos_c, sin_c)
         block_k, block_v = attn.kv(x, cos_q, sin_q)
         dtype = attention_dtype or q.dtype

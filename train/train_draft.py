@@ -15,9 +15,9 @@ The recipe and what this does with it:
   path): a block sees the context strictly before its anchor within the sliding window (per query: t - p <
   window) and itself bidirectionally. Every block of a batch is one draft forward: flex attention over the
   context K/V projected once per position and the blocks' own K/V, under a block-sparse mask
-  (train.block_layout), so no anchor copies its context window. The draft's layers slide (window 256 by default) because modeld's bounded draft KV pool
-  and its captured propose graphs need every layer to slide; a 135M target's chats are short (most
-  sequences < 1K tokens), and the taps carry the long context anyway.
+  (train.block_layout), so no anchor copies its context window. The draft's layers slide (window 256 by
+  default) because modeld's bounded draft KV pool and its captured propose graphs need every layer to slide; a
+  135M target's chats are short (most sequences < 1K tokens), and the taps carry the long context anyway.
 - Anchors: --anchors 512 random anchor positions per sequence, re-sampled every epoch (the generator is seeded
   by (seed, epoch, sequence), so a resumed run draws the same). An anchor a and a + 1 lie in one of the target's
   answers (the first generated token onwards: at inference the block starts at the last committed token);
@@ -96,7 +96,8 @@ class TrainConfig:
         if self.batch_tokens < self.max_len:
             raise ValueError(f"batch_tokens ({self.batch_tokens}) must hold a sequence of max_len ({self.max_len})")
         if self.anchors > self.batch_anchors:
-            raise ValueError(f"anchors per sequence ({self.anchors}) must fit a step's batch_anchors ({self.batch_anchors})")
+            raise ValueError(f"anchors per sequence ({self.anchors}) must fit a step's batch_anchors "
+                             f"({self.batch_anchors})")
         self.weights()  # refuses a malformed --source-weights before anything runs
 
     def weights(self) -> dict[str, int]:
