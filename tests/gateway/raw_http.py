@@ -9,6 +9,8 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
+EARLY_ANSWER_S = 0.2  # how long a request waits for an answer to its headers before it sends its body
+
 
 @dataclass
 class Answer:
@@ -45,6 +47,9 @@ def post(base_url: str, path: str, parts, headers: dict[str, str], pause: float 
         start = time.monotonic()
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
+        # A refusal on the headers alone (a declared length over the bound) comes before any body byte is sent:
+        # body bytes the gateway never reads would make its close a reset, which can drop the answer unread.
+        answered.wait(EARLY_ANSWER_S)
         try:
             for part in parts:
                 if answered.is_set():
