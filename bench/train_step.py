@@ -3,10 +3,10 @@
 machine. One table: training steps of the 4-layer draft at each anchors-per-sequence setting, with seconds per
 step, anchors (blocks) per second, model FLOP utilisation and peak memory.
 
-    python -m bench.train_step [--anchors 512] [--batch-anchors 4096] [--steps 12] [--profile 3] [--before DIR]
+    python -m bench.train_step [--anchors 512] [--batch-anchors 4096] [--steps 12] [--profile 3] [--before DIR[,DIR]]
 
-With --before DIR (an earlier commit's train/ package: `git archive REV train | tar -x -C DIR`), that trainer is
-timed too at each anchors setting's first --batch-anchors (the earlier trainer materialises every block's context
+With --before DIR (an earlier commit's train/ package: `git archive REV train | tar -x -C DIR`; several,
+comma-separated), that trainer is timed too at each anchors setting's first --batch-anchors (the earlier trainer materialises every block's context
 window and full logits: larger batches may not fit), in a child process of the same run, on the same random
 target and sequences; the x column is each row's anchors per second over it.
 
@@ -130,8 +130,10 @@ def main(argv=None) -> int:
     p.add_argument("--sequences", type=int, default=4000)
     p.add_argument("--steps", type=int, default=12, help="timed steps per row, after fit_budget's warm-up steps")
     p.add_argument("--profile", type=int, default=0, help="also profile this many steps of the first row")
-    p.add_argument("--before", help="a folder holding an earlier train/ package (git archive REV train | tar -x -C "
-                                    "DIR): its steps timed beside this tree's, in a child process")
+    p.add_argument("--trace", help="with --profile: write the profile as a Chrome trace here (.gz: compressed)")
+    p.add_argument("--before", help="folders, comma-separated, each holding an earlier train/ package (git archive REV "
+                                    "train | tar -x -C DIR): its steps timed beside this tree's, in a child process; "
+                                    "the first is the baseline")
     p.add_argument("--steps-only", action="store_true", help=argparse.SUPPRESS)  # --before's child: figures alone
     args = p.parse_args(argv)
     target = random_target(args.device)
@@ -151,11 +153,14 @@ def main(argv=None) -> int:
         now = step_figures(target, seqs, anchors, batch_anchors, args.steps, args.device)
         flops = anchor_flops(target.config, tc, now["tokens_per_anchor"], tc.window - 1 + tc.block)
         if args.before and (base is None or base_anchors != anchors):  # at each anchors' first batch size
-            base, base_anchors = before_figures(args.before, args, anchors, batch_anchors), anchors
-            print(row(args.before, anchors, base, flops, peak, None), flush=True)
+            for i, before in enumerate(args.before.split(",")):  # the first is the x column's baseline
+                figures = before_figures(before, args, anchors, batch_anchors)
+                base, base_anchors = (figures, anchors) if i == 0 else (base, base_anchors)
+                print(row(before, anchors, figures, flops, peak, None if i == 0 else base), flush=True)
         print(row("this tree", anchors, now, flops, peak, base), flush=True)
     if args.profile:
-        fit_budget.profile_steps(target, seqs, train_config(*settings[0]), args.device, args.profile, print)
+        fit_budget.profile_steps(target, seqs, train_config(*settings[0]), args.device, args.profile, print,
+                                trace=args.trace)
     return 0
 
 

@@ -37,31 +37,32 @@ def to_device(array: np.ndarray, device: str) -> torch.Tensor:
     return tensor.to(device)
 
 
+def flex(q, k, v, block_mask, scale: float) -> torch.Tensor:
+    """q [N, heads, D] over k, v [M, kv_heads, D] under a BlockMask -> [N, heads, D]; uncompiled it materialises
+    every score, so it runs inside a compiled function (compiled_blocks) or compiled itself (flex_dynamic)."""
+    q, k, v = (x.transpose(0, 1)[None] for x in (q, k, v))
+    out = flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1)
+
+
 @functools.cache
-def compiled_attention(dynamic: bool):
-    """flex attention compiled (on CUDA it must be: uncompiled it materialises every score); for fixed shapes
-    (training steps) or for shapes that change every call (an evaluation's sequences)."""
-    return torch.compile(flex_attention, dynamic=dynamic)
+def compiled_flex_dynamic():
+    return torch.compile(flex, dynamic=True)
+
+
+def flex_dynamic(q, k, v, block_mask, scale: float) -> torch.Tensor:
+    """flex for shapes that change every call (an evaluation's sequences), compiled alone."""
+    return compiled_flex_dynamic()(q, k, v, block_mask, scale)
 
 
 DENSE_QUERY_ROWS = 2048  # query rows a time on the dense path (its mask and scores are [rows x keys])
 
 
-def attention(q, k, v, device_layout: DeviceLayout, window: int | None, scale: float, compiled: str | None
-              ) -> torch.Tensor:
-    """q [N, heads, D] over k, v [M, kv_heads, D] under the layout's mask -> [N, heads, D]. Compiled: flex
-    attention under the layout's BlockMask. Otherwise (the CPU, where flex attention has no backward) the same
-    mask evaluated densely, a slice of query rows at a time, through scaled-dot-product attention. `compiled`:
-    None (the dense path), "fixed" (a training step's padded shapes) or "dynamic"."""
-    if compiled is not None:
-        q, k, v = (x.transpose(0, 1)[None] for x in (q, k, v))
-        run = compiled_attention(compiled == "dynamic")
-        mask = device_layout.block_mask(window)
-        out = run(q, k, v, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-        return out[0].transpose(0, 1)
+def dense(q, k, v, visible, scale: float) -> torch.Tensor:
+    """flex's result with the mask function `visible` evaluated densely, a slice of query rows at a time, through
+    scaled-dot-product attention: the CPU's path, where flex attention has no backward."""
     groups = q.shape[1] // k.shape[1]
     k, v = (x.repeat_interleave(groups, dim=1).transpose(0, 1) for x in (k, v))
-    visible = device_layout.mask_mod(window)
     keys = torch.arange(k.shape[1], device=q.device)[None, :]
     out = []
     for begin in range(0, len(q), DENSE_QUERY_ROWS):
@@ -72,13 +73,14 @@ def attention(q, k, v, device_layout: DeviceLayout, window: int | None, scale: f
     return torch.cat(out)
 
 
-def block_hidden(draft, context: torch.Tensor, context_pos: torch.Tensor, embeds: torch.Tensor,
-                 query_pos: torch.Tensor, device_layout: DeviceLayout, attention_dtype, compiled: str | None
-                 ) -> torch.Tensor:
-    """The draft's final hidden states [query rows, hidden] of every block at once. context: the draft's context
-    input (hidden_norm(fc(taps))) per context row; embeds: the target's embedding of each block row."""
+def draft_blocks(draft, taps: torch.Tensor, embeds: torch.Tensor, context_pos: torch.Tensor, query_pos: torch.Tensor,
+                 masks: dict, attend, attention_dtype) -> torch.Tensor:
+    """The draft's final hidden states [query rows, hidden] of every block at once. taps: the tapped target layers
+    of every context row; embeds: the target's embedding of each block row; masks: each window's mask, as `attend`
+    (flex, flex_dynamic or dense) takes it; attention_dtype: q, k and v's dtype in attention (None: q's)."""
+    context = draft.hidden_norm(draft.fc(taps.to(draft.fc.weight.dtype)))
+    h = embeds.to(context.dtype)
     cos_c, sin_c = draft.rope(context, context_pos)
-    h = embeds
     cos_q, sin_q = draft.rope(h, query_pos)
     for layer, window in zip(draft.layers, draft.spec.windows):
         attn = layer.self_attn
@@ -89,10 +91,19 @@ def block_hidden(draft, context: torch.Tensor, context_pos: torch.Tensor, embeds
         dtype = attention_dtype or q.dtype
         k = torch.cat([context_k.to(dtype), block_k.to(dtype)])
         v = torch.cat([context_v.to(dtype), block_v.to(dtype)])
-        out = attention(q.to(dtype), k, v, device_layout, window, attn.head_dim**-0.5, compiled)
+        out = attend(q.to(dtype), k, v, masks[window], attn.head_dim**-0.5)
         h = h + attn.o_proj(out.flatten(-2).to(x.dtype))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return draft.norm(h)
+
+
+@functools.cache
+def compiled_blocks():
+    """draft_blocks compiled whole for a training step's fixed shapes: its norms, rotary, casts and residual adds
+    fused around the matrix products, forward and backward (run op by op they cost more device time than the
+    products), and flex attention inside. Compiled once: the masks' functions and the tables they read are the same
+    objects every step (DeviceLayout), and a new BlockMask of the same shapes is only new inputs."""
+    return torch.compile(draft_blocks, dynamic=False)
 
 
 def layout_on(device: str, layout, causal: bool, fixed_shapes: bool) -> DeviceLayout:
@@ -152,14 +163,10 @@ def host_batch(seqs: list[dict], anchors: list[np.ndarray], tc, fixed_shapes: bo
 def target_inputs(draft, target, host: HostBatch, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(the tapped target layers of every context row [context rows, taps x hidden], padded with zeros; the target's
     embedding of every block row [query rows, hidden]): the target runs over its sequences padded to the longest."""
-    positions = torch.arange(host.target_ids.shape[1], device=device)
-    real = positions < to_device(host.lengths, device)[:, None]
-    # The causal mask with the padding in it, whole (4-D): given a 2-D padding mask, transformers asks the device
-    # whether any position is padding (a host sync every step, which stops the host queueing the next step while the
-    # device runs this one).
-    mask = (positions[:, None] >= positions[None, :]) & real[:, None, :]
+    # No attention mask: each sequence's padding lies after it, so causal attention alone keeps every real
+    # position's states exact (the padding rows' are never read), and the target runs the fused causal kernel.
     ids = to_device(host.target_ids, device)
-    states = target.model(ids, attention_mask=mask[:, None], output_hidden_states=True).hidden_states
+    states = target.model(ids, output_hidden_states=True).hidden_states
     taps = torch.cat([states[i + 1] for i in draft.spec.target_layer_ids], dim=-1).flatten(0, 1)
     taps = taps.index_select(0, to_device(host.packed, device))
     taps = torch.nn.functional.pad(taps, (0, 0, 0, host.layout.context_rows - len(host.packed)))
@@ -179,12 +186,16 @@ def block_loss(draft, target, seqs: list[dict], anchors: list[np.ndarray], tc, d
         taps, embeds = target_inputs(draft, target, host, device)
     with record_function("train.draft_forward"):
         device_layout = layout_on(device, layout, draft.spec.causal, fixed_shapes)
-        context = draft.hidden_norm(draft.fc(taps.to(draft.fc.weight.dtype)))
+        windows = set(draft.spec.windows)
+        if not cuda:
+            masks, attend, run = {w: device_layout.mask_mod(w) for w in windows}, dense, draft_blocks
+        else:
+            masks = {w: device_layout.block_mask(w) for w in windows}
+            attend, run = (flex, compiled_blocks()) if fixed_shapes else (flex_dynamic, draft_blocks)
         query_pos = to_device((layout.anchor_pos[:, None] + np.arange(block)).reshape(-1), device)
         autocast = cuda and torch.is_autocast_enabled("cuda")
-        hidden = block_hidden(draft, context, device_layout.context_pos, embeds.to(context.dtype), query_pos,
-                              device_layout, torch.get_autocast_dtype("cuda") if autocast else None,
-                              compiled=("fixed" if fixed_shapes else "dynamic") if cuda else None)
+        hidden = run(draft, taps, embeds, device_layout.context_pos, query_pos, masks, attend,
+                     torch.get_autocast_dtype("cuda") if autocast else None)
     with record_function("train.head_loss"):
         hidden = hidden.view(-1, block, hidden.shape[-1])[:real, 1:].flatten(0, 1)
         rows = to_device(host.kept, device)

@@ -100,10 +100,12 @@ PHASES = ("train.host_batch", "train.target", "train.draft_forward", "train.head
           "train.optimizer")  # the record_function ranges of a step (train_draft.train, train.block_loss)
 
 
-def profile_steps(target, seqs, tc: td.TrainConfig, device: str, steps: int, log, rows: int = 15) -> str:
+def profile_steps(target, seqs, tc: td.TrainConfig, device: str, steps: int, log, rows: int = 15,
+                  trace: str | None = None) -> str:
     """Where a step's time goes: after a warm-up call of PROBE_WARMUP steps (kernels compiled, memory cached), a
-    call of `steps` steps under torch.profiler; the ops by their own device time (CPU time on the CPU), the wall
-    time against the device's busy time (host-bound or not), and each phase of a step by its host time."""
+    call of `steps` steps under torch.profiler; the ops by their own device time (CPU time on the CPU), then by
+    their own host time, the wall time against the device's busy time (host-bound or not), and each phase of a
+    step by its host time. `trace`: also write the profile as a Chrome trace (gzip-compressed when it ends .gz)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -120,6 +122,10 @@ def profile_steps(target, seqs, tc: td.TrainConfig, device: str, steps: int, log
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     busy = sum(getattr(e, key) for e in averages) / 1e6
     table = averages.table(sort_by=key, row_limit=rows)
+    if cuda:
+        table += "\n" + averages.table(sort_by="self_cpu_time_total", row_limit=rows)
+    if trace:
+        prof.export_chrome_trace(trace)
     phases = {e.key: e.cpu_time_total / 1e3 / steps for e in averages if e.key in PHASES}
     phase_line = ", ".join(f"{name.removeprefix('train.')} {phases[name]:.1f}" for name in PHASES if name in phases)
     log(f"profile of {steps} steps ({tc.anchors} anchors, {tc.batch_anchors} blocks per step): {wall:.2f} s wall, "
