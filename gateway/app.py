@@ -25,7 +25,8 @@ def create_app(cfg: GatewayConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        backends = Backends(cfg.modelds, cfg.request_timeout, cfg.poll_interval)  # grpc.aio: inside the loop
+        backends = Backends(cfg.modelds, cfg.request_timeout, cfg.poll_interval, cfg.max_queued,  # grpc.aio: in the loop
+                            cfg.queue_timeout)
         await backends.start()
         state["backends"] = backends
         log.info("gateway ready: %d modeld(s), serving %s", len(cfg.modelds), ", ".join(backends.models()) or "nothing yet")

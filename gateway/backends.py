@@ -11,37 +11,34 @@ import pathlib
 
 import client
 from client.errors import ClientError
+from gateway.admission import Admission
 
 log = logging.getLogger("gateway")
 POLL_TIMEOUT = 2.0
 SERVING = "SERVING"
+# A modeld that reports no open-stream bound (0) is not held back: its own refusals are 429s with Retry-After.
+UNREPORTED_BOUND = 1 << 30
 
 
 class Backend:
     """One modeld. Its load is the larger of what it reported at the last poll (running + waiting, every client's)
-    and the requests the gateway has open on it now (exact between polls). It is ready while it answered both
-    GetInfo and SERVING at the last poll, and no request has been refused UNAVAILABLE by it since."""
+    and the requests the gateway has open on it or queued for it now (exact between polls). It is ready while it
+    answered both GetInfo and SERVING at the last poll, and no request has been refused UNAVAILABLE by it since.
+    `admission` keeps the requests open on it within its open-stream bound and queues the rest."""
 
-    def __init__(self, index: int, address: str, request_timeout: float):
+    def __init__(self, index: int, address: str, request_timeout: float, admission: Admission):
         self.index = index
         self.address = address
         self.client = client.AsyncClient(address, timeout=request_timeout, connect_timeout=2.0, max_retries=1)
+        self.admission = admission
         self.model = ""  # GetInfo's target model, by its folder's name; "" until the first answer
         self.reachable = False  # GetInfo answered at the last poll
         self.health = "UNKNOWN"  # grpc.health's status at the last poll, or the status code of its failed check
         self.reported_load = 0
-        self.open_requests = 0
-
-    def claim(self) -> None:
-        """A request starts here; `release` when it ends."""
-        self.open_requests += 1
-
-    def release(self) -> None:
-        self.open_requests -= 1
 
     @property
     def load(self) -> int:
-        return max(self.reported_load, self.open_requests)
+        return max(self.reported_load, self.admission.open + self.admission.waiting)
 
     @property
     def ready(self) -> bool:
@@ -65,6 +62,7 @@ class Backend:
             log.info("modeld %s serves %s", self.address, model_name(info["target_model"]))
         self.model = model_name(info["target_model"])
         self.reported_load = info["running_requests"] + info["waiting_requests"]
+        self.admission.set_limit(info["max_open_streams"] or UNREPORTED_BOUND)
         self.reachable = True
 
     async def _info(self) -> dict | None:
@@ -83,8 +81,10 @@ def model_name(target_model: str) -> str:
 
 
 class Backends:
-    def __init__(self, addresses: tuple[str, ...], request_timeout: float, poll_interval: float):
-        self.all = [Backend(i, address, request_timeout) for i, address in enumerate(addresses)]
+    def __init__(self, addresses: tuple[str, ...], request_timeout: float, poll_interval: float, max_queued: int,
+                 queue_timeout: float):
+        self.all = [Backend(i, address, request_timeout, Admission(max_queued, queue_timeout))
+                    for i, address in enumerate(addresses)]
         self.poll_interval = poll_interval
         self._poller: asyncio.Task | None = None
 

@@ -23,6 +23,8 @@ class GatewayConfig:
     affinity_max_imbalance: int = 4  # affinity yields when its modeld has this many more requests than the least loaded
     max_body_bytes: int = MAX_BODY_BYTES  # a request body over this is refused (413) before it is read whole
     body_timeout: float = 30.0  # seconds from the end of the headers to the end of the body (408 after)
+    max_queued: int = 256  # requests waiting per modeld for one of its places (gateway.admission); 429 beyond
+    queue_timeout: float = 30.0  # seconds a request may wait for a place (429 after)
     log_level: str = "INFO"
 
     def __post_init__(self):
@@ -37,6 +39,8 @@ class GatewayConfig:
             (self.affinity_max_imbalance >= 0, "--affinity-max-imbalance must be >= 0"),
             (self.max_body_bytes >= 1, f"--max-body-bytes must be >= 1, got {self.max_body_bytes}"),
             (self.body_timeout > 0, f"--body-timeout must be > 0 seconds, got {self.body_timeout}"),
+            (self.max_queued >= 0, f"--max-queued must be >= 0, got {self.max_queued}"),
+            (self.queue_timeout > 0, f"--queue-timeout must be > 0 seconds, got {self.queue_timeout}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -65,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a request's whole body may take to arrive after its headers (default 30: a local "
                         "client sends 8 MiB in well under a second); a slower one is refused with 408, so a client "
                         "that trickles its body cannot hold a request open")
+    p.add_argument("--max-queued", type=int, default=GatewayConfig.max_queued,
+                   help="requests that wait per modeld while its open streams are at its bound (default 256; each "
+                        "holds its body, so the worst case is this times --max-body-bytes); more are refused with "
+                        "429 and Retry-After (0: no queue)")
+    p.add_argument("--queue-timeout", type=float, default=GatewayConfig.queue_timeout,
+                   help="seconds a request may wait in that queue before it is refused with 429 and Retry-After "
+                        "(default 30)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -77,5 +88,6 @@ def config_from_args(argv=None) -> GatewayConfig:
         modelds=tuple(args.modeld), host=args.host, port=args.port, poll_interval=args.poll_interval,
         request_timeout=args.request_timeout, affinity_block_chars=args.affinity_block_chars,
         affinity_entries=args.affinity_entries, affinity_max_imbalance=args.affinity_max_imbalance,
-        max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, log_level=args.log_level,
+        max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, max_queued=args.max_queued,
+        queue_timeout=args.queue_timeout, log_level=args.log_level,
     )

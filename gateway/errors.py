@@ -14,15 +14,17 @@ STATUS_OF_CODE = {
     "DEADLINE_EXCEEDED": (504, "timeout"),
 }
 SERVER_ERROR = (500, "server_error")
+RETRY_STATUSES = (429, 503)  # answers that tell the client when to come back (Retry-After)
 
 
 class ApiError(Exception):
     """A refusal the gateway answers itself."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None):
+                 param: str | None = None, retry_after: int | None = None):
         super().__init__(message)
         self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
+        self.retry_after = retry_after  # seconds, sent as Retry-After (every 429 and 503 carries one)
 
 
 def error_body(message: str, kind: str, code: str | None = None, param: str | None = None) -> dict:
@@ -30,10 +32,12 @@ def error_body(message: str, kind: str, code: str | None = None, param: str | No
 
 
 def api_error_response(exc: ApiError) -> JSONResponse:
-    return JSONResponse(error_body(exc.message, exc.kind, exc.code, exc.param), status_code=exc.status)
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return JSONResponse(error_body(exc.message, exc.kind, exc.code, exc.param), status_code=exc.status, headers=headers)
 
 
-def from_client_error(exc: ClientError) -> ApiError:
-    """modeld's refusal as the gateway answers it."""
+def from_client_error(exc: ClientError, retry_after: int) -> ApiError:
+    """modeld's refusal as the gateway answers it; `retry_after` goes with a 429 or 503."""
     status, kind = STATUS_OF_CODE.get(exc.code, SERVER_ERROR)
-    return ApiError(status, exc.message or exc.code, kind, code=exc.code.lower())
+    return ApiError(status, exc.message or exc.code, kind, code=exc.code.lower(),
+                    retry_after=retry_after if status in RETRY_STATUSES else None)

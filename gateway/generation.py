@@ -5,6 +5,8 @@ gone) still gets its HTTP status. A client that disconnects cancels the Generate
 in modeld and frees its KV in memd."""
 
 import logging
+import math
+import time
 import uuid
 from contextlib import AsyncExitStack
 
@@ -12,6 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
 
 from client.errors import ClientError
+from gateway.admission import QueueFull
 from gateway.backends import Backends
 from gateway.disconnect import ClientGone, unless_disconnected
 from gateway.errors import ApiError, error_body, from_client_error
@@ -29,7 +32,8 @@ def choose_backend(backends: Backends, router: Router, body: ChatRequest | Compl
         return router.pick(body.affinity_key(), candidates)
     if backends.known_model(body.model):
         raise ApiError(503, f"no modeld serving {body.model!r} is ready now (none answers SERVING to its health "
-                       "check)", "service_unavailable", code="unavailable")
+                       "check)", "service_unavailable", code="unavailable",
+                       retry_after=math.ceil(backends.poll_interval))  # a poll may find one serving again
     raise ApiError(404, f"the model {body.model!r} does not exist; served: {', '.join(backends.models()) or 'none'}",
                    code="model_not_found", param="model")
 
@@ -41,10 +45,11 @@ async def generate(request: Request, backends: Backends, router: Router, body: C
     request_id = uuid.uuid4().hex
     shaper = Shaper(chat, request_id, body.model)
     stack = AsyncExitStack()
-    backend.claim()
-    stack.callback(backend.release)
     streaming = False  # once the SSE body runs, it closes the stack
     try:
+        await unless_disconnected(request, backend.admission.enter())  # queued while the modeld's places are full
+        entered = time.monotonic()
+        stack.callback(lambda: backend.admission.leave(time.monotonic() - entered))
         handle = await stack.enter_async_context(
             backend.client.stream(request_id=request_id, **body.generate_arguments()))
         chunks = aiter(handle)
@@ -55,13 +60,16 @@ async def generate(request: Request, backends: Backends, router: Router, body: C
         events = stream_events(shaper, handle, chunks, first, body.include_usage, stack)
         streaming = True
         return StreamingResponse(events, media_type="text/event-stream", headers=routed_to(backend))
+    except QueueFull as exc:
+        raise ApiError(429, f"modeld {backend.index} is at capacity: {exc}; retry after {exc.retry_after} s",
+                       "rate_limit_error", code="queue_full", retry_after=exc.retry_after) from None
     except ClientGone:
         log.info("request %s: the client disconnected; aborted in modeld %s", request_id, backend.address)
         return Response(status_code=CLIENT_CLOSED)
     except ClientError as exc:
         if exc.code == "UNAVAILABLE":
             backend.refused_unavailable()
-        raise from_client_error(exc) from exc
+        raise from_client_error(exc, backend.admission.retry_after()) from exc
     finally:
         if not streaming:
             await stack.aclose()
@@ -88,7 +96,7 @@ async def stream_events(shaper: Shaper, handle, chunks, first, include_usage: bo
             yield shaper.usage_event(handle.result)
         yield DONE
     except ClientError as exc:  # after the answer started: the error is the stream's last event
-        api_error = from_client_error(exc)
+        api_error = from_client_error(exc, retry_after=1)
         yield sse(error_body(api_error.message, api_error.kind, api_error.code))
     finally:
         await stack.aclose()

@@ -46,8 +46,9 @@ async def _serve(cfg: ModeldConfig) -> int:
     check_can_listen(cfg.listen)  # a taken address fails now, not after the engine's start (and holding memd)
     engine = EngineClient(cfg, lambda serving: loop.create_task(set_statuses(serving)))  # blocks until it serves
     engine.attach(loop)
-    service = ModeldService(engine, cfg.memd)
-    streams = StreamLimit(f"/{SERVICE_NAME}/Generate", cfg.max_open_streams or 4 * engine.info["max_running_requests"])
+    max_open_streams = cfg.max_open_streams or 4 * engine.info["max_running_requests"]
+    service = ModeldService(engine, cfg.memd, max_open_streams)
+    streams = StreamLimit(f"/{SERVICE_NAME}/Generate", max_open_streams)
     server = grpc.aio.server(interceptors=[AsyncParseGuard(), streams], options=SERVER_OPTIONS)
     modeld_pb2_grpc.add_ModeldServicer_to_server(service, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

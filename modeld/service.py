@@ -26,9 +26,11 @@ FINISH_REASONS = {"stop": modeld_pb2.STOP, "length": modeld_pb2.LENGTH, "abort":
 
 
 class ModeldService(modeld_pb2_grpc.ModeldServicer):
-    def __init__(self, engine: EngineClient, memd: str):
-        """memd: its address (Capacity asks it, with a channel of this loop)."""
+    def __init__(self, engine: EngineClient, memd: str, max_open_streams: int):
+        """memd: its address (Capacity asks it, with a channel of this loop); max_open_streams: the Generate streams
+        served at once (StreamLimit's bound), which GetInfo reports so that a gateway queues before it."""
         self.engine = engine
+        self.max_open_streams = max_open_streams
         self.tokenizer = engine.tokenizer
         self.text_bytes_per_token = text_bytes_per_token(self.tokenizer) if self.tokenizer is not None else 0
         self.turn_tokens = chat_turn_tokens(self.tokenizer) if self.tokenizer is not None else 1
@@ -188,7 +190,8 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
 
     async def GetInfo(self, request, context):
         running, waiting, spec = await self.engine.counts_and_spec()
-        return modeld_pb2.GetInfoResponse(**self.engine.info, **spec, running_requests=running, waiting_requests=waiting)
+        return modeld_pb2.GetInfoResponse(**self.engine.info, **spec, running_requests=running, waiting_requests=waiting,
+                                          max_open_streams=self.max_open_streams)
 
     async def Capacity(self, request, context):
         await self._check_serving(context)

@@ -134,7 +134,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetInfoResponse(_message.Message):
-    __slots__ = ("target_model", "draft_model", "dtype", "device", "speculative_algorithm", "block_size", "draft_window", "draft_kv_ratio", "page_size", "max_running_requests", "context_len", "target_tokens", "draft_tokens", "vocab_size", "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "running_requests", "waiting_requests")
+    __slots__ = ("target_model", "draft_model", "dtype", "device", "speculative_algorithm", "block_size", "draft_window", "draft_kv_ratio", "page_size", "max_running_requests", "context_len", "target_tokens", "draft_tokens", "vocab_size", "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "running_requests", "waiting_requests", "max_open_streams")
     TARGET_MODEL_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class GetInfoResponse(_message.Message):
     SPEC_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_OPEN_STREAMS_FIELD_NUMBER: _ClassVar[int]
     target_model: str
     draft_model: str
     dtype: str
@@ -173,7 +174,8 @@ class GetInfoResponse(_message.Message):
     spec_accepted_tokens: int
     running_requests: int
     waiting_requests: int
-    def __init__(self, target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., speculative_algorithm: _Optional[str] = ..., block_size: _Optional[int] = ..., draft_window: _Optional[int] = ..., draft_kv_ratio: _Optional[float] = ..., page_size: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., context_len: _Optional[int] = ..., target_tokens: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., spec_drafts: _Optional[int] = ..., spec_draft_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ...) -> None: ...
+    max_open_streams: int
+    def __init__(self, target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., speculative_algorithm: _Optional[str] = ..., block_size: _Optional[int] = ..., draft_window: _Optional[int] = ..., draft_kv_ratio: _Optional[float] = ..., page_size: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., context_len: _Optional[int] = ..., target_tokens: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., spec_drafts: _Optional[int] = ..., spec_draft_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., max_open_streams: _Optional[int] = ...) -> None: ...
 
 class CapacityRequest(_message.Message):
     __slots__ = ()

@@ -39,9 +39,25 @@ class FakeModeld(modeld_pb2_grpc.ModeldServicer):
         self.requests: list[modeld_pb2.GenerateRequest] = []
         self.aborted: list[str] = []
         self.stream_cut = threading.Event()
+        self.max_open_streams = 0  # what GetInfo reports (0: no bound reported)
+        self.proceed = threading.Event()  # Generate streams wait for it before answering (clear it to hold them)
+        self.proceed.set()
+        self.open_streams = self.most_open_streams = 0
+        self._count = threading.Lock()
 
     def Generate(self, request, context):
         self._begin("Generate", context)
+        with self._count:
+            self.open_streams += 1
+            self.most_open_streams = max(self.most_open_streams, self.open_streams)
+        try:
+            self.proceed.wait(timeout=60)
+            yield from self._generate(request, context)
+        finally:
+            with self._count:
+                self.open_streams -= 1
+
+    def _generate(self, request, context):
         self.requests.append(request)
         completed = threading.Event()
         context.add_callback(lambda: completed.is_set() or self.stream_cut.set())
@@ -81,7 +97,8 @@ class FakeModeld(modeld_pb2_grpc.ModeldServicer):
 
     def GetInfo(self, request, context):
         self._begin("GetInfo", context)
-        return modeld_pb2.GetInfoResponse(target_model="fake-target", page_size=1, target_tokens=1 << 40)
+        return modeld_pb2.GetInfoResponse(target_model="fake-target", page_size=1, target_tokens=1 << 40,
+                                          max_open_streams=self.max_open_streams)
 
     def Capacity(self, request, context):
         self._begin("Capacity", context)

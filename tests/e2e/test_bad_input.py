@@ -260,6 +260,8 @@ CASES = {
                                                      {"Transfer-Encoding": "chunked"}, pause=0.05),
     "gateway-max-body-bytes-zero": lambda env: gateway_exit("--max-body-bytes", "0"),
     "gateway-body-timeout-zero": lambda env: gateway_exit("--body-timeout", "0"),
+    "gateway-max-queued-negative": lambda env: gateway_exit("--max-queued", "-1"),
+    "gateway-queue-timeout-zero": lambda env: gateway_exit("--queue-timeout", "0"),
     # the client library
     "client-prompt-and-input-ids": lambda env: client_refusal(lambda: build_generate_request("hi", input_ids=[1])),
     "client-max-new-tokens-overflow": lambda env: client_refusal(lambda: nowhere().generate("hi",

@@ -34,6 +34,7 @@ def test_no_stream_left_is_429_and_a_dead_modeld_is_503(default_model):
                 next(iter(held))  # modeld's only stream is open
                 error = refusal(api, model)
                 assert error.status_code == 429 and error.body["type"] == "rate_limit_error" and error.body["message"]
+                assert int(error.response.headers["retry-after"]) >= 1
         modeld.kill()
         modeld.wait()
         deadline = time.monotonic() + 10
@@ -43,3 +44,4 @@ def test_no_stream_left_is_429_and_a_dead_modeld_is_503(default_model):
                 break
             time.sleep(0.1)
         assert error.status_code == 503 and error.body["code"] == "unavailable", error.body
+        assert int(error.response.headers["retry-after"]) >= 1

@@ -32,7 +32,7 @@ def engine(default_model):
 
 def test_a_request_is_prepared_off_the_loop_while_the_loop_runs_on(engine):
     async def run():
-        service = ModeldService(engine, "127.0.0.1:1")
+        service = ModeldService(engine, "127.0.0.1:1", 8)
         build, threads, ticks = service._build, [], 0
 
         def slow_build(request):  # a prompt that takes a while to render and tokenize
@@ -61,7 +61,7 @@ def test_a_request_is_prepared_off_the_loop_while_the_loop_runs_on(engine):
 
 def test_more_turns_than_fit_the_context_are_refused_before_they_are_read(engine):
     async def run(turns: int):
-        service = ModeldService(engine, "127.0.0.1:1")
+        service = ModeldService(engine, "127.0.0.1:1", 8)
         try:
             return await service.prepared(chat(turns))
         finally:
