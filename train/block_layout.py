@@ -25,6 +25,7 @@ import torch
 
 TILE = 128  # flex attention's query and key tile (its BLOCK_SIZE)
 NO_SEQUENCE_CONTEXT, NO_SEQUENCE_ANCHOR = -1, -2  # padding rows: a padding anchor never matches padding context
+CONTEXT = "context"  # DeviceLayout's key (beside the draft's windows) of the target's mask over the context rows
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,22 @@ def key_tiles(layout: BlockLayout, window: int | None) -> tuple[np.ndarray, np.n
     return counts, indices
 
 
+def context_tiles(layout: BlockLayout) -> tuple[np.ndarray, np.ndarray]:
+    """key_tiles' tables for the target's attention over the context rows: each row sees the rows of its own sequence
+    up to itself (padding rows: the padding up to themselves), so query tile t reads the key tiles from the one
+    holding its first row's sequence start up to t."""
+    real = int((layout.context_seq >= 0).sum())  # the real rows come first, then the padding
+    starts = np.where(layout.context_seq >= 0, layout.starts[np.maximum(layout.context_seq, 0)], real)
+    tiles = layout.context_rows // TILE
+    t = np.arange(tiles)
+    lo = starts[t * TILE] // TILE  # a tile's first row belongs to its earliest sequence
+    counts = (t - lo + 1).astype(np.int32)
+    indices = np.zeros((tiles, tiles), dtype=np.int32)  # BlockMask needs rows as wide as the key tiles
+    slot = np.arange(tiles)
+    indices[:] = np.where(slot <= t[:, None] - lo[:, None], lo[:, None] + slot, 0)
+    return counts, indices
+
+
 class DeviceLayout:
     """A layout's lookup tables on the device, the mask of each window over them, and each window's BlockMask.
     `update` copies another layout of the same shapes into the same tensors: the mask functions and the tensors
@@ -122,7 +139,7 @@ class DeviceLayout:
         self.layout, self.to_device, self.causal = layout, to_device, causal
         self.context_seq, self.context_pos = to_device(layout.context_seq), to_device(layout.context_pos)
         self.anchor_seq, self.anchor_pos = to_device(layout.anchor_seq), to_device(layout.anchor_pos)
-        self.visible: dict = {}  # window -> mask function
+        self.visible: dict = {}  # window -> mask function (CONTEXT: the target's, over the context rows)
         self.tiles: dict = {}  # window -> (tiles per query tile, their indices) on the device
         self.masks: dict = {}  # window -> this layout's BlockMask
 
@@ -142,6 +159,13 @@ class DeviceLayout:
         return self.visible[window]
 
     def _mask_mod(self, window: int | None):
+        if window == CONTEXT:
+            context_seq = self.context_seq
+
+            def causal_within_sequence(b, h, q, kv):
+                return (context_seq[q] == context_seq[kv]) & (kv <= q)
+
+            return causal_within_sequence
         block, rows, causal = self.layout.block, self.layout.context_rows, self.causal
         context_seq, context_pos = self.context_seq, self.context_pos
         anchor_seq, anchor_pos = self.anchor_seq, self.anchor_pos
@@ -166,7 +190,7 @@ class DeviceLayout:
         if window not in self.masks:
             from torch.nn.attention.flex_attention import BlockMask
 
-            counts, indices = key_tiles(self.layout, window)
+            counts, indices = context_tiles(self.layout) if window == CONTEXT else key_tiles(self.layout, window)
             held = self.tiles.get(window)
             if held is not None and held[1].shape == indices.shape:
                 held[0].copy_(self.to_device(counts), non_blocking=True)
@@ -174,6 +198,8 @@ class DeviceLayout:
             else:
                 held = self.tiles[window] = (self.to_device(counts), self.to_device(indices))
             query, key = self.layout.query_rows, self.layout.context_rows + self.layout.query_rows
+            if window == CONTEXT:
+                query = key = self.layout.context_rows
             self.masks[window] = BlockMask.from_kv_blocks(
                 held[0][None, None], held[1][None, None], BLOCK_SIZE=TILE, mask_mod=self.mask_mod(window),
                 seq_lengths=(query, key))

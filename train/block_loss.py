@@ -1,6 +1,7 @@
 """The training loss of one batch of DFLASH blocks, in one draft forward over every anchor of the batch.
 
-1. The target runs over the batch's sequences (no gradient, its own precision) for the tapped hidden states.
+1. The target runs over the batch's sequences packed one after another, each attending within itself (no
+   gradient, its own precision; train.target_taps), for the tapped hidden states.
 2. The taps go through the draft's fc + hidden_norm and each layer's K/V projection once per position: the
    context rows of train.block_layout.
 3. Every anchor's block (its token, then mask tokens) goes through the draft's layers as one set of query rows;
@@ -16,12 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.nn.attention.flex_attention import flex_attention
 from torch.profiler import record_function
 
 from train.batches import label_mask
-from train.block_layout import BlockLayout, DeviceLayout, build_layout
+from train.block_layout import CONTEXT, BlockLayout, DeviceLayout, build_layout
 from train.head_loss import head_cross_entropy
+from train.packed_attention import dense, flex, flex_dynamic
+from train.target_taps import compiled_tapped_states, tapped_states
 
 # The device tables of the fixed-shape layouts, kept across steps (DeviceLayout.update), by device and shapes.
 FIXED_LAYOUTS: dict = {}
@@ -35,42 +37,6 @@ def to_device(array: np.ndarray, device: str) -> torch.Tensor:
     if device.startswith("cuda"):
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
-
-
-def flex(q, k, v, block_mask, scale: float) -> torch.Tensor:
-    """q [N, heads, D] over k, v [M, kv_heads, D] under a BlockMask -> [N, heads, D]; uncompiled it materialises
-    every score, so it runs inside a compiled function (compiled_blocks) or compiled itself (flex_dynamic)."""
-    q, k, v = (x.transpose(0, 1)[None] for x in (q, k, v))
-    out = flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    return out[0].transpose(0, 1)
-
-
-@functools.cache
-def compiled_flex_dynamic():
-    return torch.compile(flex, dynamic=True)
-
-
-def flex_dynamic(q, k, v, block_mask, scale: float) -> torch.Tensor:
-    """flex for shapes that change every call (an evaluation's sequences), compiled alone."""
-    return compiled_flex_dynamic()(q, k, v, block_mask, scale)
-
-
-DENSE_QUERY_ROWS = 2048  # query rows a time on the dense path (its mask and scores are [rows x keys])
-
-
-def dense(q, k, v, visible, scale: float) -> torch.Tensor:
-    """flex's result with the mask function `visible` evaluated densely, a slice of query rows at a time, through
-    scaled-dot-product attention: the CPU's path, where flex attention has no backward."""
-    groups = q.shape[1] // k.shape[1]
-    k, v = (x.repeat_interleave(groups, dim=1).transpose(0, 1) for x in (k, v))
-    keys = torch.arange(k.shape[1], device=q.device)[None, :]
-    out = []
-    for begin in range(0, len(q), DENSE_QUERY_ROWS):
-        rows = torch.arange(begin, min(begin + DENSE_QUERY_ROWS, len(q)), device=q.device)[:, None]
-        part = q[begin : begin + DENSE_QUERY_ROWS].transpose(0, 1)
-        out.append(torch.nn.functional.scaled_dot_product_attention(
-            part, k, v, attn_mask=visible(0, 0, rows, keys), scale=scale).transpose(0, 1))
-    return torch.cat(out)
 
 
 def draft_blocks(draft, taps: torch.Tensor, embeds: torch.Tensor, context_pos: torch.Tensor, query_pos: torch.Tensor,
@@ -119,14 +85,24 @@ def layout_on(device: str, layout, causal: bool, fixed_shapes: bool) -> DeviceLa
     return held
 
 
+def runners(device_layout: DeviceLayout, keys, cuda: bool, fixed_shapes: bool):
+    """(each mask key's mask, the attention function that takes it, the target's forward, the draft's forward): on
+    the CPU the dense masks (flex attention has no CPU backward); on CUDA BlockMasks, with both forwards compiled
+    whole at a training step's fixed shapes, or flex attention compiled alone for shapes that change."""
+    if not cuda:
+        return {k: device_layout.mask_mod(k) for k in keys}, dense, tapped_states, draft_blocks
+    masks = {k: device_layout.block_mask(k) for k in keys}
+    if fixed_shapes:
+        return masks, flex, compiled_tapped_states(), compiled_blocks()
+    return masks, flex_dynamic, tapped_states, draft_blocks
+
+
 @dataclass(frozen=True)
 class HostBatch:
     """A batch's host arrays: its layout, the target's padded input, and the labels of every block row k >= 1."""
 
     layout: BlockLayout
-    target_ids: np.ndarray  # [sequences, longest] the sequences padded with 0
-    lengths: np.ndarray  # [sequences]
-    packed: np.ndarray  # the rows of target_ids (flattened) that are context rows, in order
+    context_ids: np.ndarray  # [context rows] the sequences' tokens one after another, padded with 0
     block_ids: np.ndarray  # [anchors, block] the anchor's token, then mask tokens
     labels: np.ndarray  # [real anchors, block - 1] the token at anchor + k
     weights: np.ndarray  # [real anchors, block - 1] exp(-(k-1)/gamma) where the label lies in an answer, else 0
@@ -150,26 +126,20 @@ def host_batch(seqs: list[dict], anchors: list[np.ndarray], tc, fixed_shapes: bo
     label_row = np.where(inside, first_row[:, None] + np.arange(1, block), 0)
     decay = np.exp(-np.arange(block - 1) / tc.gamma)
     weights = (decay * (inside & flat_labelled[label_row])).astype(np.float32)
-    width = int(lengths.max())
-    target_ids = np.zeros((len(seqs), width), dtype=np.int64)
-    for i, (s, n) in enumerate(zip(seqs, lengths)):
-        target_ids[i, :n] = s["ids"][:n]
-    packed = np.concatenate([i * width + np.arange(n) for i, n in enumerate(lengths)])
-    return HostBatch(layout, target_ids, lengths, packed, block_ids, np.where(inside, flat_ids[label_row], 0),
-                     weights, np.flatnonzero(weights.reshape(-1) > 0))
+    context_ids = np.zeros(layout.context_rows, dtype=np.int64)
+    context_ids[: len(flat_ids)] = flat_ids
+    return HostBatch(layout, context_ids, block_ids, np.where(inside, flat_ids[label_row], 0), weights,
+                     np.flatnonzero(weights.reshape(-1) > 0))
 
 
 @torch.no_grad()
-def target_inputs(draft, target, host: HostBatch, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the tapped target layers of every context row [context rows, taps x hidden], padded with zeros; the target's
-    embedding of every block row [query rows, hidden]): the target runs over its sequences padded to the longest."""
-    # No attention mask: each sequence's padding lies after it, so causal attention alone keeps every real
-    # position's states exact (the padding rows' are never read), and the target runs the fused causal kernel.
-    ids = to_device(host.target_ids, device)
-    states = target.model(ids, output_hidden_states=True).hidden_states
-    taps = torch.cat([states[i + 1] for i in draft.spec.target_layer_ids], dim=-1).flatten(0, 1)
-    taps = taps.index_select(0, to_device(host.packed, device))
-    taps = torch.nn.functional.pad(taps, (0, 0, 0, host.layout.context_rows - len(host.packed)))
+def target_inputs(draft, target, host: HostBatch, device_layout: DeviceLayout, mask, attend, run, device: str
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the tapped target layers of every context row [context rows, taps x hidden]; the target's embedding of every
+    block row [query rows, hidden]): the target runs over the context rows, each sequence attending within itself
+    (train.target_taps; `run` is tapped_states, compiled or not)."""
+    ids = to_device(host.context_ids, device)
+    taps = run(target, ids, device_layout.context_pos, mask, attend, tuple(draft.spec.target_layer_ids))
     return taps, target.get_input_embeddings()(to_device(host.block_ids.reshape(-1), device))
 
 
@@ -182,20 +152,16 @@ def block_loss(draft, target, seqs: list[dict], anchors: list[np.ndarray], tc, d
     with record_function("train.host_batch"):
         host = host_batch(seqs, anchors, tc, fixed_shapes)
     layout, block, real = host.layout, tc.block, host.layout.real_anchors
+    device_layout = layout_on(device, layout, draft.spec.causal, fixed_shapes)
+    masks, attend, run_target, run_draft = runners(device_layout, {*draft.spec.windows, CONTEXT}, cuda, fixed_shapes)
     with record_function("train.target"):
-        taps, embeds = target_inputs(draft, target, host, device)
+        taps, embeds = target_inputs(draft, target, host, device_layout, masks.pop(CONTEXT), attend, run_target,
+                                     device)
     with record_function("train.draft_forward"):
-        device_layout = layout_on(device, layout, draft.spec.causal, fixed_shapes)
-        windows = set(draft.spec.windows)
-        if not cuda:
-            masks, attend, run = {w: device_layout.mask_mod(w) for w in windows}, dense, draft_blocks
-        else:
-            masks = {w: device_layout.block_mask(w) for w in windows}
-            attend, run = (flex, compiled_blocks()) if fixed_shapes else (flex_dynamic, draft_blocks)
         query_pos = to_device((layout.anchor_pos[:, None] + np.arange(block)).reshape(-1), device)
         autocast = cuda and torch.is_autocast_enabled("cuda")
-        hidden = run(draft, taps, embeds, device_layout.context_pos, query_pos, masks, attend,
-                     torch.get_autocast_dtype("cuda") if autocast else None)
+        hidden = run_draft(draft, taps, embeds, device_layout.context_pos, query_pos, masks, attend,
+                           torch.get_autocast_dtype("cuda") if autocast else None)
     with record_function("train.head_loss"):
         hidden = hidden.view(-1, block, hidden.shape[-1])[:real, 1:].flatten(0, 1)
         rows = to_device(host.kept, device)

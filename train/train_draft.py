@@ -64,6 +64,7 @@ from transformers import Qwen3Config
 from modeld.draft import DFlashDraft, read_spec
 from train.batches import epoch_batches, fingerprint, load_sequences, sample_anchors, weighted
 from train.block_loss import block_loss
+from train.target_taps import check_supported
 
 
 class DraftTooLarge(ValueError):
@@ -278,6 +279,7 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
     step of this call was queued is appended to it, and the last one's is the time the device finished it.
     The host reads a step's loss only when it logs or saves (reading one waits for the device), so that it
     prepares and queues the next step while the device runs this one."""
+    check_supported(target)
     seqs = weighted(seqs, tc.weights())
     config = draft_config(target.config, tc)
     size = check_size(config, target.config.hidden_size, tc.max_draft_mb)
