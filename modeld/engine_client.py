@@ -26,19 +26,29 @@ ENGINE_GONE = "modeld's engine process stopped"
 
 class EngineClient:
     def __init__(self, cfg: ModeldConfig, on_health: Callable[[bool], None]):
-        """Starts the engine process and blocks until it serves; raises StartupError with its reason if it cannot."""
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state or threads inherited
-        self.conn, child_end = context.Pipe()
-        self.process = context.Process(target=engine_main, args=(cfg, child_end), name="modeld-engine")
-        self.process.start()
-        child_end.close()  # the front holds one end only: the pipe ends when the engine does
+        """Starts the engine process and blocks until it serves; raises StartupError with its reason if it cannot.
+        `on_gone`, once set, is called on the loop when the engine exits unasked (after its requests are failed)."""
+        self.cfg = cfg
         self.on_health = on_health
+        self.on_gone: Callable[[], None] | None = None
         self.requests: dict[str, Request] = {}  # submitted and not yet complete
         self.replies: dict[int, asyncio.Future] = {}
         self.query_ids = itertools.count()
+        self.stopping = False
+        self.starts = 0  # engine processes started: the first, then one per restart
+        self._start()
+
+    def _start(self) -> None:
+        """A new engine process, up to its "ready"; blocking (the model loads)."""
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state or threads inherited
+        self.conn, child_end = context.Pipe()
+        self.process = context.Process(target=engine_main, args=(self.cfg, child_end, self.starts),
+                                       name="modeld-engine")
+        self.process.start()
+        self.starts += 1
+        child_end.close()  # the front holds one end only: the pipe ends when the engine does
         self.memd_lost = False
         self.gone = False  # the pipe ended: the engine process exited
-        self.stopping = False
         while True:
             try:
                 message = self.conn.recv()
@@ -54,6 +64,14 @@ class EngineClient:
         _, self.info, self.vocab_size, self.context_len, self.tokenizer = message
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # commands for the engine, in order
         threading.Thread(target=self._write, name="modeld-engine-writer", daemon=True).start()
+
+    def restart(self) -> None:
+        """After the engine exited unasked: reap its process, then start a new one (blocking, as at start); attach
+        it to the loop again once this returns. StartupError if the new one cannot start."""
+        assert self.gone, "restart() replaces an engine that has exited"
+        self.process.join(timeout=30)  # no zombie left behind
+        self.conn.close()
+        self._start()
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """From now on the engine's messages are read on `loop`."""
@@ -99,6 +117,8 @@ class EngineClient:
     def _write(self) -> None:
         while True:
             command = self.outbox.get()
+            if command is None:  # the engine is gone (_engine_gone): this writer's pipe with it
+                return
             try:
                 self.conn.send(command)
             except OSError:  # the engine is gone: the reader fails what was open
@@ -151,6 +171,7 @@ class EngineClient:
             return
         self.gone = True
         self.loop.remove_reader(self.conn.fileno())
+        self.outbox.put(None)
         if not self.stopping:
             log.critical("%s unasked", ENGINE_GONE)
         for rid in list(self.requests):
@@ -158,4 +179,7 @@ class EngineClient:
         for future in self.replies.values():
             if not future.done():
                 future.set_result((0, 0, {}))
+        self.replies.clear()
         self.on_health(False)
+        if not self.stopping and self.on_gone is not None:
+            self.on_gone()

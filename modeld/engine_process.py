@@ -47,8 +47,9 @@ def outcomes(requests: list[Request]) -> list[tuple]:
     return out
 
 
-def engine_main(cfg: ModeldConfig, conn) -> None:
-    """The engine process's body (multiprocessing, spawned by the front). It leaves with os._exit once it has
+def engine_main(cfg: ModeldConfig, conn, restarts: int) -> None:
+    """The engine process's body (multiprocessing, spawned by the front; `restarts`: engine processes the front
+    started before this one, for the metrics). It leaves with os._exit once it has
     stopped: letting the interpreter finalise gRPC's channels while their C-core threads wind down sometimes aborts
     the process ("terminate called without an active exception"), seen after a re-attach to memd."""
     for sig in STOP_SIGNALS:
@@ -56,7 +57,7 @@ def engine_main(cfg: ModeldConfig, conn) -> None:
     logging.basicConfig(level=cfg.log_level, format="%(asctime)s modeld %(levelname)s %(message)s", stream=sys.stderr)
     code = 0
     try:
-        run_engine(cfg, conn)
+        run_engine(cfg, conn, restarts)
     except BaseException:
         log.exception("the engine process failed")
         code = 1
@@ -66,7 +67,7 @@ def engine_main(cfg: ModeldConfig, conn) -> None:
         os._exit(code)
 
 
-def run_engine(cfg: ModeldConfig, conn) -> None:
+def run_engine(cfg: ModeldConfig, conn, restarts: int) -> None:
     from modeld.engine_build import build_engine  # torch and the model code: imported here, never by the front
 
     lock = threading.Lock()  # the engine thread, memd's watcher and this thread all send
@@ -91,7 +92,7 @@ def run_engine(cfg: ModeldConfig, conn) -> None:
     engine.on_death = lambda: send(("dead",))  # the front fails what is open at once; this process exits after
     if cfg.metrics_port is not None:
         try:
-            start_metrics(cfg.metrics_host, cfg.metrics_port, engine)
+            start_metrics(cfg.metrics_host, cfg.metrics_port, engine, restarts)
         except OSError as exc:
             link.close()
             send(("failed", f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: {exc}"))

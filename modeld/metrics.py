@@ -72,10 +72,12 @@ def request_done(req: Request) -> None:
 class EngineCollector(Collector):
     """Queue lengths, preemptions and DFLASH counters, read from the engine at scrape time."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, engine, restarts: int):
+        self.engine, self.restarts = engine, restarts
 
     def collect(self):
+        yield CounterMetricFamily("modeld:engine_restarts", "Engine processes the front restarted after one exited "
+                                  "unasked (modeld.engine_supervisor)", value=self.restarts)
         running, waiting = self.engine.counts()
         yield GaugeMetricFamily("modeld:num_requests_running", "Requests in the running batch", value=running)
         yield GaugeMetricFamily("modeld:num_requests_waiting", "Requests waiting for admission", value=waiting)
@@ -100,9 +102,10 @@ def accepted_per_position(verifies_by_accepted: list[int]) -> CounterMetricFamil
     return family
 
 
-def start_metrics(host: str, port: int, engine) -> int:
-    """Serve /metrics on host:port (0: any free port) from a thread; returns the port."""
-    REGISTRY.register(EngineCollector(engine))
+def start_metrics(host: str, port: int, engine, restarts: int) -> int:
+    """Serve /metrics on host:port (0: any free port) from a thread; returns the port. `restarts`: engine processes
+    the front restarted before this one."""
+    REGISTRY.register(EngineCollector(engine, restarts))
     server, _ = start_http_server(port, addr=host)
     log.info("modeld metrics on http://%s:%d/metrics", host, server.server_port)
     return server.server_port

@@ -17,6 +17,7 @@ from memd.plan import ConfigError
 from memd.sockets import check_can_listen, listen
 from modeld.config import ModeldConfig, config_from_args
 from modeld.engine_client import EngineClient
+from modeld.engine_supervisor import EngineSupervisor
 from modeld.limits import MAX_REQUEST_BYTES
 from modeld.memd_link import StartupError
 from modeld.service import ModeldService
@@ -44,8 +45,9 @@ async def _serve(cfg: ModeldConfig) -> int:
             await health_servicer.set(name, status)
 
     check_can_listen(cfg.listen)  # a taken address fails now, not after the engine's start (and holding memd)
-    engine = EngineClient(cfg, lambda serving: loop.create_task(set_statuses(serving)))  # blocks until it serves
-    engine.attach(loop)
+    # Health changes come on the loop, or from the thread that waits for a restarted engine: handed over thread-safely.
+    engine = EngineClient(cfg, lambda serving: loop.call_soon_threadsafe(loop.create_task, set_statuses(serving)))
+    engine.attach(loop)  # the constructor blocked until the engine served
     max_open_streams = cfg.max_open_streams or 4 * engine.info["max_running_requests"]
     service = ModeldService(engine, cfg.memd, max_open_streams)
     streams = StreamLimit(f"/{SERVICE_NAME}/Generate", max_open_streams)
@@ -54,6 +56,7 @@ async def _serve(cfg: ModeldConfig) -> int:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     stop = asyncio.Event()
+    supervisor = EngineSupervisor(engine, set_statuses, stop)  # restarts an engine that exits unasked
     for sig in STOP_SIGNALS:  # before the socket exists: from here every stop goes through the clean-up below
         loop.add_signal_handler(sig, stop.set)
     sock = None
@@ -69,11 +72,12 @@ async def _serve(cfg: ModeldConfig) -> int:
         await server.stop(grace=5)
     finally:
         service.prepare.shutdown(wait=False, cancel_futures=True)
+        await supervisor.close()
         await asyncio.to_thread(engine.stop)  # the engine fails what still runs and closes memd's session
         if sock is not None:
             sock.unlink(missing_ok=True)
     log.info("modeld stopped")
-    return 0
+    return 1 if supervisor.gave_up else 0
 
 
 def main(argv=None) -> None:

@@ -1,6 +1,8 @@
 """modeld runs its engine in a process of its own, under the gRPC front. Either one dying never leaves the other
 serving nothing: an engine that dies fails every open stream with UNAVAILABLE and turns health NOT_SERVING (its
-memd session ends with it, so memd frees what it held); a front that dies takes its engine with it."""
+memd session ends with it, so memd frees what it held), then the front starts a new engine, which serves again; an
+engine that keeps dying makes the front exit 1 (modeld.engine_supervisor); a front that dies takes its engine with
+it."""
 
 import os
 import pathlib
@@ -10,15 +12,19 @@ import time
 import pytest
 
 import client
+from modeld.engine_supervisor import MAX_RESTARTS
 from tests.daemons import is_idle, memd_args, run_memd, run_modeld
+from tests.gateway.test_metrics_scrape import ENDPOINT, total
 
 MEMD_ARGS = memd_args(max_running=4, budget=40_000_000, chunk=64)
 
 
 def engine_pid(front_pid: int) -> int:
     """The engine process: the front's one child that is a Python interpreter (multiprocessing's spawn also starts
-    a resource tracker, which is not it)."""
-    children = pathlib.Path(f"/proc/{front_pid}/task/{front_pid}/children").read_text().split()
+    a resource tracker, which is not it). Children are listed by the thread that started them: a restarted engine is
+    started from a worker thread."""
+    children = [pid for task in pathlib.Path(f"/proc/{front_pid}/task").iterdir()
+                for pid in (task / "children").read_text().split()]
     engines = [int(pid) for pid in children
                if "resource_tracker" not in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")]
     assert len(engines) == 1, engines
@@ -41,24 +47,58 @@ def wait_until(condition, timeout: float) -> bool:
     return True
 
 
-def test_an_engine_that_dies_fails_open_streams_and_turns_health_not_serving(default_model):
+def restarts_metric(log_text: str) -> float:
+    """modeld:engine_restarts from the endpoint the newest engine logged."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(ENDPOINT.findall(log_text)[-1], timeout=10) as reply:
+        text = reply.read().decode()
+    samples = {(s.name, ()): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return total(samples, "modeld:engine_restarts_total")
+
+
+def test_an_engine_that_dies_fails_open_streams_and_is_restarted(default_model):
     with run_memd(default_model, *MEMD_ARGS) as memd, \
-            run_modeld(memd, "--target-model", str(default_model)) as modeld, \
+            run_modeld(memd, "--target-model", str(default_model), "--metrics-port", "0") as modeld, \
             client.Client(modeld.address, timeout=30, max_retries=0) as c:
-        assert c.health() == "SERVING"
+        assert c.health() == "SERVING" and restarts_metric(modeld.log_path.read_text()) == 0
         handle = c.stream("Tell me a long story.", max_new_tokens=600, temperature=0, ignore_eos=True)
         chunks = iter(handle)
         next(chunks)  # the request runs, holding slots in memd
         assert memd.capacity().running_requests == 1
-        os.kill(engine_pid(modeld.pid), signal.SIGKILL)
+        dead = engine_pid(modeld.pid)
+        os.kill(dead, signal.SIGKILL)
         with pytest.raises(client.Unavailable, match="engine process stopped"):
             for _ in chunks:
                 pass
         assert wait_until(lambda: c.health() == "NOT_SERVING", 10)
         with pytest.raises(client.Unavailable, match="engine process stopped"):
             c.generate("Hello", max_new_tokens=4, temperature=0)
-        assert modeld.poll() is None  # the front still answers, and says why it cannot serve
+        assert wait_until(lambda: c.health() == "SERVING", 120), "the engine was not restarted"
+        assert not alive(dead) and not pathlib.Path(f"/proc/{dead}").exists()  # reaped: no zombie
+        assert engine_pid(modeld.pid) != dead
+        assert c.generate("Hello", max_new_tokens=4, temperature=0).completion_tokens == 4
+        log_text = modeld.log_path.read_text()
+        assert "the engine process exited unasked (code -9): restart 1 of at most" in log_text
+        assert "the engine process serves again (restart 1)" in log_text
+        assert restarts_metric(log_text) == 1
         assert is_idle(memd.wait_idle(10))  # the dead engine's session ended: its lease freed its slots
+
+
+def test_an_engine_that_keeps_dying_makes_the_front_exit_1(default_model):
+    with run_memd(default_model, *MEMD_ARGS) as memd, \
+            run_modeld(memd, "--target-model", str(default_model)) as modeld, \
+            client.Client(modeld.address, timeout=30, max_retries=0) as c:
+        for restart in range(1, MAX_RESTARTS + 1):
+            os.kill(engine_pid(modeld.pid), signal.SIGKILL)
+            assert wait_until(lambda: f"serves again (restart {restart})" in modeld.log_path.read_text(), 120)
+            assert wait_until(lambda: c.health() == "SERVING", 10)
+        os.kill(engine_pid(modeld.pid), signal.SIGKILL)  # one death more than the window allows
+        assert modeld.wait(timeout=60) == 1
+        assert f"after {MAX_RESTARTS} restarts within" in modeld.log_path.read_text()
+        assert is_idle(memd.wait_idle(10))
 
 
 def test_a_front_that_dies_takes_its_engine_with_it(default_model):
