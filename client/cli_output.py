@@ -17,7 +17,7 @@ def print_capacity(cap: dict) -> None:
           f"request_cap={cap['request_cap']} running={cap['running_requests']}/{cap['max_running_requests']} "
           f"sessions={cap['sessions']}")
     for held in cap["session_holdings"]:
-        model = f"model {held['model_fingerprint'][:16]}" if held["model_fingerprint"] else "no model identity"
+        model = f"model {held['model_digest']}" if held["model_digest"] else "no model identity"
         print(f"  {held['label']} ({held['client_name']}, {model}): target {held['target_held']} "
               f"draft {held['draft_held']} tokens held")
 

@@ -5,7 +5,9 @@ Calls of a session carry its secret (memd.sessions); the handlers resolve it to 
 label, which is all the allocator, the logs and Capacity ever see."""
 
 import asyncio
+import hashlib
 import logging
+import os
 
 import grpc
 import numpy as np
@@ -33,6 +35,7 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         self.shutting_down = asyncio.Event()
         self.shutdown_reason = ""
         self.sessions = SessionTable()
+        self.digest_key = os.urandom(16)  # Capacity's model digests: keyed afresh each run (model_digest)
         self.limits = CallLimits(max_ops=mgr.max_requests, max_slots=mgr.max_requests * mgr.context_len)
         self.observe = None  # with metrics on: observe(method, seconds, code) for each call of a Calls stream
         # the tasks serving open Calls streams -> whether each waits for its client's next call (memd.call_stream)
@@ -45,7 +48,7 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         await self._check(context, check_attach, request)
         secret, session = self.open_session(request.client_name or context.peer(), request.model_fingerprint,
                                             request.writes_draft_kv)
-        model = (f"of model {loggable(session.model[:16])}" if session.model
+        model = (f"of model {self.model_digest(session.model)}" if session.model
                  else "without a model identity (no prefix cache)")
         log.info("%s %s attached (%s)", session.label, model, loggable(session.client_name))
         try:
@@ -189,6 +192,14 @@ class MemdService(memd_pb2_grpc.MemdServicer):
             await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
         return memd_pb2.TranslateResponse(draft_slots=draft.tolist())
 
+    def model_digest(self, fingerprint: str) -> str:
+        """What Capacity shows of a session's model: a keyed digest of its fingerprint, so that an attached client
+        can tell which sessions share a model, but cannot learn the fingerprint that joins its prefix cache (the
+        key is random each run: a digest is no fingerprint at the next run either)."""
+        if not fingerprint:
+            return ""
+        return hashlib.blake2b(fingerprint.encode(), key=self.digest_key, digest_size=8).hexdigest()
+
     async def Capacity(self, request, context):
         mgr, layout = self.mgr, self.layout
         target_evictable, target_protected, draft_evictable, draft_protected = mgr.cache_counts()
@@ -206,8 +217,8 @@ class MemdService(memd_pb2_grpc.MemdServicer):
             target.held_by_requests += held_target
             draft.held_by_requests += held_draft
             holdings.append(memd_pb2.SessionHolding(label=session.label, client_name=session.client_name,
-                                                    model_fingerprint=session.model, target_held=held_target,
-                                                    draft_held=held_draft))
+                                                    model_digest=self.model_digest(session.model),
+                                                    target_held=held_target, draft_held=held_draft))
         return memd_pb2.CapacityResponse(
             target=target, draft=draft, has_draft=layout.has_draft, draft_kv_ratio=layout.draft_kv_ratio,
             draft_window=layout.draft_window, page_size=layout.page_size, request_cap=layout.request_cap,

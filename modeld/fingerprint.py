@@ -10,7 +10,9 @@ elements as integers, computed on the tensor's device (exact, whatever the order
 weights give the same fingerprint on any device or thread count). The trade-off: two models that differ only
 at unsampled elements, by changes whose bit patterns sum to zero, get the same fingerprint. Weights that
 differ by training, fine-tuning, quantisation or another seed never do that by chance; the fingerprint guards
-against mistakes, not against a client that forges one (every attached client can write the shared KV anyway).
+against mistakes, and memd never shows it (Capacity and its log show a keyed digest): a client joins a model's prefix
+cache only by computing the fingerprint from the same weights. Every attached client maps the pools and can
+write any KV byte anyway, so this is defence in depth among clients of one user (docs/architecture.md, "Trust").
 """
 
 import hashlib

@@ -67,7 +67,8 @@ class MemdLink:
         model for and held nothing; its pools stay mapped unless memd made new ones meanwhile (then start-up checks
         the new layout)."""
         self.model_fingerprint = fingerprint
-        log.info("model fingerprint %s", fingerprint)
+        # Only a prefix: the whole fingerprint is what joins this model's prefix cache in memd, and memd shows none of it
+        log.info("model fingerprint %s...", fingerprint[:8])
         try:
             session = self._attach(self.connect_timeout)
         except grpc.FutureTimeoutError:

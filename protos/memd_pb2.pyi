@@ -319,18 +319,18 @@ class PoolCapacity(_message.Message):
     def __init__(self, total: _Optional[int] = ..., free: _Optional[int] = ..., used: _Optional[int] = ..., held_by_requests: _Optional[int] = ..., evictable: _Optional[int] = ..., protected: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class SessionHolding(_message.Message):
-    __slots__ = ("label", "client_name", "model_fingerprint", "target_held", "draft_held")
+    __slots__ = ("label", "client_name", "model_digest", "target_held", "draft_held")
     LABEL_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
-    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DIGEST_FIELD_NUMBER: _ClassVar[int]
     TARGET_HELD_FIELD_NUMBER: _ClassVar[int]
     DRAFT_HELD_FIELD_NUMBER: _ClassVar[int]
     label: str
     client_name: str
-    model_fingerprint: str
+    model_digest: str
     target_held: int
     draft_held: int
-    def __init__(self, label: _Optional[str] = ..., client_name: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., target_held: _Optional[int] = ..., draft_held: _Optional[int] = ...) -> None: ...
+    def __init__(self, label: _Optional[str] = ..., client_name: _Optional[str] = ..., model_digest: _Optional[str] = ..., target_held: _Optional[int] = ..., draft_held: _Optional[int] = ...) -> None: ...
 
 class CapacityResponse(_message.Message):
     __slots__ = ("target", "draft", "has_draft", "draft_kv_ratio", "draft_window", "page_size", "request_cap", "max_running_requests", "running_requests", "sessions", "context_len", "epoch", "session_holdings")

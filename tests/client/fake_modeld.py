@@ -135,7 +135,7 @@ class FakeMemd(memd_pb2_grpc.MemdServicer):
 def fake_memd_capacity() -> memd_pb2.CapacityResponse:
     target = memd_pb2.PoolCapacity(total=1000, free=900, used=100, held_by_requests=70, evictable=20, protected=10,
                                    bytes=1 << 33)
-    holding = memd_pb2.SessionHolding(label="session 1", client_name="modeld", model_fingerprint="0123456789abcdef" * 2,
+    holding = memd_pb2.SessionHolding(label="session 1", client_name="modeld", model_digest="0123456789abcdef",
                                       target_held=70)
     return memd_pb2.CapacityResponse(target=target, page_size=1, request_cap=1000, max_running_requests=8,
                                      running_requests=2, sessions=1, session_holdings=[holding])

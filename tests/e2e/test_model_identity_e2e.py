@@ -2,7 +2,9 @@
 on tiny random Qwen3 targets of one shape (tests/dflash/tiny_models.py): `first`, `second` (other weights), and a
 copy of `first` in another folder. modeld sends a fingerprint of its config, dtypes and weights at Attach
 (modeld.fingerprint), and memd matches a session's prompts only against its own model's cached prefixes: `second`
-finds nothing of `first`'s prompt and gives its own model's output, while the copy of `first` hits it."""
+finds nothing of `first`'s prompt and gives its own model's output, while the copy of `first` hits it. Capacity
+shows a keyed digest of each model's fingerprint, never the fingerprint: a client that attaches under a digest it
+read there caches its prefixes in a tree of its own, which no modeld reads."""
 
 import random
 import shutil
@@ -11,6 +13,7 @@ import pytest
 import torch
 
 import client
+from memd.attach import MemdSession
 from tests.daemons import memd_args, run_memd, run_modeld
 from tests.dflash import tiny_models as tm
 
@@ -51,12 +54,17 @@ def test_a_model_matches_only_its_own_models_cached_prefixes(targets):
             run_modeld(memd, "--target-model", str(first), name="first") as a, \
             run_modeld(memd, "--target-model", str(second), name="second") as b, \
             run_modeld(memd, "--target-model", str(copy), name="copy") as c:
-        fingerprints = [h.model_fingerprint for h in memd.capacity().session_holdings]
-        assert len(fingerprints) == 3 and all(fingerprints) and len(set(fingerprints)) == 2
+        digests = {h.client_name + h.label: h.model_digest for h in memd.capacity().session_holdings}
+        assert len(digests) == 3 and all(digests.values()) and len(set(digests.values())) == 2
+        second_digest = next(d for d in digests.values() if list(digests.values()).count(d) == 1)
 
         assert generate(a.address) == (0, expected_first)
         assert generate(a.address) == (reusable, expected_first)  # first's prefix is cached for first
-        assert generate(b.address) == (0, expected_second)  # never first's KV
+        with MemdSession(memd.address, "impostor", model_fingerprint=second_digest) as impostor:
+            impostor.match_prefix("planted", PROMPT)  # what it cached would be its own KV for second's prompt
+            impostor.alloc(extends=[("planted", 0, len(PROMPT))])
+            impostor.free(finishes=["planted"], cache=[("planted", PROMPT)])
+        assert generate(b.address) == (0, expected_second)  # never first's KV, nor the impostor's
         assert generate(b.address) == (reusable, expected_second)  # its own prefix, cached by itself now
         assert generate(c.address) == (reusable, expected_first)  # the same model from another folder
         memd.assert_idle_then_flush(timeout=10)

@@ -134,7 +134,7 @@ def test_capacity_reports_memd_pools_and_modeld_queues(daemons, chat_ids):
     assert idle["memd"]["page_size"] == 1 and idle["memd"]["max_running_requests"] == 8
     [held] = idle["memd"]["session_holdings"]
     assert idle["memd"]["sessions"] == 1 and (held["client_name"], held["target_held"]) == ("modeld", 0)
-    assert len(held["model_fingerprint"]) == 32  # modeld names its model: memd keeps its prefixes apart
+    assert len(held["model_digest"]) == 16  # modeld names its model (memd shows a digest of it): prefixes kept apart
     assert idle["memd"]["running_requests"] == 0
     assert idle["running_requests"] == 0 and idle["waiting_requests"] == 0
 
@@ -362,7 +362,7 @@ def test_memd_lost_makes_modeld_unavailable_then_it_reattaches(default_model):
                     before = c.generate("What is the capital of France?", chat=True, max_new_tokens=8, temperature=0)
                     assert before.completion_tokens > 0 and again.capacity().sessions == 1
                     [held] = again.capacity().session_holdings  # the re-attach names the model again
-                    assert len(held.model_fingerprint) == 32
+                    assert len(held.model_digest) == 16
                     repeat = c.generate("What is the capital of France?", chat=True, max_new_tokens=8, temperature=0)
                     assert repeat.cached_tokens > 0 and repeat.output_ids == before.output_ids
                     assert c.info()["context_len"] == 300

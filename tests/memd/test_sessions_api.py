@@ -28,12 +28,14 @@ def capacity(session: MemdSession) -> memd_pb2.CapacityResponse:
 
 
 def test_capacity_shows_labels_and_client_names_and_never_a_secret(memd):
-    with MemdSession(memd.address, "alpha") as a, MemdSession(memd.address, "beta", model_fingerprint="f00d") as b:
+    with MemdSession(memd.address, "alpha") as a, MemdSession(memd.address, "beta", model_fingerprint="f00d" * 8) as b:
         a.alloc(extends=[("r1", 0, 10)])
         b.alloc(extends=[("r2", 0, 3)])
         cap = capacity(a)
-        holdings = {h.label: (h.client_name, h.model_fingerprint, h.target_held) for h in cap.session_holdings}
-        assert holdings == {a.label: ("alpha", "", 10), b.label: ("beta", "f00d", 3)}
+        holdings = {h.label: (h.client_name, h.model_digest, h.target_held) for h in cap.session_holdings}
+        digest = holdings[b.label][1]
+        assert holdings == {a.label: ("alpha", "", 10), b.label: ("beta", digest, 3)}
+        assert re.fullmatch(r"[0-9a-f]{16}", digest) and digest not in "f00d" * 8  # the fingerprint is never shown
         assert re.fullmatch(r"session \d+", a.label) and a.label != b.label
         assert cap.target.held_by_requests == 13 and cap.sessions == 2
         for secret in (a.session_id, b.session_id):
@@ -43,7 +45,8 @@ def test_capacity_shows_labels_and_client_names_and_never_a_secret(memd):
         assert a.session_id != b.session_id
         a.free(finishes=["r1"])
         b.free(finishes=["r2"])
-    assert f"{a.label} of model" not in memd.log() and f"{b.label} of model 'f00d' attached ('beta')" in memd.log()
+    assert f"{a.label} of model" not in memd.log() and f"{b.label} of model {digest} attached ('beta')" in memd.log()
+    assert "f00d" * 8 not in memd.log()  # the log shows the digest, as Capacity does
 
 
 def test_a_call_with_another_sessions_label_or_a_made_up_id_is_refused(memd):
