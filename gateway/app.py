@@ -8,6 +8,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from gateway.api_key import ApiKey
 from gateway.backends import Backends
 from gateway.body_limit import BodyLimit
 from gateway.config import GatewayConfig
@@ -35,6 +36,8 @@ def create_app(cfg: GatewayConfig) -> FastAPI:
 
     app = FastAPI(title="dflash-serve gateway", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes, timeout=cfg.body_timeout)  # before any route runs
+    if cfg.api_key is not None:  # added last, so outermost: an unauthorized body is never read
+        app.add_middleware(ApiKey, key=cfg.api_key)
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, exc: ApiError):

@@ -1,7 +1,8 @@
 """The gateway's command line and its frozen configuration."""
 
 import argparse
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from memd.addresses import check_address
 
@@ -9,6 +10,8 @@ from memd.addresses import check_address
 # one character) still leave it within 8 MiB; yet the bound sits far below modeld's gRPC receive bound (64 MiB), so an
 # oversized body is the gateway's 413 and never modeld's RESOURCE_EXHAUSTED (429).
 MAX_BODY_BYTES = 8 << 20
+# The API key comes from the environment, not a flag: a flag's value is visible to every local user in `ps`.
+API_KEY_VARIABLE = "GATEWAY_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class GatewayConfig:
     max_queued: int = 256  # requests waiting per modeld for one of its places (gateway.admission); 429 beyond
     queue_timeout: float = 30.0  # seconds a request may wait for a place (429 after)
     log_level: str = "INFO"
+    api_key: str | None = field(default=None, repr=False)  # required on /v1/ routes when set (gateway.api_key)
 
     def __post_init__(self):
         checks = [
@@ -41,6 +45,8 @@ class GatewayConfig:
             (self.body_timeout > 0, f"--body-timeout must be > 0 seconds, got {self.body_timeout}"),
             (self.max_queued >= 0, f"--max-queued must be >= 0, got {self.max_queued}"),
             (self.queue_timeout > 0, f"--queue-timeout must be > 0 seconds, got {self.queue_timeout}"),
+            (self.api_key is None or (self.api_key.strip() and self.api_key.isprintable()),
+             f"the API key ({API_KEY_VARIABLE}) must be printable and not blank"),
         ]
         for ok, message in checks:
             if not ok:
@@ -48,7 +54,9 @@ class GatewayConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gateway", description="OpenAI-compatible HTTP gateway in front of modelds")
+    p = argparse.ArgumentParser(prog="gateway", description="OpenAI-compatible HTTP gateway in front of modelds",
+                                epilog=f"With {API_KEY_VARIABLE} set in its environment, the gateway requires "
+                                       "'Authorization: Bearer <key>' on its /v1/ routes (401 otherwise).")
     p.add_argument("--modeld", action="append", required=True, metavar="ADDR",
                    help="a modeld's address (unix:///path or HOST:PORT); repeat for several")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address to listen on (default: loopback)")
@@ -89,5 +97,5 @@ def config_from_args(argv=None) -> GatewayConfig:
         request_timeout=args.request_timeout, affinity_block_chars=args.affinity_block_chars,
         affinity_entries=args.affinity_entries, affinity_max_imbalance=args.affinity_max_imbalance,
         max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, max_queued=args.max_queued,
-        queue_timeout=args.queue_timeout, log_level=args.log_level,
+        queue_timeout=args.queue_timeout, log_level=args.log_level, api_key=os.environ.get(API_KEY_VARIABLE),
     )

@@ -71,10 +71,19 @@ def run_engine(cfg: ModeldConfig, conn, restarts: int) -> None:
     from modeld.engine_build import build_engine  # torch and the model code: imported here, never by the front
 
     lock = threading.Lock()  # the engine thread, memd's watcher and this thread all send
+    front_gone = threading.Event()
 
     def send(message) -> None:
+        """To the front; once the front is gone (the pipe broke: it was killed), one log line and nothing more:
+        this process is stopping (serve_front reads the pipe's end), and no thread's send fails with a traceback."""
         with lock:
-            conn.send(message)
+            if front_gone.is_set():
+                return
+            try:
+                conn.send(message)
+            except OSError:  # BrokenPipeError, ConnectionResetError
+                front_gone.set()
+                log.warning("the gRPC front is gone (its pipe broke): the engine stops")
 
     try:
         built = build_engine(cfg, lambda serving: send(("health", serving)))

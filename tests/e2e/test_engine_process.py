@@ -111,6 +111,7 @@ def test_a_front_that_dies_takes_its_engine_with_it(default_model):
             modeld.wait(timeout=10)
         assert wait_until(lambda: not alive(engine), 30), "the engine outlived its front"
         assert is_idle(memd.wait_idle(10))
+        assert "Traceback" not in modeld.log_path.read_text()  # the engine says its front is gone in one line
 
 
 def test_a_clean_stop_stops_the_engine_too(default_model):

@@ -74,3 +74,12 @@ def test_config_refuses_bad_flags():
         config_from_args(["--modeld", "unix:///tmp/m.sock", "--body-timeout", "0"])
     defaults = config_from_args(["--modeld", "unix:///tmp/m.sock"])
     assert (defaults.max_body_bytes, defaults.body_timeout) == (8 << 20, 30.0)
+
+
+def test_a_blank_api_key_is_refused_and_a_key_never_shows_in_the_config(monkeypatch):
+    monkeypatch.setenv("GATEWAY_API_KEY", "  ")
+    with pytest.raises(ValueError, match="GATEWAY_API_KEY"):
+        config_from_args(["--modeld", "127.0.0.1:1"])
+    monkeypatch.setenv("GATEWAY_API_KEY", "sk-secret")
+    cfg = config_from_args(["--modeld", "127.0.0.1:1"])
+    assert cfg.api_key == "sk-secret" and "sk-secret" not in repr(cfg)
