@@ -35,17 +35,15 @@ class EngineClient:
         self.replies: dict[int, asyncio.Future] = {}
         self.query_ids = itertools.count()
         self.stopping = False
-        self.starts = 0  # engine processes started: the first, then one per restart
+        self.on_metrics: Callable[[list], None] | None = None  # the engine's metric snapshots, once set
         self._start()
 
     def _start(self) -> None:
         """A new engine process, up to its "ready"; blocking (the model loads)."""
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state or threads inherited
         self.conn, child_end = context.Pipe()
-        self.process = context.Process(target=engine_main, args=(self.cfg, child_end, self.starts),
-                                       name="modeld-engine")
+        self.process = context.Process(target=engine_main, args=(self.cfg, child_end), name="modeld-engine")
         self.process.start()
-        self.starts += 1
         child_end.close()  # the front holds one end only: the pipe ends when the engine does
         self.memd_lost = False
         self.gone = False  # the pipe ended: the engine process exited
@@ -144,6 +142,9 @@ class EngineClient:
         elif kind == "health":
             self.memd_lost = not message[1]
             self.on_health(message[1])
+        elif kind == "metrics":
+            if self.on_metrics is not None:
+                self.on_metrics(message[1])
         elif kind == "limits":
             _, self.info, self.context_len = message
         elif kind == "reply":

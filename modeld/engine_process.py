@@ -7,6 +7,7 @@ The two talk over one duplex pipe of pickled tuples:
     engine -> front   ("ready", info, vocab_size, context_len, tokenizer)   ("failed", message)
                       ("out", [(rid, chunk or None, final or None), ...])  one message per engine pass
                       ("health", serving)   ("limits", info, context_len)   ("reply", qid, (running, waiting, spec))
+                      ("metrics", families)  with --metrics-port, every SNAPSHOT_INTERVAL_S (modeld.metrics)
                       ("dead",)  the engine thread stopped unasked (the process exits within a second)
 A chunk is (ids, text or None, finished), the request's events of the pass merged; `final` (its last pass) holds
 what the complete message needs. The process ignores stop signals (the front stops it with "stop", and a front that
@@ -17,12 +18,13 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from memd.plan import ConfigError
 from modeld.config import ModeldConfig
 from modeld.heap_freeze import freeze_heap, refreeze
 from modeld.memd_link import StartupError
-from modeld.metrics import start_metrics
+from modeld.metrics import SNAPSHOT_INTERVAL_S, snapshot, watch_engine
 from modeld.output import take_events
 from modeld.request import Request
 
@@ -47,9 +49,8 @@ def outcomes(requests: list[Request]) -> list[tuple]:
     return out
 
 
-def engine_main(cfg: ModeldConfig, conn, restarts: int) -> None:
-    """The engine process's body (multiprocessing, spawned by the front; `restarts`: engine processes the front
-    started before this one, for the metrics). It leaves with os._exit once it has
+def engine_main(cfg: ModeldConfig, conn) -> None:
+    """The engine process's body (multiprocessing, spawned by the front). It leaves with os._exit once it has
     stopped: letting the interpreter finalise gRPC's channels while their C-core threads wind down sometimes aborts
     the process ("terminate called without an active exception"), seen after a re-attach to memd."""
     for sig in STOP_SIGNALS:
@@ -57,7 +58,7 @@ def engine_main(cfg: ModeldConfig, conn, restarts: int) -> None:
     logging.basicConfig(level=cfg.log_level, format="%(asctime)s modeld %(levelname)s %(message)s", stream=sys.stderr)
     code = 0
     try:
-        run_engine(cfg, conn, restarts)
+        run_engine(cfg, conn)
     except BaseException:
         log.exception("the engine process failed")
         code = 1
@@ -67,7 +68,7 @@ def engine_main(cfg: ModeldConfig, conn, restarts: int) -> None:
         os._exit(code)
 
 
-def run_engine(cfg: ModeldConfig, conn, restarts: int) -> None:
+def run_engine(cfg: ModeldConfig, conn) -> None:
     from modeld.engine_build import build_engine  # torch and the model code: imported here, never by the front
 
     lock = threading.Lock()  # the engine thread, memd's watcher and this thread all send
@@ -100,12 +101,7 @@ def run_engine(cfg: ModeldConfig, conn, restarts: int) -> None:
     engine.listener = lambda requests: send(("out", outcomes(requests)))
     engine.on_death = lambda: send(("dead",))  # the front fails what is open at once; this process exits after
     if cfg.metrics_port is not None:
-        try:
-            start_metrics(cfg.metrics_host, cfg.metrics_port, engine, restarts)
-        except OSError as exc:
-            link.close()
-            send(("failed", f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: {exc}"))
-            return
+        watch_engine(engine)
     freeze_heap("at start")  # the model, its graphs and the engine: no full collection walks them mid-step
     engine.start()
     link.start_watching()
@@ -123,9 +119,13 @@ def serve_front(cfg: ModeldConfig, conn, engine, send) -> None:
     exits, and the front fails what was open and turns NOT_SERVING)."""
     from modeld.engine import make_generator  # imported by run_engine's build_engine already: no cost here
 
+    metrics_due = time.monotonic() if cfg.metrics_port is not None else float("inf")
     while True:
+        if time.monotonic() >= metrics_due:
+            send(("metrics", snapshot()))
+            metrics_due = time.monotonic() + SNAPSHOT_INTERVAL_S
         try:
-            if not conn.poll(1.0):
+            if not conn.poll(SNAPSHOT_INTERVAL_S):
                 if not engine.thread.is_alive():
                     log.critical("the engine thread has stopped: the engine process exits")
                     return

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 from modeld.engine_client import EngineClient
+from modeld.front_metrics import FrontMetrics
 from modeld.memd_link import StartupError
 
 log = logging.getLogger("modeld")
@@ -23,9 +24,10 @@ FIRST_BACKOFF_S, MAX_BACKOFF_S = 1.0, 30.0
 
 class EngineSupervisor:
     def __init__(self, engine: EngineClient, on_serving: Callable[[bool], Awaitable[None]], stop: asyncio.Event,
-                 clock: Callable[[], float] = time.monotonic):
-        """on_serving: sets the front's health; stop: set to stop the front (also when the supervisor gives up)."""
-        self.engine, self.on_serving, self.stop, self.clock = engine, on_serving, stop, clock
+                 metrics: FrontMetrics | None, clock: Callable[[], float] = time.monotonic):
+        """on_serving: sets the front's health; stop: set to stop the front (also when the supervisor gives up);
+        metrics: the front's, which count the restarts (None without --metrics-port)."""
+        self.engine, self.on_serving, self.stop, self.metrics, self.clock = engine, on_serving, stop, metrics, clock
         self.restarts: deque[float] = deque()  # when each restart of the window began
         self.gave_up = False  # the front exits 1
         self.recovering: asyncio.Task | None = None
@@ -70,6 +72,8 @@ class EngineSupervisor:
             finally:
                 self.starting = False
             self.engine.attach(asyncio.get_running_loop())
+            if self.metrics is not None:
+                self.metrics.engine_restarts += 1
             await self.on_serving(not self.engine.memd_lost)
             log.info("the engine process serves again (restart %d)", len(self.restarts))
             return

@@ -18,6 +18,7 @@ from memd.sockets import check_can_listen, listen
 from modeld.config import ModeldConfig, config_from_args
 from modeld.engine_client import EngineClient
 from modeld.engine_supervisor import EngineSupervisor
+from modeld.front_metrics import FrontMetrics, serve_metrics
 from modeld.limits import MAX_REQUEST_BYTES
 from modeld.memd_link import StartupError
 from modeld.service import ModeldService
@@ -45,9 +46,12 @@ async def _serve(cfg: ModeldConfig) -> int:
             await health_servicer.set(name, status)
 
     check_can_listen(cfg.listen)  # a taken address fails now, not after the engine's start (and holding memd)
+    metrics = front_metrics(cfg)  # the same: a taken metrics port fails before the engine starts
     # Health changes come on the loop, or from the thread that waits for a restarted engine: handed over thread-safely.
     engine = EngineClient(cfg, lambda serving: loop.call_soon_threadsafe(loop.create_task, set_statuses(serving)))
     engine.attach(loop)  # the constructor blocked until the engine served
+    if metrics is not None:
+        engine.on_metrics = lambda families: setattr(metrics, "families", families)
     max_open_streams = cfg.max_open_streams or 4 * engine.info["max_running_requests"]
     service = ModeldService(engine, cfg.memd, max_open_streams)
     streams = StreamLimit(f"/{SERVICE_NAME}/Generate", max_open_streams)
@@ -56,7 +60,7 @@ async def _serve(cfg: ModeldConfig) -> int:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     stop = asyncio.Event()
-    supervisor = EngineSupervisor(engine, set_statuses, stop)  # restarts an engine that exits unasked
+    supervisor = EngineSupervisor(engine, set_statuses, stop, metrics)  # restarts an engine that exits unasked
     for sig in STOP_SIGNALS:  # before the socket exists: from here every stop goes through the clean-up below
         loop.add_signal_handler(sig, stop.set)
     sock = None
@@ -78,6 +82,16 @@ async def _serve(cfg: ModeldConfig) -> int:
             sock.unlink(missing_ok=True)
     log.info("modeld stopped")
     return 1 if supervisor.gave_up else 0
+
+
+def front_metrics(cfg: ModeldConfig) -> FrontMetrics | None:
+    """The front's /metrics endpoint, when asked for (--metrics-port)."""
+    if cfg.metrics_port is None:
+        return None
+    try:
+        return serve_metrics(cfg.metrics_host, cfg.metrics_port)
+    except OSError as exc:
+        raise StartupError(f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: {exc}") from None
 
 
 def main(argv=None) -> None:

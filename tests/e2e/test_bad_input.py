@@ -152,6 +152,14 @@ def memd_metrics_port_in_use() -> tuple[str, str]:
         return memd_exit("--metrics-port", str(held.getsockname()[1]), *MEMD_ARGS)
 
 
+def modeld_metrics_port_in_use() -> tuple[str, str]:
+    """modeld asked to serve metrics on a port another socket holds (refused before its engine starts)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        return modeld_exit("--metrics-port", str(held.getsockname()[1]))
+
+
 def modeld_port_in_use() -> tuple[str, str]:
     """modeld asked to listen on a TCP port another socket holds (refused before its engine starts: memd's address
     here is nobody's, so an engine start would fail on that instead)."""
@@ -246,6 +254,7 @@ CASES = {
     "modeld-listen-bogus": lambda env: modeld_exit("--listen", "bogus"),
     "modeld-socket-in-use": lambda env: modeld_exit("--listen", env.modeld.address),
     "modeld-port-in-use": lambda env: modeld_port_in_use(),
+    "modeld-metrics-port-in-use": lambda env: modeld_metrics_port_in_use(),
     "modeld-listen-relative": lambda env: modeld_exit("--listen", "unix:relative/modeld.sock"),
     "modeld-memd-port-zero": lambda env: modeld_exit("--memd", "127.0.0.1:0"),
     "modeld-connect-timeout-zero": lambda env: modeld_exit("--connect-timeout", "0"),

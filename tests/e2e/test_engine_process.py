@@ -14,7 +14,7 @@ import pytest
 import client
 from modeld.engine_supervisor import MAX_RESTARTS
 from tests.daemons import is_idle, memd_args, run_memd, run_modeld
-from tests.gateway.test_metrics_scrape import ENDPOINT, total
+from tests.gateway.test_metrics_scrape import scrape, settled, total
 
 MEMD_ARGS = memd_args(max_running=4, budget=40_000_000, chunk=64)
 
@@ -48,15 +48,8 @@ def wait_until(condition, timeout: float) -> bool:
 
 
 def restarts_metric(log_text: str) -> float:
-    """modeld:engine_restarts from the endpoint the newest engine logged."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(ENDPOINT.findall(log_text)[-1], timeout=10) as reply:
-        text = reply.read().decode()
-    samples = {(s.name, ()): s.value for f in text_string_to_metric_families(text) for s in f.samples}
-    return total(samples, "modeld:engine_restarts_total")
+    """modeld:engine_restarts_total, which the front counts (its endpoint outlives the engines)."""
+    return total(scrape(log_text), "modeld:engine_restarts_total")
 
 
 def test_an_engine_that_dies_fails_open_streams_and_is_restarted(default_model):
@@ -84,6 +77,7 @@ def test_an_engine_that_dies_fails_open_streams_and_is_restarted(default_model):
         assert "the engine process exited unasked (code -9): restart 1 of at most" in log_text
         assert "the engine process serves again (restart 1)" in log_text
         assert restarts_metric(log_text) == 1
+        assert total(settled(log_text), "modeld:request_success_total") >= 1  # the new engine's snapshots arrive
         assert is_idle(memd.wait_idle(10))  # the dead engine's session ended: its lease freed its slots
 
 

@@ -2,10 +2,12 @@
 gauges agree with Capacity, and the counters move as requests run."""
 
 import re
+import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from modeld.metrics import SNAPSHOT_INTERVAL_S
 from protos import memd_pb2
 
 ENDPOINT = re.compile(r"metrics on (http://\S+/metrics)")
@@ -19,24 +21,32 @@ def scrape(log_text: str) -> dict[tuple, float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def settled(log_text: str) -> dict[tuple, float]:
+    """scrape, once modeld's front holds a snapshot the engine took after what happened so far (it sends one every
+    SNAPSHOT_INTERVAL_S)."""
+    time.sleep(3 * SNAPSHOT_INTERVAL_S)
+    return scrape(log_text)
+
+
 def total(samples: dict, name: str, **labels) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))
 
 
-def modeld_totals(stack, name: str) -> float:
-    return sum(total(scrape(m.log_path.read_text()), name) for m in stack.modelds)
+def modeld_totals(stack, names: list[str]) -> dict[str, float]:
+    samples = [settled(m.log_path.read_text()) for m in stack.modelds]
+    return {name: sum(total(s, name) for s in samples) for name in names}
 
 
 def test_counters_move_as_requests_run(stack, model_name, openai_client):
     names = ["modeld:request_success_total", "modeld:generation_tokens_total", "modeld:prompt_tokens_total",
              "modeld:time_to_first_token_seconds_count", "modeld:e2e_request_latency_seconds_count",
              "modeld:prefix_cache_hit_tokens_total"]
-    before = {name: modeld_totals(stack, name) for name in names}
+    before = modeld_totals(stack, names)
     memd_before = scrape(stack.memd.log())
     messages = [{"role": "user", "content": "Metrics: say hello twice, politely."}]
     for _ in range(2):  # the second is served from memd's prefix cache
         reply = openai_client.chat.completions.create(model=model_name, messages=messages, max_tokens=8, temperature=0)
-    after = {name: modeld_totals(stack, name) for name in names}
+    after = modeld_totals(stack, names)
     assert after["modeld:request_success_total"] - before["modeld:request_success_total"] == 2
     assert after["modeld:generation_tokens_total"] - before["modeld:generation_tokens_total"] >= 2
     assert after["modeld:prompt_tokens_total"] - before["modeld:prompt_tokens_total"] == 2 * reply.usage.prompt_tokens
@@ -49,9 +59,9 @@ def test_counters_move_as_requests_run(stack, model_name, openai_client):
     for method in ("Alloc", "MatchPrefix"):
         count = ("memd:rpc_duration_seconds_count", (("method", method),))
         assert memd_after[count] > memd_before.get(count, 0), method
-    assert modeld_totals(stack, "modeld:step_duration_seconds_count") > 0
+    assert modeld_totals(stack, ["modeld:step_duration_seconds_count"])["modeld:step_duration_seconds_count"] > 0
     for modeld in stack.modelds:
-        samples = scrape(modeld.log_path.read_text())
+        samples = settled(modeld.log_path.read_text())
         for name in ("modeld:num_requests_running", "modeld:num_requests_waiting", "modeld:num_preemptions_total",
                      "modeld:spec_decode_num_drafts_total", "modeld:spec_decode_num_accepted_tokens_total"):
             assert (name, ()) in samples, name
