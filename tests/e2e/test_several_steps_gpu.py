@@ -16,7 +16,7 @@ from tests.conftest import NEAR_TIE
 from tests.daemons import cuda_available, memd_args, run_memd, run_modeld
 from tests.dflash.test_dflash_gpu import first_difference_is_a_near_tie
 from tests.dflash.tiny_models import write_draft
-from tests.gateway.test_metrics_scrape import scrape, total
+from tests.gateway.test_metrics_scrape import settled, total
 
 pytestmark = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
 REQUESTS, MAX_NEW = 16, 48
@@ -48,7 +48,7 @@ def test_several_steps_a_replay_give_the_output_of_one(tmp_path, default_model, 
             with run_modeld(memd, "--target-model", str(default_model), "--steps-per-replay", str(steps),
                             "--metrics-port", "0", *extra, device="cuda", name=f"modeld-{steps}") as modeld:
                 outputs[steps] = generate_all(modeld.address, prompts, sampled=mode == "sampled")
-                samples = scrape(modeld.log_path.read_text())
+                samples = settled(modeld.log_path.read_text())
                 replays = total(samples, "modeld:steps_per_replay_count")
                 ran = total(samples, "modeld:steps_per_replay_sum")
                 assert (ran > replays) == (steps > 1), f"{ran} steps in {replays} replays at --steps-per-replay {steps}"
