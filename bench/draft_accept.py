@@ -42,8 +42,10 @@ def run_set(address: str, prompts: list[list[int]], max_new: int, workers: int) 
 
 def category_rows(categories: list[str], each_by_config: dict[str, list]) -> list[str]:
     """Accept length per prompt category (the prompts' "category" field), one column per DFLASH configuration."""
-    rows = ["| category | prompts | " + " | ".join(f"accept length, {name}" for name in each_by_config) + " |",
-            "|---|---|" + "---|" * len(each_by_config)]
+    rows = [
+        "| category | prompts | " + " | ".join(f"accept length, {name}" for name in each_by_config) + " |",
+        "|---|---|" + "---|" * len(each_by_config),
+    ]
     for name in sorted(set(categories)):
         picked = [i for i, c in enumerate(categories) if c == name]
         cells = []
@@ -104,8 +106,12 @@ def main(argv=None) -> int:
     target = pathlib.Path(args.target) if args.target else ensure_default_model()
     tokenizer = AutoTokenizer.from_pretrained(target)
     records = [json.loads(line) for line in open(args.prompts) if line.strip()]
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                             tokenize=True, return_dict=False) for r in records]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for r in records
+    ]
     categories = [r.get("category", "all") for r in records]
     each_by_config, rates_by_config = {}, {}
     window = draft_geometry(args.draft)[0]
@@ -115,18 +121,39 @@ def main(argv=None) -> int:
         if draft_geometry(args.baseline) != draft_geometry(args.draft):
             p.error("--baseline needs the draft KV geometry of --draft (one memd's draft pool serves both)")
         configs.append((f"DFLASH block {max(blocks)}, baseline draft", args.baseline, max(blocks)))
-    mem = memd_args(draft=pathlib.Path(args.draft), ratio=args.ratio, window=window, page=args.page,
-                    budget=4_000_000_000, max_running=max(args.concurrency, 8), chunk=2048, strict=False)
-    rows = ["| config | accept length | batch 1 tok/s | x | batch %d tok/s | x | output = no draft's |"
-            % args.concurrency, "|---|---|---|---|---|---|---|"]
+    mem = memd_args(
+        draft=pathlib.Path(args.draft),
+        ratio=args.ratio,
+        window=window,
+        page=args.page,
+        budget=4_000_000_000,
+        max_running=max(args.concurrency, 8),
+        chunk=2048,
+        strict=False,
+    )
+    rows = [
+        "| config | accept length | batch 1 tok/s | x | batch %d tok/s | x | output = no draft's |" % args.concurrency,
+        "|---|---|---|---|---|---|---|",
+    ]
     base = None
     with run_memd(target, *mem, "--kv-cache-dtype", "bfloat16", device=args.device) as memd:
         for name, draft, block in configs:
             # The draft verifies at every step, however many requests run (modeld's default turns speculation off
             # from 16 running, which the --concurrency run reaches): this measures the draft, not that policy.
-            extra = ["--speculative-algorithm", "none"] if block is None else [
-                "--draft-model", draft, "--num-draft-tokens", str(block), "--metrics-port", "0",
-                "--speculative-disable-by-batch-size", "0"]
+            extra = (
+                ["--speculative-algorithm", "none"]
+                if block is None
+                else [
+                    "--draft-model",
+                    draft,
+                    "--num-draft-tokens",
+                    str(block),
+                    "--metrics-port",
+                    "0",
+                    "--speculative-disable-by-batch-size",
+                    "0",
+                ]
+            )
             with run_modeld(memd, "--target-model", str(target), *extra, device=args.device) as modeld:
                 run_set(modeld.address, prompts[:2], 16, 1)  # warm-up (Triton compiles)
                 one = run_set(modeld.address, prompts[: args.batch1], args.max_new_tokens, 1)
@@ -142,8 +169,10 @@ def main(argv=None) -> int:
                 each_by_config[name] = many[3]
             same = sum(e[2] == out for e, out in zip(many[3], plain))
             accept = "-" if block is None else f"{many[0] / many[1]:.2f}"
-            rows.append(f"| {name} | {accept} | {speeds[0]:.1f} | {speeds[0] / base[0]:.2f} | {speeds[1]:.1f} "
-                        f"| {speeds[1] / base[1]:.2f} | {same}/{len(plain)} |")
+            rows.append(
+                f"| {name} | {accept} | {speeds[0]:.1f} | {speeds[0] / base[0]:.2f} | {speeds[1]:.1f} "
+                f"| {speeds[1] / base[1]:.2f} | {same}/{len(plain)} |"
+            )
             print(rows[-1], file=sys.stderr, flush=True)
     print(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, ratio {args.ratio}, page {args.page}")
     print("\n".join(rows))

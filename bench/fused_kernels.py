@@ -25,10 +25,10 @@ import itertools
 import torch
 
 from bench.skinny_linear import ROTATION_BYTES, device_us
+from modeld.kernels import norm_linear as fused_norm
 from modeld.kernels.accept import accept_lengths_torch, accept_lengths_triton
 from modeld.kernels.argmax import argmax_rows
 from modeld.kernels.fused import rms_norm, rotary, silu_mul
-from modeld.kernels import norm_linear as fused_norm
 from modeld.kernels.norm_linear import FUSED_TILES, norm_linear_launch
 from modeld.kernels.norm_qkv_rotary import ATTENTION_TILES, norm_qkv_rotary_launch
 from modeld.kernels.qk_norm_rotary import qk_norm_rotary
@@ -37,8 +37,12 @@ from modeld.kernels.skinny_linear import MAX_ROWS, TILES, skinny_launch
 from modeld.kernels.tile_fitting import tile_in_use
 
 # (name, N, K, with SiLU-mul): the projections that follow a norm
-SHAPES = [("8B qkv", 6144, 4096, False), ("8B gate_up", 28672, 4096, True),
-          ("135M qkv", 960, 576, False), ("135M gate_up", 3072, 576, True)]
+SHAPES = [
+    ("8B qkv", 6144, 4096, False),
+    ("8B gate_up", 28672, 4096, True),
+    ("135M qkv", 960, 576, False),
+    ("135M gate_up", 3072, 576, True),
+]
 ATTENTION_INPUTS = [("8B qkv", 4096, 32, 8, 128), ("135M qkv", 576, 9, 3, 64)]  # (name, K, q heads, kv heads, D)
 DRAFT_HEADS = [("8B draft", 32, 8, 128), ("135M draft", 9, 3, 64)]  # (name, q heads, kv heads, D)
 VOCABS = [("8B", 128256), ("135M", 49152)]
@@ -101,18 +105,20 @@ def one_shape(name: str, n: int, k: int, silu: bool, rows: int, sweep: bool) -> 
     used = None
     if (n, k, silu) in FUSED_TILES:  # the tile modeld runs, after any fewer stages this card needs
         if fused_norm.norm_linear(x, residual, norm_weight, EPS, weights[0], None, silu) is None:
-            return lines + [f"| {name} | {rows} | fused: no tile fits this card's shared memory (modeld runs the ops "
-                            f"apart) | - | - | - |"]
+            return lines + [
+                f"| {name} | {rows} | fused: no tile fits this card's shared memory (modeld runs the ops "
+                f"apart) | - | - | - |"
+            ]
         used = tile_in_use(fused_norm.fitting_key(weights[0], silu, True))
-    lines += fused_lines(name, rows, base, used, OTHER_TILES if sweep or used is None else [], fused, copies,
-                         unfused(0).float())
-    del weights
+    lines += fused_lines(
+        name, rows, base, used, OTHER_TILES if sweep or used is None else [], fused, copies, unfused(0).float()
+    )
+    weights.clear()  # the copies go now: the closures above are done with them
     torch.cuda.empty_cache()
     return lines
 
 
-def attention_input(name: str, k: int, q_heads: int, kv_heads: int, head_dim: int, rows: int,
-                    sweep: bool) -> list[str]:
+def attention_input(name: str, k: int, q_heads: int, kv_heads: int, head_dim: int, rows: int, sweep: bool) -> list[str]:
     n = (q_heads + 2 * kv_heads) * head_dim
     copies, weights, x, residual, norm_weight = norm_projection_inputs(n, k, rows)
     cos, sin = (torch.rand(rows, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -124,19 +130,27 @@ def attention_input(name: str, k: int, q_heads: int, kv_heads: int, head_dim: in
     def apart(i):
         h, _ = rms_norm(x, norm_weight, EPS, residual)
         q, kk, v = project(h, weights[i]).split(split, dim=-1)
-        return rotary_store(q.unflatten(-1, (q_heads, head_dim)), kk.unflatten(-1, (kv_heads, head_dim)),
-                            v.unflatten(-1, (kv_heads, head_dim)), cos, sin, *caches, slots)
+        return rotary_store(
+            q.unflatten(-1, (q_heads, head_dim)),
+            kk.unflatten(-1, (kv_heads, head_dim)),
+            v.unflatten(-1, (kv_heads, head_dim)),
+            cos,
+            sin,
+            *caches,
+            slots,
+        )
 
     def fused(i, tile):
-        return norm_qkv_rotary_launch(x, residual, norm_weight, EPS, weights[i], None, cos, sin, *caches, slots,
-                                      q_heads, kv_heads, tile)[0]
+        return norm_qkv_rotary_launch(
+            x, residual, norm_weight, EPS, weights[i], None, cos, sin, *caches, slots, q_heads, kv_heads, tile
+        )[0]
 
     base = device_us(apart, copies)
     lines = [f"| {name} attention input | {rows} | norm + {project_name} + rotary_store | {base:.2f} | 1.00 | - |"]
     used = ATTENTION_TILES.get((n, k))
     candidates = [t for t in OTHER_TILES if t[0] <= head_dim // 2] if sweep or used is None else []
     lines += fused_lines(f"{name} attention input", rows, base, used, candidates, fused, copies, apart(0).float())
-    del weights
+    weights.clear()  # the copies go now: the closures above are done with them
     torch.cuda.empty_cache()
     return lines
 
@@ -156,8 +170,10 @@ def draft_qk(name: str, q_heads: int, kv_heads: int, head_dim: int, requests: in
         return rotary(qn, kn, cos, sin)
 
     base, us = device_us(apart, 1), device_us(lambda i: qk_norm_rotary(q, k, qw, kw, EPS, cos, sin), 1)
-    return (f"| {name} q/k norms + rotary | {rows} | q_norm, k_norm, rotary: {base:.2f} µs; in one launch | "
-            f"{us:.2f} | {base / us:.2f} | - |")
+    return (
+        f"| {name} q/k norms + rotary | {rows} | q_norm, k_norm, rotary: {base:.2f} µs; in one launch | "
+        f"{us:.2f} | {base / us:.2f} | - |"
+    )
 
 
 def argmax_row(name: str, vocab: int, rows: int) -> str:
@@ -165,8 +181,10 @@ def argmax_row(name: str, vocab: int, rows: int) -> str:
     assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
     base = device_us(lambda i: logits.argmax(dim=-1), 1)
     us = device_us(lambda i: argmax_rows(logits), 1)
-    return (f"| {name} argmax of {vocab} | {rows} | torch.argmax: {base:.2f} µs; two launches | {us:.2f} | "
-            f"{base / us:.2f} | - |")
+    return (
+        f"| {name} argmax of {vocab} | {rows} | torch.argmax: {base:.2f} µs; two launches | {us:.2f} | "
+        f"{base / us:.2f} | - |"
+    )
 
 
 def accept_row(name: str, block: int, requests: int) -> str:
@@ -178,8 +196,10 @@ def accept_row(name: str, block: int, requests: int) -> str:
     assert torch.equal(accept_lengths_triton(drafts, target, live), accept_lengths_torch(drafts, target, live))
     base = device_us(lambda i: accept_lengths_torch(drafts, target, live), 1)
     us = device_us(lambda i: accept_lengths_triton(drafts, target, live), 1)
-    return (f"| {name} acceptance, block {block} | {requests} | torch (eq, cast, cumprod, sum, add, mask): {base:.2f} µs; "
-            f"one launch | {us:.2f} | {base / us:.2f} | - |")
+    return (
+        f"| {name} acceptance, block {block} | {requests} | torch (eq, cast, cumprod, sum, add, mask): {base:.2f} µs; "
+        f"one launch | {us:.2f} | {base / us:.2f} | - |"
+    )
 
 
 def of_geometry(shapes: list[tuple], prefix: str) -> list[tuple]:
@@ -191,8 +211,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1,16")
     parser.add_argument("--sweep", action="store_true", help="time 18 other tiles of the fused kernel too")
-    parser.add_argument("--only", default="", help="the shapes of one geometry: 8B or 135M, or the acceptance "
-                        "rule alone: DFLASH (default: all)")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="the shapes of one geometry: 8B or 135M, or the acceptance rule alone: DFLASH (default: all)",
+    )
     args = parser.parse_args()
     print(f"GPU: {torch.cuda.get_device_name()}; bf16; device time per launch (µs) over rotating weight copies\n")
     print("| shape | rows | kernels (block_n, block_k, warps, stages) | µs | x unfused | max rel err vs unfused |")

@@ -48,9 +48,12 @@ def main(argv=None) -> int:
                 left, frozen = len(gc.get_objects()), full_collection_ms(args.repeats)
             finally:
                 gc.unfreeze()
-    print(f"{args.device}, the default model's engine built and warmed up, median of {args.repeats} full collections"
-          "\n\n| heap | objects a full collection walks | ms a full collection |\n|---|---|---|\n"
-          f"| not frozen (before) | {walked} | {thawed:.2f} |\n| frozen (modeld's engine process) | {left} | {frozen:.2f} |")
+    print(
+        f"{args.device}, the default model's engine built and warmed up, median of {args.repeats} full collections"
+        "\n\n| heap | objects a full collection walks | ms a full collection |\n|---|---|---|\n"
+        f"| not frozen (before) | {walked} | {thawed:.2f} |\n| frozen (modeld's engine process) | {left} | "
+        f"{frozen:.2f} |"
+    )
     return 0
 
 

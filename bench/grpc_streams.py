@@ -5,7 +5,8 @@ gRPC): what the serving front (Generate handlers, detokenization, one message pe
         [--device cpu] [--target bench/configs/tiny-host] [--stream-intervals 1,4]
 
 A model so small that the forward is cheap (bench/configs/tiny-host, dummy weights; on the GPU --target
-bench/configs/smollm2-135m gives the default model's shape) with the default model's tokenizer, so handlers make text as they do for real; memd and modeld child processes, modeld as served (decode
+bench/configs/smollm2-135m gives the default model's shape) with the default model's tokenizer, so handlers make text
+as they do for real; memd and modeld child processes, modeld as served (decode
 lookahead 32). Every request answers --new-tokens greedy tokens (ignore_eos) to random prompt ids, all sent at once
 from an asyncio client (client.aio) in this process. Rounds alternate between the daemons and the in-process engine
 (whose streams this process's main thread reads, as bench.host_overhead does). Prints per concurrency the median
@@ -30,6 +31,7 @@ from client.aio import AsyncClient
 from modeld.config import ModeldConfig
 from modeld.fetch_default import ensure_default_model
 from train.stack import run_memd, run_modeld
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -87,22 +89,45 @@ def main(argv=None) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     intervals = [int(i) for i in args.stream_intervals.split(",")]
     prompts = random_prompts(max(levels), args.prompt_tokens)
-    print(f"{pathlib.Path(args.target).name} (dummy weights) with the default model's tokenizer on the {args.device}, {args.prompt_tokens} "
-          f"prompt + {args.new_tokens} new tokens a request, greedy, median of {args.rounds} rounds\n\n"
-          "| requests | stream interval | through gRPC tok/s | in-process tok/s | gRPC / in-process | modeld CPU s / 1K tokens |\n"
-          "|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp, \
-            run_memd(args.target, *many_requests_memd_flags(max(levels)), device=args.device) as memd:
+    print(
+        f"{pathlib.Path(args.target).name} (dummy weights) with the default model's tokenizer on the {args.device}, "
+        f"{args.prompt_tokens} "
+        f"prompt + {args.new_tokens} new tokens a request, greedy, median of {args.rounds} rounds\n\n"
+        "| requests | stream interval | through gRPC tok/s | in-process tok/s | gRPC / in-process | modeld CPU s / "
+        "1K tokens |\n"
+        "|---|---|---|---|---|---|"
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp,
+        run_memd(args.target, *many_requests_memd_flags(max(levels)), device=args.device) as memd,
+    ):
         folder = model_with_tokenizer(pathlib.Path(args.target), pathlib.Path(tmp))
-        cfg = ModeldConfig(device=args.device, memd=memd.address, target_model=str(folder), load_format="dummy",
-                           decode_lookahead=32, speculative_algorithm="none")
+        cfg = ModeldConfig(
+            device=args.device,
+            memd=memd.address,
+            target_model=str(folder),
+            load_format="dummy",
+            decode_lookahead=32,
+            speculative_algorithm="none",
+        )
         grpc_rates = {(level, i): ([], []) for level in levels for i in intervals}  # tokens/s, CPU s per 1K tokens
         local_rates = {level: [] for level in levels}
         for k in range(args.rounds):
             for interval in intervals:
-                with run_modeld(memd, "--target-model", str(folder), "--load-format", "dummy", "--speculative-algorithm",
-                                "none", "--decode-lookahead", "32", "--stream-interval", str(interval),
-                                device=args.device) as modeld:
+                with run_modeld(
+                    memd,
+                    "--target-model",
+                    str(folder),
+                    "--load-format",
+                    "dummy",
+                    "--speculative-algorithm",
+                    "none",
+                    "--decode-lookahead",
+                    "32",
+                    "--stream-interval",
+                    str(interval),
+                    device=args.device,
+                ) as modeld:
                     asyncio.run(stream_all(modeld.address, prompts[:8], 8))  # warm-up
                     for level in levels:
                         rate, cpu = through_grpc(modeld.address, modeld.proc.pid, prompts[:level], args.new_tokens)

@@ -57,24 +57,51 @@ def main(argv=None) -> int:
     p.add_argument("--page", type=int, default=64)
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args(argv)
-    memd_flags = ["--device", "cuda", "--target-model", args.target, "--page-size", str(args.page),
-                  "--max-running-requests", str(args.concurrency), "--mem-fraction", "0.3",
-                  "--kv-cache-dtype", "bfloat16", "--draft-model", "none"]
+    memd_flags = [
+        "--device",
+        "cuda",
+        "--target-model",
+        args.target,
+        "--page-size",
+        str(args.page),
+        "--max-running-requests",
+        str(args.concurrency),
+        "--mem-fraction",
+        "0.3",
+        "--kv-cache-dtype",
+        "bfloat16",
+        "--draft-model",
+        "none",
+    ]
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, 40000, (args.prompt_tokens,), generator=gen).tolist() for _ in range(args.concurrency)]
+    prompts = [
+        torch.randint(100, 40000, (args.prompt_tokens,), generator=gen).tolist() for _ in range(args.concurrency)
+    ]
     with memd_process(*memd_flags) as memd:
-        cfg = ModeldConfig(device="cuda", memd=memd, target_model=args.target, load_format=args.load_format,
-                           decode_lookahead=32, chunked_prefill_size=8192)
+        cfg = ModeldConfig(
+            device="cuda",
+            memd=memd,
+            target_model=args.target,
+            load_format=args.load_format,
+            decode_lookahead=32,
+            chunked_prefill_size=8192,
+        )
         with running_engine(cfg) as engine:
             generate_all(engine, prompts[:8], 8, True, "warm")
             tokens, seconds, _ = generate_all(engine, prompts, args.new_tokens, True, "plain")
             prof, times = profiled_steps(engine)
             ptokens, pseconds, _ = generate_all(engine, prompts, args.new_tokens, True, "profiled")
-    print(f"GPU: {torch.cuda.get_device_name()}; target {pathlib.Path(args.target).name} ({args.load_format}); "
-          f"{args.concurrency} requests x {args.prompt_tokens} prompt + {args.new_tokens} new tokens, greedy, page {args.page}")
+    print(
+        f"GPU: {torch.cuda.get_device_name()}; target {pathlib.Path(args.target).name} ({args.load_format}); "
+        f"{args.concurrency} requests x {args.prompt_tokens} prompt + {args.new_tokens} new tokens, greedy, page "
+        f"{args.page}"
+    )
     print(f"\nin-process engine: {tokens / seconds:.0f} tokens/s ({tokens} tokens in {seconds:.2f} s)")
-    print(f"profiled run: {ptokens / pseconds:.0f} tokens/s, {len(times)} steps, mean step {1000 * sum(times) / len(times):.2f} ms, "
-          f"median {1000 * sorted(times)[len(times) // 2]:.2f} ms")
+    print(
+        f"profiled run: {ptokens / pseconds:.0f} tokens/s, {len(times)} steps, mean step "
+        f"{1000 * sum(times) / len(times):.2f} ms, "
+        f"median {1000 * sorted(times)[len(times) // 2]:.2f} ms"
+    )
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.top)
     print("\nengine thread, by own time:\n" + out.getvalue())

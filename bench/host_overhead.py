@@ -38,8 +38,16 @@ def random_prompts(count: int, tokens: int) -> list[list[int]]:
 
 def many_requests_memd_flags(requests: int) -> list[str]:
     """memd's pool flags for `requests` requests of up to 256 tokens at once (page 16, no draft)."""
-    return ["--page-size", "16", "--max-running-requests", str(requests), "--max-total-tokens", str(requests * 256),
-            "--draft-model", "none"]
+    return [
+        "--page-size",
+        "16",
+        "--max-running-requests",
+        str(requests),
+        "--max-total-tokens",
+        str(requests * 256),
+        "--draft-model",
+        "none",
+    ]
 
 
 class ModelTime:
@@ -64,12 +72,14 @@ class ModelTime:
                     self.steps += 1
                     self.steps_time += time.perf_counter() - begin
                 return busy
+
             return timed
 
         def counted_prepare(prepare):
             def counted(items, *a):
                 self.items += len(items)
                 return prepare(items, *a)
+
             return counted
 
         self.patches.replace(engine, "_step", timed_step)
@@ -82,12 +92,14 @@ class ModelTime:
                 return fn(*a, **kw)
             finally:
                 self.model += time.perf_counter() - begin
+
         return timed
 
     def _counted(self, fn):
         def counted(*a, **kw):
             self.memd_calls += 1
             return fn(*a, **kw)
+
         return counted
 
     def close(self) -> tuple[int, float, float, float, float, int]:
@@ -95,8 +107,14 @@ class ModelTime:
         self.patches.undo()
         n = max(1, self.steps)
         host = self.steps_time - self.model
-        return (self.steps, 1e3 * self.steps_time / n, 1e3 * self.model / n, 1e3 * host / n,
-                1e6 * host / max(1, self.items), self.memd_calls)
+        return (
+            self.steps,
+            1e3 * self.steps_time / n,
+            1e3 * self.model / n,
+            1e3 * host / n,
+            1e6 * host / max(1, self.items),
+            self.memd_calls,
+        )
 
 
 def main(argv=None) -> int:
@@ -108,12 +126,20 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts = random_prompts(max(levels), args.prompt_tokens)
-    print(f"engine thread on the CPU, {TINY.name} (dummy weights), {args.prompt_tokens} prompt + {args.new_tokens} new "
-          f"tokens a request, greedy, median of {args.rounds} rounds\n\n| requests | steps | wall ms / step | "
-          "model ms / step | host ms / step | host us / request-step | memd calls |\n|---|---|---|---|---|---|---|")
+    print(
+        f"engine thread on the CPU, {TINY.name} (dummy weights), {args.prompt_tokens} prompt + {args.new_tokens} new "
+        f"tokens a request, greedy, median of {args.rounds} rounds\n\n| requests | steps | wall ms / step | "
+        "model ms / step | host ms / step | host us / request-step | memd calls |\n|---|---|---|---|---|---|---|"
+    )
     with memd_process("--device", "cpu", "--target-model", str(TINY), *many_requests_memd_flags(max(levels))) as memd:
-        cfg = ModeldConfig(device="cpu", memd=memd, target_model=str(TINY), load_format="dummy", decode_lookahead=32,
-                           speculative_algorithm="none")
+        cfg = ModeldConfig(
+            device="cpu",
+            memd=memd,
+            target_model=str(TINY),
+            load_format="dummy",
+            decode_lookahead=32,
+            speculative_algorithm="none",
+        )
         with running_engine(cfg) as engine:
             generate_all(engine, prompts[:8], 8, True, "warm")
             for level in levels:
@@ -123,8 +149,12 @@ def main(argv=None) -> int:
                     generate_all(engine, prompts[:level], args.new_tokens, True, f"c{level}-{k}")
                     rows.append(timing.close())
                 steps, *per_step, calls = (statistics.median(col) for col in zip(*rows))
-                print(f"| {level} | {steps:.0f} | " + " | ".join(f"{v:.2f}" for v in per_step[:3]) + f" | {per_step[3]:.1f} "
-                      f"| {calls:.0f} |")
+                print(
+                    f"| {level} | {steps:.0f} | "
+                    + " | ".join(f"{v:.2f}" for v in per_step[:3])
+                    + f" | {per_step[3]:.1f} "
+                    f"| {calls:.0f} |"
+                )
     return 0
 
 

@@ -54,16 +54,19 @@ def main(argv=None) -> int:
         prompts = prompts_for(target, "auto", args.requests)
     results = {mode: [] for mode in MODES}
     with memd_process("--device", args.device, "--target-model", target, *many_requests_memd_flags(4)) as memd:
-        cfg = ModeldConfig(device=args.device, memd=memd, target_model=target, load_format=load_format,
-                           speculative_algorithm="none")
+        cfg = ModeldConfig(
+            device=args.device, memd=memd, target_model=target, load_format=load_format, speculative_algorithm="none"
+        )
         with running_engine(cfg) as engine:
             generate_all(engine, prompts[:2], 8, True, "warm")
             for k in range(args.rounds):
                 for mode in MODES:
                     results[mode].append(one_round(engine, prompts, mode, f"{k}-{mode[:4]}", args.new_tokens))
-    print(f"{args.device}, {target.rsplit('/', 1)[-1]} ({load_format}), {args.requests} requests of {args.new_tokens} "
-          f"tokens one at a time, median of {args.rounds} rounds\n\n| idle pass's releases | first tokens, ms | "
-          "request, ms | x first tokens |\n|---|---|---|---|")
+    print(
+        f"{args.device}, {target.rsplit('/', 1)[-1]} ({load_format}), {args.requests} requests of {args.new_tokens} "
+        f"tokens one at a time, median of {args.rounds} rounds\n\n| idle pass's releases | first tokens, ms | "
+        "request, ms | x first tokens |\n|---|---|---|---|"
+    )
     before = statistics.median(r[0] for r in results[MODES[0]])
     for mode, rows in results.items():
         first = statistics.median(r[0] for r in rows)

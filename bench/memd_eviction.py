@@ -29,9 +29,18 @@ def filled_manager(nodes: int, rng: random.Random) -> SlotManager:
     """A manager whose target pool is all cache but for one admission's pages: `nodes` prompts of 3 pages."""
     pages = nodes * 3 + EXTEND_TO // P + 1
     ctx, rows = 4096, 8
-    mgr = SlotManager(target_pages=pages, draft_pages=pages // 4, page_size=P, mode=DraftMode.BOUNDED, window=WINDOW,
-                      trim_gap=0, max_requests=rows, context_len=ctx, mapping=np.zeros((pages + 1) * P, np.int32),
-                      req_to_token=np.zeros((rows + 1, ctx), np.int32))
+    mgr = SlotManager(
+        target_pages=pages,
+        draft_pages=pages // 4,
+        page_size=P,
+        mode=DraftMode.BOUNDED,
+        window=WINDOW,
+        trim_gap=0,
+        max_requests=rows,
+        context_len=ctx,
+        mapping=np.zeros((pages + 1) * P, np.int32),
+        req_to_token=np.zeros((rows + 1, ctx), np.int32),
+    )
     mgr.open_session("s", model="m")
     for i in range(nodes):
         admit_and_finish(mgr, f"fill{i}", rng)

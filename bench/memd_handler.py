@@ -3,7 +3,7 @@ and its release (finished into the prefix cache), memd's CPU (shared memory) and
 GPU idle and busy. Splits a call into memd's Python (the slot manager) and the table publication
 (`buffers.sync`), and prints the slowest functions of the CUDA backend's calls (cProfile). What it answers: where
 the gap lies between a MatchPrefix handler's 0.11 ms in process on a CPU and 0.40 ms in the live memd on the GPU
-machine (BENCHMARKS.md, twentieth session).
+machine (BENCHMARKS.md, memd: round trip, handler, publication, eviction).
 
     python -m bench.memd_handler [--calls 300] [--prompt-tokens 100]
 
@@ -45,8 +45,12 @@ def admissions(mgr, buffers, calls: int, prompt: int, profile: cProfile.Profile 
         t4 = time.perf_counter()
         if profile:
             profile.disable()
-        for name, start, end in (("match", t0, t1), ("match sync", t1, t2), ("release", t2, t3),
-                                 ("release sync", t3, t4)):
+        for name, start, end in (
+            ("match", t0, t1),
+            ("match sync", t1, t2),
+            ("release", t2, t3),
+            ("release sync", t3, t4),
+        ):
             times[name].append((end - start) * 1e3)
     mgr.flush_cache()
     return times
@@ -69,8 +73,9 @@ def main() -> None:
             admissions(mgr, buffers, 30, args.prompt_tokens)  # warm: CuPy's kernels loaded, its pools filled
             for busy in (False, True) if device == "cuda" else (False,):
                 with gpu_load(busy):
-                    times = admissions(mgr, buffers, args.calls, args.prompt_tokens,
-                                       profile if device == "cuda" and busy else None)
+                    times = admissions(
+                        mgr, buffers, args.calls, args.prompt_tokens, profile if device == "cuda" and busy else None
+                    )
                 cells = " | ".join(quantiles(times[k]) for k in times)
                 print(f"| {buffers.backend} | {'busy' if busy else 'idle'} | {cells} |")
         finally:

@@ -25,8 +25,15 @@ from bench.memd_process import memd_process
 from memd.attach import MemdSession
 from protos import memd_pb2
 
-CALLS = ("Health check (gRPC alone)", "MatchPrefix", "Alloc", "Free", "MatchPrefix, stream", "Alloc, stream",
-         "Free, stream")
+CALLS = (
+    "Health check (gRPC alone)",
+    "MatchPrefix",
+    "Alloc",
+    "Free",
+    "MatchPrefix, stream",
+    "Alloc, stream",
+    "Free, stream",
+)
 
 
 def keep_gpu_busy(ready, stop) -> None:
@@ -66,8 +73,15 @@ def admit_and_release(session: MemdSession, rid: str, send) -> list[float]:
     sid, ids, stamps = session.session_id, list(range(100, 116)), []
     matched = send("match_prefix", memd_pb2.MatchPrefixRequest(session_id=sid, rid=rid, token_ids=ids))
     stamps.append(time.perf_counter())
-    send("alloc", memd_pb2.AllocRequest(session_id=sid, extends=[memd_pb2.ExtendOp(
-        rid=rid, prefix_len=matched.cached_len, num_tokens=len(ids) - matched.cached_len)]))
+    send(
+        "alloc",
+        memd_pb2.AllocRequest(
+            session_id=sid,
+            extends=[
+                memd_pb2.ExtendOp(rid=rid, prefix_len=matched.cached_len, num_tokens=len(ids) - matched.cached_len)
+            ],
+        ),
+    )
     stamps.append(time.perf_counter())
     send("free", memd_pb2.FreeRequest(session_id=sid, finish=[rid]))
     stamps.append(time.perf_counter())
@@ -84,7 +98,9 @@ def time_calls(address: str, calls: int) -> dict[str, list[float]]:
             health.Check(health_pb2.HealthCheckRequest())
             t.append(time.perf_counter())
             t += admit_and_release(session, f"r{i}", lambda kind, request: unary[kind](request, timeout=10))
-            t += admit_and_release(session, f"r{i}", lambda kind, request: session.calls.submit(kind, request, 10).result())
+            t += admit_and_release(
+                session, f"r{i}", lambda kind, request: session.calls.submit(kind, request, 10).result()
+            )
             for name, begin, end in zip(times, t, t[1:]):
                 times[name].append((end - begin) * 1e3)
     return times
@@ -95,14 +111,22 @@ def time_bursts(address: str, calls: int, size: int = 16, prompt: int = 40) -> d
     registered by `size` MatchPrefix calls in flight together (modeld until fbf7067) or by one MatchPrefixBatch
     (modeld since); admitted (registered and their prompts granted) by that batch and then an Alloc (modeld until
     the batch carried extend_to) or by one MatchPrefixBatch whose items ask for their prompts (modeld since)."""
-    names = (f"{size} MatchPrefix in flight", f"one MatchPrefixBatch of {size}",
-             f"admitted: MatchPrefixBatch + Alloc of {size}", f"admitted: one MatchPrefixBatch granting {size}")
+    names = (
+        f"{size} MatchPrefix in flight",
+        f"one MatchPrefixBatch of {size}",
+        f"admitted: MatchPrefixBatch + Alloc of {size}",
+        f"admitted: one MatchPrefixBatch granting {size}",
+    )
     times: dict[str, list[float]] = {name: [] for name in names}
     with MemdSession(address, "bench-memd-bursts", writes_draft_kv=False) as session:
 
         def in_flight(items):
-            futures = [session.stub.MatchPrefix.future(memd_pb2.MatchPrefixRequest(
-                session_id=session.session_id, rid=rid, token_ids=ids), timeout=10) for rid, ids in items]
+            futures = [
+                session.stub.MatchPrefix.future(
+                    memd_pb2.MatchPrefixRequest(session_id=session.session_id, rid=rid, token_ids=ids), timeout=10
+                )
+                for rid, ids in items
+            ]
             for future in futures:
                 future.result()
 
@@ -134,8 +158,18 @@ def main() -> None:
     print("| memd backend | GPU | " + " | ".join(f"{name} p50 / p90 ms" for name in CALLS) + " |")
     print("|---|---|" + "---|" * len(CALLS))
     for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
-        with memd_process("--device", device, "--target-model", args.target, "--max-total-tokens", "65536",
-                          "--max-running-requests", "64", "--kv-cache-dtype", "bfloat16") as address:
+        with memd_process(
+            "--device",
+            device,
+            "--target-model",
+            args.target,
+            "--max-total-tokens",
+            "65536",
+            "--max-running-requests",
+            "64",
+            "--kv-cache-dtype",
+            "bfloat16",
+        ) as address:
             for busy in (False, True) if device == "cuda" else (False,):
                 with gpu_load(busy):  # both timings under the same load (the bursts' row carries this row's GPU label)
                     times = time_calls(address, args.calls)

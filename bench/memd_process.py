@@ -16,8 +16,9 @@ def memd_process(*memd_args: str, start_timeout: float = 120):
     folder = pathlib.Path(tempfile.mkdtemp(prefix="bench-memd-"))
     address = f"unix://{folder / 'memd.sock'}"
     with open(folder / "memd.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "memd", "--listen", address, *memd_args], stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "memd", "--listen", address, *memd_args], stdout=log, stderr=subprocess.STDOUT
+        )
         try:
             deadline = time.monotonic() + start_timeout
             while not reachable(address):

@@ -10,9 +10,8 @@ relative to the others, not a share of a GPU step). Runs on the CPU (memd's shar
 Kinds: "MatchPrefix" (a lone arrival's match, with its first chunk's grant), "MatchPrefixBatch" (a burst of
 arrivals registered in one call), "Alloc" (a call the step waited for: admissions, prefill chunks, decodes short of
 slots, releases when nothing else carries them), "Alloc sent ahead, awaited" (a call sent without waiting whose
-answer was not there when a step needed it; since 2026-12-06 also an idle pass's releases, sent ahead, when the
-next pass waits for them), "Free" (releases waited for: running requests that got no step give back their spare
-slots; until 2026-12-06 every idle pass's releases).
+answer was not there when a step needed it; also an idle pass's releases, sent ahead, when the next pass waits
+for them), "Free" (releases waited for: running requests that got no step give back their spare slots).
 
 Beside each kind, memd's own time for a call of its method (its handler, from memd's `memd:rpc_duration_seconds`
 over every call of the run, waited or not): what the engine waits beyond it is the transport and the two processes'
@@ -43,17 +42,25 @@ class Waits:
         self.times = collections.defaultdict(list)  # kind -> seconds of each call
         self.steps, self.patches = 0, Patches()
         sched = engine.scheduler
-        for name, kind in (("alloc", "Alloc"), ("free", "Free"), ("match_prefix", "MatchPrefix"),
-                           ("match_prefix_batch", "MatchPrefixBatch")):
+        for name, kind in (
+            ("alloc", "Alloc"),
+            ("free", "Free"),
+            ("match_prefix", "MatchPrefix"),
+            ("match_prefix_batch", "MatchPrefixBatch"),
+        ):
             self.patches.replace(sched.memd.session, name, self._timed(lambda *a, kind=kind: kind))
-        self.patches.replace(sched.memd, "_await_answer",
-                             self._timed(lambda future: None if future.done() else "Alloc sent ahead, awaited"))
+        self.patches.replace(
+            sched.memd,
+            "_await_answer",
+            self._timed(lambda future: None if future.done() else "Alloc sent ahead, awaited"),
+        )
         per_step = [1]
 
         def counted_steps(steps_ahead):
             def counted(*a):
                 per_step[0] = steps_ahead(*a)
                 return per_step[0]
+
             return counted
 
         def counted_step(step):
@@ -62,6 +69,7 @@ class Waits:
                 busy = step()
                 self.steps += per_step[0] if busy else 0
                 return busy
+
             return counted
 
         self.patches.replace(engine.runner, "steps_ahead", counted_steps)
@@ -69,6 +77,7 @@ class Waits:
 
     def _timed(self, kind_of):
         """A wrapper maker: times each call of the original under kind_of(its arguments) (None: not counted)."""
+
         def make(original):
             def timed(*a, **kw):
                 kind = kind_of(*a)
@@ -78,7 +87,9 @@ class Waits:
                 finally:
                     if kind:
                         self.times[kind].append(time.perf_counter() - begin)
+
             return timed
+
         return make
 
     def close(self, handler_ms: dict[str, float]) -> list[str]:
@@ -92,8 +103,10 @@ class Waits:
             method = "Alloc" if kind.startswith("Alloc") else kind
             handler = f"{handler_ms[method]:.3f}" if method in handler_ms else "-"
             ms = [1e3 * t for t in times]
-            rows.append(f"{kind} | {len(ms) * per:.1f} | {sum(ms) * per:.2f} | {sum(ms) / len(ms):.3f} / "
-                        f"{statistics.median(ms):.3f} / {max(ms):.3f} | {handler}")
+            rows.append(
+                f"{kind} | {len(ms) * per:.1f} | {sum(ms) * per:.2f} | {sum(ms) / len(ms):.3f} / "
+                f"{statistics.median(ms):.3f} / {max(ms):.3f} | {handler}"
+            )
         return rows
 
 
@@ -131,28 +144,59 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--batch1", type=int, default=3, help="prompts answered one at a time")
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--draft", help="a DFLASH draft (modeld/default_draft: the shipped one): the engine as served with it")
-    p.add_argument("--switch-interval", type=float,
-                   help="Python's GIL switch interval in seconds for this process, the engine's (default: Python's)")
+    p.add_argument(
+        "--draft", help="a DFLASH draft (modeld/default_draft: the shipped one): the engine as served with it"
+    )
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        help="Python's GIL switch interval in seconds for this process, the engine's (default: Python's)",
+    )
     args = p.parse_args(argv)
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
     target = args.target or str(ensure_default_model())
     prompts = prompts_for(target, "auto", max(args.batch1, args.concurrency))
-    memd_flags = ["--device", args.device, "--target-model", target, "--max-running-requests", str(args.concurrency),
-                  "--max-total-tokens", "65536", "--metrics-port", "0", "--draft-model", args.draft or "none"]
+    memd_flags = [
+        "--device",
+        args.device,
+        "--target-model",
+        target,
+        "--max-running-requests",
+        str(args.concurrency),
+        "--max-total-tokens",
+        "65536",
+        "--metrics-port",
+        "0",
+        "--draft-model",
+        args.draft or "none",
+    ]
     if args.draft:  # the bounded draft pool memd sizes by default for the shipped draft
-        memd_flags += ["--draft-kv-ratio", str(defaults.DEFAULT_DRAFT_KV_RATIO),
-                       "--draft-window", str(defaults.default_draft_window())]
-    print(f"engine as served ({'DFLASH' if args.draft else 'plain'}, calls sent ahead), {args.new_tokens} new tokens "
-          f"at most, greedy, device {args.device}\n\n| batch | kind | waited calls / 100 steps | ms waited / 100 steps "
-          f"| ms a waited call: mean / p50 / max | memd's handler, ms a call |\n|---|---|---|---|---|---|")
+        memd_flags += [
+            "--draft-kv-ratio",
+            str(defaults.DEFAULT_DRAFT_KV_RATIO),
+            "--draft-window",
+            str(defaults.default_draft_window()),
+        ]
+    print(
+        f"engine as served ({'DFLASH' if args.draft else 'plain'}, calls sent ahead), {args.new_tokens} new tokens "
+        f"at most, greedy, device {args.device}\n\n| batch | kind | waited calls / 100 steps | ms waited / 100 steps "
+        f"| ms a waited call: mean / p50 / max | memd's handler, ms a call |\n|---|---|---|---|---|---|"
+    )
     with memd_process(*memd_flags) as memd:
-        cfg = ModeldConfig(device=args.device, memd=memd, target_model=target, draft_model=args.draft,
-                           speculative_algorithm="dflash" if args.draft else "none")
+        cfg = ModeldConfig(
+            device=args.device,
+            memd=memd,
+            target_model=target,
+            draft_model=args.draft,
+            speculative_algorithm="dflash" if args.draft else "none",
+        )
         with running_engine(cfg) as engine:
             generate_all(engine, prompts[:2], 8, False, "warm")
-            for batch, groups in ((1, [[q] for q in prompts[: args.batch1]]), (args.concurrency, [prompts[: args.concurrency]])):
+            for batch, groups in (
+                (1, [[q] for q in prompts[: args.batch1]]),
+                (args.concurrency, [prompts[: args.concurrency]]),
+            ):
                 waits, handlers = Waits(engine), HandlerTimes(memd)
                 for k, group in enumerate(groups):
                     generate_all(engine, group, args.new_tokens, False, f"b{batch}-{k}")

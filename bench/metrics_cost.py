@@ -27,8 +27,9 @@ def generate_tokens(address: str, requests: int, new_tokens: int) -> tuple[int, 
     begin, tokens = time.perf_counter(), 0
     with client.Client(address, timeout=600) as c:
         for _ in range(requests):
-            tokens += c.generate(PROMPT, chat=True, max_new_tokens=new_tokens, temperature=0,
-                                 ignore_eos=True).completion_tokens
+            tokens += c.generate(
+                PROMPT, chat=True, max_new_tokens=new_tokens, temperature=0, ignore_eos=True
+            ).completion_tokens
     return tokens, time.perf_counter() - begin
 
 
@@ -49,15 +50,18 @@ def main(argv=None) -> int:
     target = ensure_default_model()
     speeds = {"no scraper": [], "scraped flat out": []}
     rates = []
-    with run_memd(target, *memd_args(budget=400_000_000, max_running=4, chunk=256), device=args.device) as memd, \
-            run_modeld(memd, "--target-model", str(target), "--metrics-port", "0", device=args.device) as modeld:
+    with (
+        run_memd(target, *memd_args(budget=400_000_000, max_running=4, chunk=256), device=args.device) as memd,
+        run_modeld(memd, "--target-model", str(target), "--metrics-port", "0", device=args.device) as modeld,
+    ):
         url = re.search(r"modeld metrics on (http://\S+/metrics)", modeld.log()).group(1)
         generate_tokens(modeld.address, 1, 8)  # warm-up
         for _ in range(args.rounds):
             for mode in speeds:
                 stop, count = threading.Event(), [0]
-                scraper = threading.Thread(target=scrape_until, args=(url, stop, count)) if mode != "no scraper" \
-                    else None
+                scraper = (
+                    threading.Thread(target=scrape_until, args=(url, stop, count)) if mode != "no scraper" else None
+                )
                 if scraper:
                     scraper.start()
                 tokens, seconds = generate_tokens(modeld.address, args.requests, args.new_tokens)
@@ -67,8 +71,10 @@ def main(argv=None) -> int:
                     rates.append(count[0] / seconds)
                 speeds[mode].append(tokens / seconds)
     plain, scraped = (statistics.median(v) for v in speeds.values())
-    print(f"| device | no scraper tok/s | scraped flat out tok/s | x | scrapes/s |\n|---|---|---|---|---|\n"
-          f"| {args.device} | {plain:.1f} | {scraped:.1f} | {scraped / plain:.2f} | {statistics.median(rates):.0f} |")
+    print(
+        f"| device | no scraper tok/s | scraped flat out tok/s | x | scrapes/s |\n|---|---|---|---|---|\n"
+        f"| {args.device} | {plain:.1f} | {scraped:.1f} | {scraped / plain:.2f} | {statistics.median(rates):.0f} |"
+    )
     return 0
 
 

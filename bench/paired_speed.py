@@ -18,8 +18,15 @@ import json
 import statistics
 import sys
 
-from bench.engine_speed import (add_model_arguments, add_run_arguments, largest_batch, memd_args, prompts_for,
-                                resolve_run_arguments, run_variant)
+from bench.engine_speed import (
+    add_model_arguments,
+    add_run_arguments,
+    largest_batch,
+    memd_args,
+    prompts_for,
+    resolve_run_arguments,
+    run_variant,
+)
 from bench.engine_variants import SERVED, VARIANTS
 from bench.memd_process import memd_process
 
@@ -34,32 +41,48 @@ def run_order(pairs: int) -> list[str]:
 
 def metrics(args) -> list[tuple[str, str]]:
     """(label, row key) of every tokens/s figure a run measures."""
-    return [("batch 1", "bs1"), *((f"{c} concurrent", f"c{c}") for c in args.concurrency),
-            *((f"{c} concurrent, sampled", f"sampled{c}") for c in args.sampled_concurrency)]
+    return [
+        ("batch 1", "bs1"),
+        *((f"{c} concurrent", f"c{c}") for c in args.concurrency),
+        *((f"{c} concurrent, sampled", f"sampled{c}") for c in args.sampled_concurrency),
+    ]
 
 
 def pair_ratios(runs: list[dict], key: str) -> list[float]:
     """DFLASH over plain tokens/s at `key` for each adjacent pair of runs (in run_order's order)."""
     pairs = [runs[i : i + 2] for i in range(0, len(runs) - 1, 2)]
-    return [next(r for r in pair if r["kind"] == "dflash")[key] / next(r for r in pair if r["kind"] == "plain")[key]
-            for pair in pairs]
+    return [
+        next(r for r in pair if r["kind"] == "dflash")[key] / next(r for r in pair if r["kind"] == "plain")[key]
+        for pair in pairs
+    ]
 
 
 def report(runs: list[dict], args) -> str:
     """The ratio of every pair, their median and range; then each configuration's median tokens/s."""
     pairs, measured = len(runs) // 2, metrics(args)
-    lines = ["| DFLASH / plain, tokens/s | " + " | ".join(f"pair {i + 1}" for i in range(pairs)) + " | median | range |",
-             "|---|" + "---|" * (pairs + 2)]
+    lines = [
+        "| DFLASH / plain, tokens/s | " + " | ".join(f"pair {i + 1}" for i in range(pairs)) + " | median | range |",
+        "|---|" + "---|" * (pairs + 2),
+    ]
     for label, key in measured:
         ratios = pair_ratios(runs, key)
-        lines.append(f"| {label} | " + " | ".join(f"{r:.2f}" for r in ratios)
-                     + f" | {statistics.median(ratios):.2f} | {min(ratios):.2f}-{max(ratios):.2f} |")
-    lines += ["", "| median tokens/s | " + " | ".join(label for label, _ in measured) + " |",
-              "|---|" + "---|" * len(measured)]
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{r:.2f}" for r in ratios)
+            + f" | {statistics.median(ratios):.2f} | {min(ratios):.2f}-{max(ratios):.2f} |"
+        )
+    lines += [
+        "",
+        "| median tokens/s | " + " | ".join(label for label, _ in measured) + " |",
+        "|---|" + "---|" * len(measured),
+    ]
     for kind in KINDS:
         mine = [r for r in runs if r["kind"] == kind]
-        lines.append(f"| {kind} as served | " + " | ".join(f"{statistics.median(r[key] for r in mine):.1f}"
-                                                          for _, key in measured) + " |")
+        lines.append(
+            f"| {kind} as served | "
+            + " | ".join(f"{statistics.median(r[key] for r in mine):.1f}" for _, key in measured)
+            + " |"
+        )
     accept = [r["accept"] for r in runs if r["kind"] == "dflash" and r["accept"]]
     if accept:
         lines.append(f"\nDFLASH's accept length at batch 1: {statistics.median(accept):.2f} (the median of its runs)")

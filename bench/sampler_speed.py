@@ -55,7 +55,10 @@ def main(argv=None) -> None:
         row_gens = [g for g in gens for _ in range(rows)]
         before = timed(lambda: per_row_draws(logits, params, row_gens), args.repeats)
         after = timed(lambda: sample(logits, params, row_gens), args.repeats)
-        print(f"| {requests} | {rows} | {requests * rows} | {before:.3f} | {after:.3f} | {before / after:.1f} |", flush=True)
+        print(
+            f"| {requests} | {rows} | {requests * rows} | {before:.3f} | {after:.3f} | {before / after:.1f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,14 @@ from modeld.kernels.skinny_linear import TILES, skinny_launch
 
 # (name, N, K): the 8B geometry (Llama-3-8B) and the default model (SmolLM2-135M)
 SHAPES = [
-    ("8B qkv", 6144, 4096), ("8B o_proj", 4096, 4096), ("8B down", 4096, 14336), ("8B gate_up", 28672, 4096),
-    ("135M qkv", 960, 576), ("135M o_proj", 576, 576), ("135M down", 576, 1536), ("135M gate_up", 3072, 576),
+    ("8B qkv", 6144, 4096),
+    ("8B o_proj", 4096, 4096),
+    ("8B down", 4096, 14336),
+    ("8B gate_up", 28672, 4096),
+    ("135M qkv", 960, 576),
+    ("135M o_proj", 576, 576),
+    ("135M down", 576, 1536),
+    ("135M gate_up", 3072, 576),
 ]
 SWEEP = list(itertools.product((16, 32, 64), (64, 128, 256, 512), (4, 8), (3, 4, 5)))  # tiles that do not fit fail
 QUICK = [(n, k, 4, s) for n, k, s in itertools.product((16, 32, 64), (128, 256), (3, 4))]
@@ -57,8 +63,7 @@ def one_shape(name, n, k, rows, tiles) -> tuple[list[str], tuple]:
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     reference = torch.nn.functional.linear(x, weights[0]).float()
     base = device_us(lambda i: torch.nn.functional.linear(x, weights[i]), copies)
-    lines = [f"| {name} | {rows} | cuBLAS | {base:.2f} | "
-             f"{weight_bytes / base / 1e6:.2f} | 1.00 | - |"]
+    lines = [f"| {name} | {rows} | cuBLAS | {base:.2f} | {weight_bytes / base / 1e6:.2f} | 1.00 | - |"]
     timed = []
     current = TILES.get((n, k))
     for tile in tiles + ([current] if current and current not in tiles else []):
@@ -72,9 +77,11 @@ def one_shape(name, n, k, rows, tiles) -> tuple[list[str], tuple]:
         timed.append((us, tile, err))
     timed.sort()
     for us, tile, err in timed[:5] + [t for t in timed if t[1] == current][:1]:
-        lines.append(f"| {name} | {rows} | skinny {tile} | {us:.2f} | {weight_bytes / us / 1e6:.2f} | "
-                     f"{base / us:.2f} | {err:.1e} |")
-    del weights
+        lines.append(
+            f"| {name} | {rows} | skinny {tile} | {us:.2f} | {weight_bytes / us / 1e6:.2f} | "
+            f"{base / us:.2f} | {err:.1e} |"
+        )
+    weights.clear()  # the copies go now: the closures above are done with them
     torch.cuda.empty_cache()
     return lines, (timed[0][1] if timed else None)
 
@@ -83,10 +90,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1,16")
     parser.add_argument("--only", help="comma-separated parts of shape names to time (default: every shape)")
-    parser.add_argument("--quick", action="store_true", help="a small sweep (12 tiles, and the shape's tile in TILES) instead of 72")
+    parser.add_argument(
+        "--quick", action="store_true", help="a small sweep (12 tiles, and the shape's tile in TILES) instead of 72"
+    )
     args = parser.parse_args()
-    print(f"GPU: {torch.cuda.get_device_name()}; bf16; device time per launch over rotating weight copies "
-          f"(at least {ROTATION_BYTES >> 20} MB: none from L2); TB/s = weight bytes / time\n")
+    print(
+        f"GPU: {torch.cuda.get_device_name()}; bf16; device time per launch over rotating weight copies "
+        f"(at least {ROTATION_BYTES >> 20} MB: none from L2); TB/s = weight bytes / time\n"
+    )
     print("| shape | rows | kernel (block_n, block_k, warps, stages) | µs | TB/s | x cuBLAS | max rel err vs cuBLAS |")
     print("|---|---|---|---|---|---|---|")
     best = {}

@@ -21,17 +21,34 @@ from torch.profiler import ProfilerActivity, profile
 from bench.engine_speed import prompts_for, submit_requests
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
-from modeld.fetch_default import ensure_default_model
 from modeld.engine_build import build_engine
+from modeld.fetch_default import ensure_default_model
 
 DEFAULT_DRAFT = "modeld/default_draft"
 HOST_OR_COPY = ("aten::", "cuda", "cuLaunch", "Memcpy", "Memset")  # profiler keys of host calls and copies
 
 
 def memd_flags(args) -> list[str]:
-    return ["--device", args.device, "--target-model", args.target, "--page-size", "16", "--max-running-requests",
-            str(max(args.batch, 2)), "--max-total-tokens", "65536", "--kv-cache-dtype", "bfloat16",
-            "--draft-model", args.draft, "--draft-kv-ratio", "0.25", "--draft-window", "256"]
+    return [
+        "--device",
+        args.device,
+        "--target-model",
+        args.target,
+        "--page-size",
+        "16",
+        "--max-running-requests",
+        str(max(args.batch, 2)),
+        "--max-total-tokens",
+        "65536",
+        "--kv-cache-dtype",
+        "bfloat16",
+        "--draft-model",
+        args.draft,
+        "--draft-kv-ratio",
+        "0.25",
+        "--draft-window",
+        "256",
+    ]
 
 
 def run_in_this_thread(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> tuple[int, int, int, float]:
@@ -49,11 +66,18 @@ def run_in_this_thread(engine, prompts: list[list[int]], new_tokens: int, tag: s
 
 
 def profile_config(memd: str, args, prompts, dflash: bool) -> str:
-    cfg = ModeldConfig(device=args.device, memd=memd, target_model=args.target,
-                       load_format=args.load_format, steps_per_replay=args.steps_per_replay,
-                       disable_skinny_linear=args.disable_skinny_linear, disable_norm_fusion=args.disable_norm_fusion,
-                       overlap_decode=False if args.disable_overlap_decode else None,
-                       draft_model=args.draft if dflash else None, speculative_algorithm="dflash" if dflash else "none")
+    cfg = ModeldConfig(
+        device=args.device,
+        memd=memd,
+        target_model=args.target,
+        load_format=args.load_format,
+        steps_per_replay=args.steps_per_replay,
+        disable_skinny_linear=args.disable_skinny_linear,
+        disable_norm_fusion=args.disable_norm_fusion,
+        overlap_decode=False if args.disable_overlap_decode else None,
+        draft_model=args.draft if dflash else None,
+        speculative_algorithm="dflash" if dflash else "none",
+    )
     built = build_engine(cfg, lambda serving: None)
     engine = built.engine
     cuda = args.device == "cuda"
@@ -61,7 +85,9 @@ def profile_config(memd: str, args, prompts, dflash: bool) -> str:
         run_in_this_thread(engine, prompts[:2], 8, "warm")
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         with profile(activities=activities) as prof:
-            steps, tokens, verifies, seconds = run_in_this_thread(engine, prompts[: args.batch], args.new_tokens, "prof")
+            steps, tokens, verifies, seconds = run_in_this_thread(
+                engine, prompts[: args.batch], args.new_tokens, "prof"
+            )
             if cuda:
                 torch.cuda.synchronize()
     finally:
@@ -76,9 +102,11 @@ def profile_config(memd: str, args, prompts, dflash: bool) -> str:
     if cuda:  # kernels alone (graph nodes included), not the host ops that launched them or copies
         kernels = sum(e.count for e in averages if e.self_device_time_total > 0 and not e.key.startswith(HOST_OR_COPY))
         busy += f", {kernels / n:.0f} kernels"
-    head = (f"### {'DFLASH' if dflash else 'plain'}, batch {args.batch}: {steps} steps, {tokens} tokens"
-            + (f", accept length {tokens / verifies:.2f}" if verifies else "")
-            + f"; per step {1000 * seconds / n:.2f} ms wall (profiled), {busy}")
+    head = (
+        f"### {'DFLASH' if dflash else 'plain'}, batch {args.batch}: {steps} steps, {tokens} tokens"
+        + (f", accept length {tokens / verifies:.2f}" if verifies else "")
+        + f"; per step {1000 * seconds / n:.2f} ms wall (profiled), {busy}"
+    )
     tables = [averages.table(sort_by=device_key, row_limit=args.rows)] if cuda else []
     tables.append(averages.table(sort_by="self_cpu_time_total", row_limit=args.rows))
     return "\n\n".join([head, *tables])
@@ -96,9 +124,14 @@ def main(argv=None) -> int:
     p.add_argument("--disable-skinny-linear", action="store_true", help="modeld's: few-row projections on cuBLAS")
     p.add_argument("--disable-norm-fusion", action="store_true", help="modeld's: few-row norms as kernels of their own")
     p.add_argument("--steps-per-replay", type=int, default=1, help="modeld's (default here 1: a step is one forward)")
-    p.add_argument("--disable-overlap-decode", action="store_true", help="modeld's: each plain decode step committed "
-                                                                          "before the next is queued")
-    p.add_argument("--trace", help="also write each configuration's Chrome trace to TRACE-plain.json, TRACE-dflash.json")
+    p.add_argument(
+        "--disable-overlap-decode",
+        action="store_true",
+        help="modeld's: each plain decode step committed before the next is queued",
+    )
+    p.add_argument(
+        "--trace", help="also write each configuration's Chrome trace to TRACE-plain.json, TRACE-dflash.json"
+    )
     args = p.parse_args(argv)
     args.target = args.target or str(ensure_default_model())
     prompts = prompts_for(args.target, args.load_format, max(args.batch, 2))

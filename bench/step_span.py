@@ -61,7 +61,9 @@ class StepSpans:
                 if end_event and self.events[self.kind]:
                     self.events[self.kind][-1][1] = self._event()
                 return out
+
             return timed
+
         return make
 
     @staticmethod
@@ -73,6 +75,7 @@ class StepSpans:
     def _timed_step(self, step):
         """An admission counts every pass while the request waits (the first may only send its MatchPrefix); a
         decode pass that ran nothing is not a step, and its parts are not counted."""
+
         def timed():
             self.kind = "admission" if self.scheduler.waiting else "decode"
             parts = dict(self.host[self.kind])
@@ -84,6 +87,7 @@ class StepSpans:
             else:
                 self.host[self.kind] = parts
             return busy
+
         return timed
 
     def close(self) -> dict[str, dict[str, float]]:
@@ -93,8 +97,11 @@ class StepSpans:
         rows = {}
         for kind in KINDS:
             n = max(self.steps[kind], 1)
-            out = {"steps": self.steps[kind], "wall": 1e3 * self.wall[kind] / n,
-                   **{part: 1e3 * s / n for part, s in self.host[kind].items()}}
+            out = {
+                "steps": self.steps[kind],
+                "wall": 1e3 * self.wall[kind] / n,
+                **{part: 1e3 * s / n for part, s in self.host[kind].items()},
+            }
             out["rest"] = out["wall"] - sum(out[part] for part in PARTS)
             spans = [start.elapsed_time(end) for start, end in self.events[kind] if end is not None]
             out["device span"] = sum(spans) / max(len(spans), 1)
@@ -141,12 +148,20 @@ def launch_conditions(runner) -> dict[str, object]:
         wait()
         copy()
 
-    conditions = {"nothing": None, "the inputs' copy": copy, "a synchronise": torch.cuda.synchronize,
-                  "the copy and a synchronise": lambda: (torch.cuda.synchronize(), copy())}
+    conditions = {
+        "nothing": None,
+        "the inputs' copy": copy,
+        "a synchronise": torch.cuda.synchronize,
+        "the copy and a synchronise": lambda: (torch.cuda.synchronize(), copy()),
+    }
     if runner.tables_written is not None:
-        conditions.update({"memd's event wait": wait,
-                           "the event wait and a synchronise": lambda: (torch.cuda.synchronize(), wait()),
-                           "all three (the engine's order)": engine_like})
+        conditions.update(
+            {
+                "memd's event wait": wait,
+                "the event wait and a synchronise": lambda: (torch.cuda.synchronize(), wait()),
+                "all three (the engine's order)": engine_like,
+            }
+        )
     return conditions
 
 
@@ -156,19 +171,44 @@ def main(argv=None) -> int:
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--steps-per-replay", type=int, default=4, help="modeld's")
-    p.add_argument("--several-from", type=int, help="the smallest batch that runs several steps a replay "
-                                                    "(default: modeld's)")
+    p.add_argument(
+        "--several-from", type=int, help="the smallest batch that runs several steps a replay (default: modeld's)"
+    )
     p.add_argument("--prompts", type=int, default=3, help="requests answered one at a time")
-    p.add_argument("--overlap-decode", action="store_true", help="modeld's: then the wall time per step is the "
-                   "measure (a step's launch and its device span fall in the step before)")
+    p.add_argument(
+        "--overlap-decode",
+        action="store_true",
+        help="modeld's: then the wall time per step is the "
+        "measure (a step's launch and its device span fall in the step before)",
+    )
     args = p.parse_args(argv)
     args.target = args.target or str(ensure_default_model())
     prompts = prompts_for(args.target, args.load_format, max(args.prompts, 2))
-    with memd_process("--device", "cuda", "--target-model", args.target, "--page-size", "16", "--max-running-requests",
-                      "2", "--max-total-tokens", "65536", "--kv-cache-dtype", "bfloat16", "--draft-model", "none") as memd:
-        cfg = ModeldConfig(device="cuda", memd=memd, target_model=args.target, load_format=args.load_format,
-                           steps_per_replay=args.steps_per_replay, speculative_algorithm="none",
-                           overlap_decode=args.overlap_decode)
+    with memd_process(
+        "--device",
+        "cuda",
+        "--target-model",
+        args.target,
+        "--page-size",
+        "16",
+        "--max-running-requests",
+        "2",
+        "--max-total-tokens",
+        "65536",
+        "--kv-cache-dtype",
+        "bfloat16",
+        "--draft-model",
+        "none",
+    ) as memd:
+        cfg = ModeldConfig(
+            device="cuda",
+            memd=memd,
+            target_model=args.target,
+            load_format=args.load_format,
+            steps_per_replay=args.steps_per_replay,
+            speculative_algorithm="none",
+            overlap_decode=args.overlap_decode,
+        )
         built = build_engine(cfg, lambda serving: None)
         engine, graphs = built.engine, built.engine.runner.graphs
         if args.several_from is not None:
@@ -180,28 +220,42 @@ def main(argv=None) -> int:
                 tokens += run_in_this_thread(engine, [prompt], args.new_tokens, f"span{i}")[1]
             rows = spans.close()
             replays = [(1, lambda: graphs.replay((1, 1)))] + [
-                (k, lambda k=k: graphs.replay_decode_steps(1, k)) for k in graphs.repeats if graphs.has_decode_steps(1, k)]
-            timed = [(name, k, *back_to_back(graphs, replay, 100, before))
-                     for name, before in launch_conditions(engine.runner).items() for k, replay in replays]
+                (k, lambda k=k: graphs.replay_decode_steps(1, k))
+                for k in graphs.repeats
+                if graphs.has_decode_steps(1, k)
+            ]
+            timed = [
+                (name, k, *back_to_back(graphs, replay, 100, before))
+                for name, before in launch_conditions(engine.runner).items()
+                for k, replay in replays
+            ]
         finally:
             engine.ahead.drop()  # a step queued after the last request's end (--overlap-decode)
             engine.scheduler.memd.flush_releases()
             built.link.close()
     gpu = torch.cuda.get_device_name()
-    print(f"GPU: {gpu}; batch 1, {args.prompts} requests of {args.new_tokens} tokens one at a time, {tokens} tokens "
-          f"in {sum(spans.steps.values())} engine steps (several-from {graphs.several_from}"
-          f"{', decode overlapped' if args.overlap_decode else ''})\n")
-    print("| ms per engine step (admission: per request, its passes) | steps | wall | scheduling (admission: its "
-          "MatchPrefix) | packing + copy | launch (admission: the prefill's forward) | rest (wait, commit, output) "
-          "| device span |\n|---|---|---|---|---|---|---|---|")
+    print(
+        f"GPU: {gpu}; batch 1, {args.prompts} requests of {args.new_tokens} tokens one at a time, {tokens} tokens "
+        f"in {sum(spans.steps.values())} engine steps (several-from {graphs.several_from}"
+        f"{', decode overlapped' if args.overlap_decode else ''})\n"
+    )
+    print(
+        "| ms per engine step (admission: per request, its passes) | steps | wall | scheduling (admission: its "
+        "MatchPrefix) | packing + copy | launch (admission: the prefill's forward) | rest (wait, commit, output) "
+        "| device span |\n|---|---|---|---|---|---|---|---|"
+    )
     for kind, row in rows.items():
         # overlapped decode steps: the queued steps' events overlap, their span is not one step's
         span = "-" if args.overlap_decode and kind == "decode" else f"{row['device span']:.3f}"
-        print(f"| {kind} steps | {row['steps']} | {row['wall']:.3f} | {row['next_step']:.3f} | {row['prepare']:.3f} "
-              f"| {row['launch']:.3f} | {row['rest']:.3f} | {span} |")
+        print(
+            f"| {kind} steps | {row['steps']} | {row['wall']:.3f} | {row['next_step']:.3f} | {row['prepare']:.3f} "
+            f"| {row['launch']:.3f} | {row['rest']:.3f} | {span} |"
+        )
     print()
-    print("| graph replayed back to back, before each launch | decode steps a replay | device ms per decode step "
-          "| host ms per launch call |\n|---|---|---|---|")
+    print(
+        "| graph replayed back to back, before each launch | decode steps a replay | device ms per decode step "
+        "| host ms per launch call |\n|---|---|---|---|"
+    )
     for name, k, ms, host in timed:
         print(f"| {name} | {k} | {ms / k:.3f} | {host:.3f} |")
     return 0

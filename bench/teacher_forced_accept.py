@@ -1,6 +1,7 @@
 """A draft's teacher-forced accept length on its training data against held-out chat, side by side in one run:
 the trainer's own measure (`train.block_loss.block_loss` and `train.train_draft.accept_length`, every anchor of
-each sequence) over the target's greedy answers. Close to the served accept length on the held-out side means trainer and
+each sequence) over the target's greedy answers. Close to the served accept length on the held-out side means trainer
+and
 server agree; far above it on the training side means the draft learned its data, or its answers loop (a loop's
 copies are accepted in long runs: the last column leaves them out, as the trainer's anchors do).
 
@@ -48,7 +49,9 @@ def training_sequences(args, tokenizer) -> list[dict]:
 
 
 def held_out_sequences(args, tokenizer, target) -> list[dict]:
-    questions = [json.loads(x) for x in (pathlib.Path(args.prompts) / "eval" / "mtbench.jsonl").read_text().splitlines()]
+    questions = [
+        json.loads(x) for x in (pathlib.Path(args.prompts) / "eval" / "mtbench.jsonl").read_text().splitlines()
+    ]
     out = []
     for question in questions[::5][: args.count]:
         record = {"id": "mtbench", "turns": [question["prompt"]]}
@@ -56,7 +59,7 @@ def held_out_sequences(args, tokenizer, target) -> list[dict]:
         ids = torch.tensor([prompt], device=args.device)
         with torch.no_grad():
             answer = target.generate(ids, max_new_tokens=128, do_sample=False, attention_mask=torch.ones_like(ids))
-        ids, spans = chat.conversation(tokenizer, record, [answer[0, len(prompt):].tolist()])
+        ids, spans = chat.conversation(tokenizer, record, [answer[0, len(prompt) :].tolist()])
         out.append({"ids": np.asarray(ids, dtype=np.int32), "spans": spans})
     return out
 
@@ -71,8 +74,12 @@ def accept_per_sequence(draft, target, seqs: list[dict], tc: td.TrainConfig, dev
         kept = np.isin(anchors, batches.anchor_positions(seq, tc.max_len, tc.loop_repeats))
         with torch.no_grad():
             _, predictions, weights = block_loss(draft, target, [seq], [anchors], tc, device)
-        out.append((td.accept_length(predictions, [seq], [anchors], tc.block, weights),
-                    td.accept_length(predictions[kept], [seq], [anchors[kept]], tc.block, weights[kept])))
+        out.append(
+            (
+                td.accept_length(predictions, [seq], [anchors], tc.block, weights),
+                td.accept_length(predictions[kept], [seq], [anchors[kept]], tc.block, weights[kept]),
+            )
+        )
     return out
 
 
@@ -94,16 +101,26 @@ def main(argv=None) -> int:
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(args.device).eval()
     draft = load_draft(args.draft, target.config, torch.float32, args.device).eval()
     tc = td.TrainConfig(block=draft.spec.block_size, mask_token_id=draft.spec.mask_token_id)
-    rows = [("training answers (" + args.sources + ")", training_sequences(args, tokenizer)),
-            ("held-out MT-Bench answers (every fifth first turn)", held_out_sequences(args, tokenizer, target))]
-    print(f"draft {pathlib.Path(args.draft).name}, fp32 on {args.device}, block {tc.block}, every anchor of each sequence\n")
-    print("| sequences | count | teacher-forced accept length | per sequence (min / median / max) "
-          f"| without loop copies (anchors the trainer draws, --loop-repeats {tc.loop_repeats}) |")
+    rows = [
+        ("training answers (" + args.sources + ")", training_sequences(args, tokenizer)),
+        ("held-out MT-Bench answers (every fifth first turn)", held_out_sequences(args, tokenizer, target)),
+    ]
+    print(
+        f"draft {pathlib.Path(args.draft).name}, fp32 on {args.device}, block {tc.block}, every anchor of each "
+        "sequence\n"
+    )
+    print(
+        "| sequences | count | teacher-forced accept length | per sequence (min / median / max) "
+        f"| without loop copies (anchors the trainer draws, --loop-repeats {tc.loop_repeats}) |"
+    )
     print("|---|---|---|---|---|")
     for name, seqs in rows:
         accepts, prose = zip(*accept_per_sequence(draft, target, seqs, tc, args.device))
-        print(f"| {name} | {len(seqs)} | {np.mean(accepts):.2f} | "
-              f"{min(accepts):.2f} / {np.median(accepts):.2f} / {max(accepts):.2f} | {np.mean(prose):.2f} |", flush=True)
+        print(
+            f"| {name} | {len(seqs)} | {np.mean(accepts):.2f} | "
+            f"{min(accepts):.2f} / {np.median(accepts):.2f} / {max(accepts):.2f} | {np.mean(prose):.2f} |",
+            flush=True,
+        )
     return 0
 
 

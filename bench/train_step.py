@@ -6,7 +6,8 @@ step, anchors (blocks) per second, model FLOP utilisation and peak memory.
     python -m bench.train_step [--anchors 512] [--batch-anchors 4096] [--steps 12] [--profile 3] [--before DIR[,DIR]]
 
 With --before DIR (an earlier commit's train/ package: `git archive REV train | tar -x -C DIR`; several,
-comma-separated), that trainer is timed too at each anchors setting's first --batch-anchors (the earlier trainer materialises every block's context
+comma-separated), that trainer is timed too at each anchors setting's first --batch-anchors (the earlier trainer
+materialises every block's context
 window and full logits: larger batches may not fit), in a child process of the same run, on the same random
 target and sequences; the x column is each row's anchors per second over it.
 
@@ -56,8 +57,12 @@ def random_sequences(count: int, vocab: int, seed: int = 0) -> list[dict]:
 
 def train_config(anchors: int, batch_anchors: int) -> td.TrainConfig:
     """The 4-layer draft's settings (an earlier trainer's TrainConfig may lack some of today's fields)."""
-    wanted = {"layers": 4, "anchors": anchors, "batch_anchors": batch_anchors,
-              "batch_tokens": max(4 * batch_anchors, td.TrainConfig.max_len)}
+    wanted = {
+        "layers": 4,
+        "anchors": anchors,
+        "batch_anchors": batch_anchors,
+        "batch_tokens": max(4 * batch_anchors, td.TrainConfig.max_len),
+    }
     known = {f.name for f in dataclasses.fields(td.TrainConfig)}
     return td.TrainConfig(**{k: v for k, v in wanted.items() if k in known})
 
@@ -81,30 +86,64 @@ def step_figures(target, seqs, anchors: int, batch_anchors: int, steps: int, dev
     sequence tokens per anchor and the peak memory of the timed steps."""
     tc = train_config(anchors, batch_anchors)
     plan = fit_budget.batches.epoch_batches(seqs, tc, 0)[fit_budget.PROBE_WARMUP : fit_budget.PROBE_WARMUP + steps]
-    counts = [min(anchors, len(fit_budget.batches.anchor_positions(seqs[i], tc.max_len, tc.loop_repeats)))
-              for b in plan for i in b]
+    counts = [
+        min(anchors, len(fit_budget.batches.anchor_positions(seqs[i], tc.max_len, tc.loop_repeats)))
+        for b in plan
+        for i in b
+    ]
     tokens = sum(min(len(seqs[i]["ids"]), tc.max_len) for b in plan for i in b)
     if device.startswith("cuda"):  # the warm-up steps (compilation) stay out of the peak
         td.train(target, seqs, tc, device, lambda _msg: None, max_steps=fit_budget.PROBE_WARMUP, save_every=0)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     ends: list[float] = []
-    td.train(target, seqs, tc, device, lambda _msg: None, max_steps=fit_budget.PROBE_WARMUP + steps, save_every=0,
-             step_ends=ends)
+    td.train(
+        target,
+        seqs,
+        tc,
+        device,
+        lambda _msg: None,
+        max_steps=fit_budget.PROBE_WARMUP + steps,
+        save_every=0,
+        step_ends=ends,
+    )
     seconds = (ends[-1] - ends[fit_budget.PROBE_WARMUP - 1]) / (len(ends) - fit_budget.PROBE_WARMUP)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else 0.0
     per_step = sum(counts) / len(plan)
-    return {"seconds": seconds, "anchors_per_step": per_step, "anchors_per_s": per_step / seconds,
-            "tokens_per_anchor": tokens / sum(counts), "peak_gib": peak}
+    return {
+        "seconds": seconds,
+        "anchors_per_step": per_step,
+        "anchors_per_s": per_step / seconds,
+        "tokens_per_anchor": tokens / sum(counts),
+        "peak_gib": peak,
+    }
 
 
 def before_figures(before: str, args, anchors: int, batch_anchors: int) -> dict:
     """step_figures with the trainer in `before` (an earlier `train/` package), in a child process of this run."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([before, os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-m", "bench.train_step", "--steps-only", "--anchors", str(anchors),
-                          "--batch-anchors", str(batch_anchors), "--sequences", str(args.sequences),
-                          "--steps", str(args.steps), "--device", args.device],
-                         env=env, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.train_step",
+            "--steps-only",
+            "--anchors",
+            str(anchors),
+            "--batch-anchors",
+            str(batch_anchors),
+            "--sequences",
+            str(args.sequences),
+            "--steps",
+            str(args.steps),
+            "--device",
+            args.device,
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out.splitlines()[-1])
 
 
@@ -118,8 +157,10 @@ def peak_tflops(device: str) -> float | None:
 def row(name: str, anchors: int, figures: dict, flops: float, peak: float | None, base: dict | None) -> str:
     mfu = f"{figures['anchors_per_s'] * flops / (peak * 1e12):.1%}" if peak else "-"
     ratio = f"{figures['anchors_per_s'] / base['anchors_per_s']:.2f}" if base else "1.00"
-    return (f"| {name} | {anchors} | {figures['anchors_per_step']:,.0f} | {figures['seconds']:.3f} | "
-            f"{figures['anchors_per_s']:,.0f} | {mfu} | {figures['peak_gib']:.1f} | {ratio} |")
+    return (
+        f"| {name} | {anchors} | {figures['anchors_per_step']:,.0f} | {figures['seconds']:.3f} | "
+        f"{figures['anchors_per_s']:,.0f} | {mfu} | {figures['peak_gib']:.1f} | {ratio} |"
+    )
 
 
 def main(argv=None) -> int:
@@ -131,9 +172,12 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=12, help="timed steps per row, after fit_budget's warm-up steps")
     p.add_argument("--profile", type=int, default=0, help="also profile this many steps of the first row")
     p.add_argument("--trace", help="with --profile: write the profile as a Chrome trace here (.gz: compressed)")
-    p.add_argument("--before", help="folders, comma-separated, each holding an earlier train/ package (git archive REV "
-                                    "train | tar -x -C DIR): its steps timed beside this tree's, in a child process; "
-                                    "the first is the baseline")
+    p.add_argument(
+        "--before",
+        help="folders, comma-separated, each holding an earlier train/ package (git archive REV "
+        "train | tar -x -C DIR): its steps timed beside this tree's, in a child process; "
+        "the first is the baseline",
+    )
     p.add_argument("--steps-only", action="store_true", help=argparse.SUPPRESS)  # --before's child: figures alone
     args = p.parse_args(argv)
     target = random_target(args.device)
@@ -145,22 +189,25 @@ def main(argv=None) -> int:
     peak = peak_tflops(args.device)
     card = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     print(f"{card}; MFU over {peak or '-'} TFLOP/s dense bf16\n")
-    print("| trainer | anchors per sequence | anchors per step | s per step | anchors per s | MFU | peak GiB | x |\n"
-          "|---|---|---|---|---|---|---|---|")
-    base = None
+    print(
+        "| trainer | anchors per sequence | anchors per step | s per step | anchors per s | MFU | peak GiB | x |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
+    base, base_anchors = None, None
     for anchors, batch_anchors in settings:
         tc = train_config(anchors, batch_anchors)
         now = step_figures(target, seqs, anchors, batch_anchors, args.steps, args.device)
         flops = anchor_flops(target.config, tc, now["tokens_per_anchor"], tc.window - 1 + tc.block)
-        if args.before and (base is None or base_anchors != anchors):  # at each anchors' first batch size
+        if args.before and base_anchors != anchors:  # at each anchors' first batch size
             for i, before in enumerate(args.before.split(",")):  # the first is the x column's baseline
                 figures = before_figures(before, args, anchors, batch_anchors)
                 base, base_anchors = (figures, anchors) if i == 0 else (base, base_anchors)
                 print(row(before, anchors, figures, flops, peak, None if i == 0 else base), flush=True)
         print(row("this tree", anchors, now, flops, peak, base), flush=True)
     if args.profile:
-        fit_budget.profile_steps(target, seqs, train_config(*settings[0]), args.device, args.profile, print,
-                                trace=args.trace)
+        fit_budget.profile_steps(
+            target, seqs, train_config(*settings[0]), args.device, args.profile, print, trace=args.trace
+        )
     return 0
 
 

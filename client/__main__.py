@@ -21,8 +21,14 @@ import sys
 import grpc
 
 from client import errors
-from client.cli_output import (meta_line, print_capacity, print_chunk_text, print_flushed, print_json,
-                               print_modeld_capacity)
+from client.cli_output import (
+    meta_line,
+    print_capacity,
+    print_chunk_text,
+    print_flushed,
+    print_json,
+    print_modeld_capacity,
+)
 from client.client import Client
 from client.connection import default_modeld_address
 from client.memd_admin import flush_cache, health_status, memd_capacity
@@ -61,8 +67,15 @@ def modeld_client(args) -> Client:
 
 
 def run_generate(args) -> int:
-    params = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                  top_k=args.top_k, seed=args.seed, stop=args.stop, chat=args.chat)
+    params = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=args.stop,
+        chat=args.chat,
+    )
     with modeld_client(args) as client:
         if not args.stream:
             result = client.generate(args.prompt, **params)
@@ -131,8 +144,13 @@ def print_json_or(value: dict, as_json: bool, print_table) -> None:
         print_table(value)
 
 
-COMMANDS = {"generate": run_generate, "health": run_health, "capacity": run_capacity, "flush-cache": run_flush_cache,
-            "info": run_info}
+COMMANDS = {
+    "generate": run_generate,
+    "health": run_health,
+    "capacity": run_capacity,
+    "flush-cache": run_flush_cache,
+    "info": run_info,
+}
 
 
 def main(argv=None) -> int:

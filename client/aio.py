@@ -33,8 +33,9 @@ class AsyncClient:
     context manager, or await close().
     """
 
-    def __init__(self, address: str | None = None, *, timeout: float = 60.0, connect_timeout: float = 10.0,
-                 max_retries: int = 3):
+    def __init__(
+        self, address: str | None = None, *, timeout: float = 60.0, connect_timeout: float = 10.0, max_retries: int = 3
+    ):
         arguments.call_settings(timeout, connect_timeout, max_retries)
         self.address = address or default_modeld_address()
         self.timeout = timeout

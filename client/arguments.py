@@ -90,14 +90,36 @@ def call_settings(timeout, connect_timeout, max_retries) -> None:
     integer("max_retries", max_retries, (0, INT32[1]))
 
 
-def check_generate(*, prompt, input_ids, max_new_tokens, max_tokens, temperature, top_p, top_k, seed, stop,
-                   stop_token_ids, ignore_eos, chat, request_id) -> None:
+def check_generate(
+    *,
+    prompt,
+    input_ids,
+    max_new_tokens,
+    max_tokens,
+    temperature,
+    top_p,
+    top_k,
+    seed,
+    stop,
+    stop_token_ids,
+    ignore_eos,
+    chat,
+    request_id,
+) -> None:
     """client.messages.build_generate_request's arguments; None is unset."""
     checks = [
-        (text, "prompt", prompt), (integers, "input_ids", input_ids), (integer, "max_new_tokens", max_new_tokens),
-        (integer, "max_tokens", max_tokens), (number, "temperature", temperature), (number, "top_p", top_p),
-        (integer, "top_k", top_k), (uint64, "seed", seed), (texts, "stop", [stop] if isinstance(stop, str) else stop),
-        (integers, "stop_token_ids", stop_token_ids), (flag, "ignore_eos", ignore_eos), (flag, "chat", chat),
+        (text, "prompt", prompt),
+        (integers, "input_ids", input_ids),
+        (integer, "max_new_tokens", max_new_tokens),
+        (integer, "max_tokens", max_tokens),
+        (number, "temperature", temperature),
+        (number, "top_p", top_p),
+        (integer, "top_k", top_k),
+        (uint64, "seed", seed),
+        (texts, "stop", [stop] if isinstance(stop, str) else stop),
+        (integers, "stop_token_ids", stop_token_ids),
+        (flag, "ignore_eos", ignore_eos),
+        (flag, "chat", chat),
         (text, "request_id", request_id),
     ]
     for check, name, value in checks:

@@ -9,17 +9,25 @@ from client.messages import Chunk, GenerateResult
 def print_capacity(cap: dict) -> None:
     """memd's pools as a table, then its sizing and request counts."""
     pools = [("target", cap["target"])] + ([("draft", cap["draft"])] if cap["has_draft"] else [])
-    print(f"{'pool':<8}{'total':>10}{'free':>10}{'used':>10}{'held':>10}{'evictable':>11}{'protected':>11}{'bytes':>14}")
+    print(
+        f"{'pool':<8}{'total':>10}{'free':>10}{'used':>10}{'held':>10}{'evictable':>11}{'protected':>11}{'bytes':>14}"
+    )
     for name, p in pools:
-        print(f"{name:<8}{p['total']:>10}{p['free']:>10}{p['used']:>10}{p['held_by_requests']:>10}"
-              f"{p['evictable']:>11}{p['protected']:>11}{p['bytes']:>14}")
-    print(f"ratio={cap['draft_kv_ratio']} window={cap['draft_window']} page_size={cap['page_size']} "
-          f"request_cap={cap['request_cap']} running={cap['running_requests']}/{cap['max_running_requests']} "
-          f"sessions={cap['sessions']}")
+        print(
+            f"{name:<8}{p['total']:>10}{p['free']:>10}{p['used']:>10}{p['held_by_requests']:>10}"
+            f"{p['evictable']:>11}{p['protected']:>11}{p['bytes']:>14}"
+        )
+    print(
+        f"ratio={cap['draft_kv_ratio']} window={cap['draft_window']} page_size={cap['page_size']} "
+        f"request_cap={cap['request_cap']} running={cap['running_requests']}/{cap['max_running_requests']} "
+        f"sessions={cap['sessions']}"
+    )
     for held in cap["session_holdings"]:
         model = f"model {held['model_digest']}" if held["model_digest"] else "no model identity"
-        print(f"  {held['label']} ({held['client_name']}, {model}): target {held['target_held']} "
-              f"draft {held['draft_held']} tokens held")
+        print(
+            f"  {held['label']} ({held['client_name']}, {model}): target {held['target_held']} "
+            f"draft {held['draft_held']} tokens held"
+        )
 
 
 def print_modeld_capacity(cap: dict) -> None:
@@ -36,9 +44,11 @@ def print_flushed(freed: dict) -> None:
 def meta_line(result: GenerateResult) -> str:
     """One line with a result's finish reason, token counts and speculation figures."""
     stop = f" matched_stop={result.matched_stop!r}" if result.matched_stop else ""
-    return (f"[finish={result.finish_reason}{stop} prompt={result.prompt_tokens} "
-            f"completion={result.completion_tokens} cached={result.cached_tokens} "
-            f"verify={result.spec_verify_ct} accept_length={result.spec_accept_length:.2f} id={result.request_id}]")
+    return (
+        f"[finish={result.finish_reason}{stop} prompt={result.prompt_tokens} "
+        f"completion={result.completion_tokens} cached={result.cached_tokens} "
+        f"verify={result.spec_verify_ct} accept_length={result.spec_accept_length:.2f} id={result.request_id}]"
+    )
 
 
 def print_json(item: Chunk | GenerateResult) -> None:

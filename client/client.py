@@ -38,8 +38,9 @@ class Client:
     Errors: client.errors.ClientError subclasses. Use as a context manager, or call close().
     """
 
-    def __init__(self, address: str | None = None, *, timeout: float = 60.0, connect_timeout: float = 10.0,
-                 max_retries: int = 3):
+    def __init__(
+        self, address: str | None = None, *, timeout: float = 60.0, connect_timeout: float = 10.0, max_retries: int = 3
+    ):
         arguments.call_settings(timeout, connect_timeout, max_retries)
         self.address = address or default_modeld_address()
         self.timeout = timeout

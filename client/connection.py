@@ -8,9 +8,13 @@ from memd.defaults import default_modeld_address  # noqa: F401  (re-exported for
 # Prompts and outputs travel as token ids: lift gRPC's 4 MiB receive limit.
 # gRPC's reconnect back-off grows to 120 s by default: a client that outlived a modeld restart would then wait
 # long after modeld serves again. Capped at 1 s, a restarted modeld is found within a second.
-CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
-                   ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-                   ("grpc.max_reconnect_backoff_ms", 1000)]
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 # Sent with wait_for_ready to wait, up to the connect timeout, until the server is reachable.
 CONNECTION_PROBE = health_pb2.HealthCheckRequest()

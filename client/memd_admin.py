@@ -26,7 +26,9 @@ def health_status(address: str, service: str = "", timeout: float = 5.0) -> str:
     """SERVING / NOT_SERVING / ..., or UNAVAILABLE when nothing answers."""
     try:
         with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
     except grpc.RpcError as exc:
         return exc.code().name
     return serving_status_name(reply)

@@ -71,13 +71,26 @@ def build_generate_request(
     if chat and prompt is None:
         raise errors.BadArgument("chat applies to a text prompt only")
     # A one-shot iterator (a generator) is read once, here: the checks and the message then see the same values.
-    input_ids, stop, stop_token_ids = (list(values) if isinstance(values, Iterator) else values
-                                       for values in (input_ids, stop, stop_token_ids))
+    input_ids, stop, stop_token_ids = (
+        list(values) if isinstance(values, Iterator) else values for values in (input_ids, stop, stop_token_ids)
+    )
     if messages is not None:
         messages = arguments.chat_messages(messages)
-    arguments.check_generate(prompt=prompt, input_ids=input_ids, max_new_tokens=max_new_tokens, max_tokens=max_tokens,
-                             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
-                             stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, chat=chat, request_id=request_id)
+    arguments.check_generate(
+        prompt=prompt,
+        input_ids=input_ids,
+        max_new_tokens=max_new_tokens,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        ignore_eos=ignore_eos,
+        chat=chat,
+        request_id=request_id,
+    )
     sampling = modeld_pb2.SamplingParams(
         max_new_tokens=max_new_tokens,
         max_tokens=max_tokens,

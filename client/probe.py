@@ -18,8 +18,9 @@ def check(address: str, service: str = "", timeout: float = 3.0) -> str:
     """The status name (SERVING, NOT_SERVING, ...) or the gRPC code's name when there is no answer."""
     with grpc.insecure_channel(address) as channel:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
-                                                              timeout=timeout)
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
         except grpc.RpcError as exc:
             return exc.code().name
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

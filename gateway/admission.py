@@ -56,8 +56,9 @@ class Admission:
             self.open += 1
             return
         if self.waiting >= self.max_waiting:
-            raise QueueFull(f"the modeld's {self.limit} places and its queue of {self.max_waiting} are full",
-                            self.retry_after())
+            raise QueueFull(
+                f"the modeld's {self.limit} places and its queue of {self.max_waiting} are full", self.retry_after()
+            )
         place = asyncio.get_running_loop().create_future()
         self.waiters.append(place)
         try:
@@ -68,7 +69,9 @@ class Admission:
                 self.open -= 1
                 self._grant()
             if isinstance(exc, TimeoutError):
-                raise QueueFull(f"no place freed on the modeld within {self.max_wait:g} s", self.retry_after()) from None
+                raise QueueFull(
+                    f"no place freed on the modeld within {self.max_wait:g} s", self.retry_after()
+                ) from None
             raise
 
     def leave(self, held_seconds: float) -> None:

@@ -24,9 +24,14 @@ class ApiKey:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIX) and not self._authorized(scope):
             response = JSONResponse(
-                error_body("a valid API key is required: send it as 'Authorization: Bearer <key>'",
-                           "invalid_request_error", code="invalid_api_key"),
-                status_code=UNAUTHORIZED, headers={"www-authenticate": "Bearer", "connection": "close"})
+                error_body(
+                    "a valid API key is required: send it as 'Authorization: Bearer <key>'",
+                    "invalid_request_error",
+                    code="invalid_api_key",
+                ),
+                status_code=UNAUTHORIZED,
+                headers={"www-authenticate": "Bearer", "connection": "close"},
+            )
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)

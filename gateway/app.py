@@ -26,11 +26,18 @@ def create_app(cfg: GatewayConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        backends = Backends(cfg.modelds, cfg.request_timeout, cfg.poll_interval, cfg.max_queued,  # grpc.aio: in the loop
-                            cfg.queue_timeout)
+        backends = Backends(
+            cfg.modelds,
+            cfg.request_timeout,
+            cfg.poll_interval,
+            cfg.max_queued,  # grpc.aio: in the loop
+            cfg.queue_timeout,
+        )
         await backends.start()
         state["backends"] = backends
-        log.info("gateway ready: %d modeld(s), serving %s", len(cfg.modelds), ", ".join(backends.models()) or "nothing yet")
+        log.info(
+            "gateway ready: %d modeld(s), serving %s", len(cfg.modelds), ", ".join(backends.models()) or "nothing yet"
+        )
         yield
         await backends.close()
 
@@ -76,16 +83,21 @@ def create_app(cfg: GatewayConfig) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         names = state["backends"].models()
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "dflash-serve"}
-                                           for name in names]}
+        return {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": 0, "owned_by": "dflash-serve"} for name in names],
+        }
 
     @app.get("/health")
     async def health():
         """Readiness: 200 while at least one modeld answered SERVING at the last poll (no RPC here), else 503."""
         backends = state["backends"]
         ready = backends.ready()
-        body = {"status": "ok" if ready else "unavailable", "modelds": len(ready),
-                "backends": [{"index": b.index, "health": b.health, "ready": b.ready} for b in backends.all]}
+        body = {
+            "status": "ok" if ready else "unavailable",
+            "modelds": len(ready),
+            "backends": [{"index": b.index, "health": b.health, "ready": b.ready} for b in backends.all],
+        }
         if not ready:
             body["message"] = f"no modeld is ready: none of {len(backends.all)} answers SERVING to grpc.health"
         return JSONResponse(body, status_code=200 if ready else 503)

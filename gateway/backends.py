@@ -53,8 +53,9 @@ class Backend:
     async def poll(self) -> None:
         health, info = await asyncio.gather(self.client.health(timeout=POLL_TIMEOUT), self._info())
         if health != self.health and (health == SERVING or self.health == SERVING):
-            log.log(logging.INFO if health == SERVING else logging.WARNING, "modeld %s: health %s", self.address,
-                    health)
+            log.log(
+                logging.INFO if health == SERVING else logging.WARNING, "modeld %s: health %s", self.address, health
+            )
         self.health = health
         if info is None:
             return
@@ -81,10 +82,18 @@ def model_name(target_model: str) -> str:
 
 
 class Backends:
-    def __init__(self, addresses: tuple[str, ...], request_timeout: float, poll_interval: float, max_queued: int,
-                 queue_timeout: float):
-        self.all = [Backend(i, address, request_timeout, Admission(max_queued, queue_timeout))
-                    for i, address in enumerate(addresses)]
+    def __init__(
+        self,
+        addresses: tuple[str, ...],
+        request_timeout: float,
+        poll_interval: float,
+        max_queued: int,
+        queue_timeout: float,
+    ):
+        self.all = [
+            Backend(i, address, request_timeout, Admission(max_queued, queue_timeout))
+            for i, address in enumerate(addresses)
+        ]
         self.poll_interval = poll_interval
         self._poller: asyncio.Task | None = None
 

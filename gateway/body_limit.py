@@ -42,8 +42,12 @@ class BodyLimit:
             self._check_declared(scope)
             body = await asyncio.wait_for(self._read(receive), self.timeout)
         except asyncio.TimeoutError:
-            await refuse(Refused(TOO_SLOW, f"the request body did not arrive within {self.timeout:g} s",
-                                 "request_timeout"), scope, receive, send)
+            await refuse(
+                Refused(TOO_SLOW, f"the request body did not arrive within {self.timeout:g} s", "request_timeout"),
+                scope,
+                receive,
+                send,
+            )
             return
         except Refused as refusal:
             await refuse(refusal, scope, receive, send)
@@ -55,8 +59,9 @@ class BodyLimit:
     def _check_declared(self, scope) -> None:
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                raise Refused(TOO_LARGE, f"the request body is {int(value)} bytes: at most {self.max_bytes}",
-                              "request_too_large")
+                raise Refused(
+                    TOO_LARGE, f"the request body is {int(value)} bytes: at most {self.max_bytes}", "request_too_large"
+                )
 
     async def _read(self, receive) -> bytes:
         """The whole body; reading stops at the first message that takes it past the bound."""
@@ -68,8 +73,11 @@ class BodyLimit:
             part = message.get("body", b"")
             size += len(part)
             if size > self.max_bytes:
-                raise Refused(TOO_LARGE, f"the request body is larger than {self.max_bytes} bytes, the gateway's "
-                              "limit", "request_too_large")
+                raise Refused(
+                    TOO_LARGE,
+                    f"the request body is larger than {self.max_bytes} bytes, the gateway's limit",
+                    "request_too_large",
+                )
             parts.append(part)
             if not message.get("more_body", False):
                 return b"".join(parts)
@@ -87,6 +95,9 @@ def replay(body: bytes, receive):
 
 
 async def refuse(refusal: Refused, scope, receive, send) -> None:
-    response = JSONResponse(error_body(refusal.message, "invalid_request_error", code=refusal.code),
-                            status_code=refusal.status, headers={"connection": "close"})
+    response = JSONResponse(
+        error_body(refusal.message, "invalid_request_error", code=refusal.code),
+        status_code=refusal.status,
+        headers={"connection": "close"},
+    )
     await response(scope, receive, send)

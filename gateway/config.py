@@ -45,8 +45,10 @@ class GatewayConfig:
             (self.body_timeout > 0, f"--body-timeout must be > 0 seconds, got {self.body_timeout}"),
             (self.max_queued >= 0, f"--max-queued must be >= 0, got {self.max_queued}"),
             (self.queue_timeout > 0, f"--queue-timeout must be > 0 seconds, got {self.queue_timeout}"),
-            (self.api_key is None or (self.api_key.strip() and self.api_key.isprintable()),
-             f"the API key ({API_KEY_VARIABLE}) must be printable and not blank"),
+            (
+                self.api_key is None or (self.api_key.strip() and self.api_key.isprintable()),
+                f"the API key ({API_KEY_VARIABLE}) must be printable and not blank",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -54,36 +56,66 @@ class GatewayConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gateway", description="OpenAI-compatible HTTP gateway in front of modelds",
-                                epilog=f"With {API_KEY_VARIABLE} set in its environment, the gateway requires "
-                                       "'Authorization: Bearer <key>' on its /v1/ routes (401 otherwise).")
-    p.add_argument("--modeld", action="append", required=True, metavar="ADDR",
-                   help="a modeld's address (unix:///path or HOST:PORT); repeat for several")
+    p = argparse.ArgumentParser(
+        prog="gateway",
+        description="OpenAI-compatible HTTP gateway in front of modelds",
+        epilog=f"With {API_KEY_VARIABLE} set in its environment, the gateway requires "
+        "'Authorization: Bearer <key>' on its /v1/ routes (401 otherwise).",
+    )
+    p.add_argument(
+        "--modeld",
+        action="append",
+        required=True,
+        metavar="ADDR",
+        help="a modeld's address (unix:///path or HOST:PORT); repeat for several",
+    )
     p.add_argument("--host", default="127.0.0.1", help="HTTP address to listen on (default: loopback)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
     p.add_argument("--poll-interval", type=float, default=0.5, help="seconds between load polls (GetInfo)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds one generation may take")
-    p.add_argument("--affinity-block-chars", type=int, default=64,
-                   help="prefix affinity: prompts are keyed by their prefixes at multiples of this many characters")
+    p.add_argument(
+        "--affinity-block-chars",
+        type=int,
+        default=64,
+        help="prefix affinity: prompts are keyed by their prefixes at multiples of this many characters",
+    )
     p.add_argument("--affinity-entries", type=int, default=4096, help="prefix keys remembered (0: no affinity)")
-    p.add_argument("--affinity-max-imbalance", type=int, default=4,
-                   help="a shared prefix stays on its modeld unless that one runs this many more requests than the "
-                        "least loaded")
-    p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
-                   help="largest request body accepted, in bytes (default 8 MiB: room for a 128K-token prompt with "
-                        "JSON escapes, far below modeld's 64 MiB message bound); a larger one is refused with 413 "
-                        "before it is read, so a client cannot make the gateway hold more than this per request")
-    p.add_argument("--body-timeout", type=float, default=GatewayConfig.body_timeout,
-                   help="seconds a request's whole body may take to arrive after its headers (default 30: a local "
-                        "client sends 8 MiB in well under a second); a slower one is refused with 408, so a client "
-                        "that trickles its body cannot hold a request open")
-    p.add_argument("--max-queued", type=int, default=GatewayConfig.max_queued,
-                   help="requests that wait per modeld while its open streams are at its bound (default 256; each "
-                        "holds its body, so the worst case is this times --max-body-bytes); more are refused with "
-                        "429 and Retry-After (0: no queue)")
-    p.add_argument("--queue-timeout", type=float, default=GatewayConfig.queue_timeout,
-                   help="seconds a request may wait in that queue before it is refused with 429 and Retry-After "
-                        "(default 30)")
+    p.add_argument(
+        "--affinity-max-imbalance",
+        type=int,
+        default=4,
+        help="a shared prefix stays on its modeld unless that one runs this many more requests than the least loaded",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=MAX_BODY_BYTES,
+        help="largest request body accepted, in bytes (default 8 MiB: room for a 128K-token prompt with "
+        "JSON escapes, far below modeld's 64 MiB message bound); a larger one is refused with 413 "
+        "before it is read, so a client cannot make the gateway hold more than this per request",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=GatewayConfig.body_timeout,
+        help="seconds a request's whole body may take to arrive after its headers (default 30: a local "
+        "client sends 8 MiB in well under a second); a slower one is refused with 408, so a client "
+        "that trickles its body cannot hold a request open",
+    )
+    p.add_argument(
+        "--max-queued",
+        type=int,
+        default=GatewayConfig.max_queued,
+        help="requests that wait per modeld while its open streams are at its bound (default 256; each "
+        "holds its body, so the worst case is this times --max-body-bytes); more are refused with "
+        "429 and Retry-After (0: no queue)",
+    )
+    p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=GatewayConfig.queue_timeout,
+        help="seconds a request may wait in that queue before it is refused with 429 and Retry-After (default 30)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -93,9 +125,18 @@ def config_from_args(argv=None) -> GatewayConfig:
     for address in args.modeld:
         check_address("--modeld", address, listening=False)
     return GatewayConfig(
-        modelds=tuple(args.modeld), host=args.host, port=args.port, poll_interval=args.poll_interval,
-        request_timeout=args.request_timeout, affinity_block_chars=args.affinity_block_chars,
-        affinity_entries=args.affinity_entries, affinity_max_imbalance=args.affinity_max_imbalance,
-        max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout, max_queued=args.max_queued,
-        queue_timeout=args.queue_timeout, log_level=args.log_level, api_key=os.environ.get(API_KEY_VARIABLE),
+        modelds=tuple(args.modeld),
+        host=args.host,
+        port=args.port,
+        poll_interval=args.poll_interval,
+        request_timeout=args.request_timeout,
+        affinity_block_chars=args.affinity_block_chars,
+        affinity_entries=args.affinity_entries,
+        affinity_max_imbalance=args.affinity_max_imbalance,
+        max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
+        max_queued=args.max_queued,
+        queue_timeout=args.queue_timeout,
+        log_level=args.log_level,
+        api_key=os.environ.get(API_KEY_VARIABLE),
     )

@@ -20,8 +20,15 @@ RETRY_STATUSES = (429, 503)  # answers that tell the client when to come back (R
 class ApiError(Exception):
     """A refusal the gateway answers itself."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None, retry_after: int | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: int | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
         self.retry_after = retry_after  # seconds, sent as Retry-After (every 429 and 503 carries one)
@@ -39,5 +46,10 @@ def api_error_response(exc: ApiError) -> JSONResponse:
 def from_client_error(exc: ClientError, retry_after: int) -> ApiError:
     """modeld's refusal as the gateway answers it; `retry_after` goes with a 429 or 503."""
     status, kind = STATUS_OF_CODE.get(exc.code, SERVER_ERROR)
-    return ApiError(status, exc.message or exc.code, kind, code=exc.code.lower(),
-                    retry_after=retry_after if status in RETRY_STATUSES else None)
+    return ApiError(
+        status,
+        exc.message or exc.code,
+        kind,
+        code=exc.code.lower(),
+        retry_after=retry_after if status in RETRY_STATUSES else None,
+    )

@@ -31,15 +31,24 @@ def choose_backend(backends: Backends, router: Router, body: ChatRequest | Compl
     if candidates:
         return router.pick(body.affinity_key(), candidates)
     if backends.known_model(body.model):
-        raise ApiError(503, f"no modeld serving {body.model!r} is ready now (none answers SERVING to its health "
-                       "check)", "service_unavailable", code="unavailable",
-                       retry_after=math.ceil(backends.poll_interval))  # a poll may find one serving again
-    raise ApiError(404, f"the model {body.model!r} does not exist; served: {', '.join(backends.models()) or 'none'}",
-                   code="model_not_found", param="model")
+        raise ApiError(
+            503,
+            f"no modeld serving {body.model!r} is ready now (none answers SERVING to its health check)",
+            "service_unavailable",
+            code="unavailable",
+            retry_after=math.ceil(backends.poll_interval),
+        )  # a poll may find one serving again
+    raise ApiError(
+        404,
+        f"the model {body.model!r} does not exist; served: {', '.join(backends.models()) or 'none'}",
+        code="model_not_found",
+        param="model",
+    )
 
 
-async def generate(request: Request, backends: Backends, router: Router, body: ChatRequest | CompletionRequest,
-                   chat: bool) -> Response:
+async def generate(
+    request: Request, backends: Backends, router: Router, body: ChatRequest | CompletionRequest, chat: bool
+) -> Response:
     body.check_supported()
     backend = choose_backend(backends, router, body)
     request_id = uuid.uuid4().hex
@@ -51,7 +60,8 @@ async def generate(request: Request, backends: Backends, router: Router, body: C
         entered = time.monotonic()
         stack.callback(lambda: backend.admission.leave(time.monotonic() - entered))
         handle = await stack.enter_async_context(
-            backend.client.stream(request_id=request_id, **body.generate_arguments()))
+            backend.client.stream(request_id=request_id, **body.generate_arguments())
+        )
         chunks = aiter(handle)
         if not body.stream:
             await unless_disconnected(request, drain(chunks))
@@ -61,8 +71,13 @@ async def generate(request: Request, backends: Backends, router: Router, body: C
         streaming = True
         return StreamingResponse(events, media_type="text/event-stream", headers=routed_to(backend))
     except QueueFull as exc:
-        raise ApiError(429, f"modeld {backend.index} is at capacity: {exc}; retry after {exc.retry_after} s",
-                       "rate_limit_error", code="queue_full", retry_after=exc.retry_after) from None
+        raise ApiError(
+            429,
+            f"modeld {backend.index} is at capacity: {exc}; retry after {exc.retry_after} s",
+            "rate_limit_error",
+            code="queue_full",
+            retry_after=exc.retry_after,
+        ) from None
     except ClientGone:
         log.info("request %s: the client disconnected; aborted in modeld %s", request_id, backend.address)
         return Response(status_code=CLIENT_CLOSED)

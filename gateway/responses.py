@@ -52,9 +52,12 @@ class Shaper:
 
 
 def usage(result: GenerateResult) -> dict:
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
+    }
 
 
 def sse(body: dict) -> str:

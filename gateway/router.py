@@ -50,7 +50,7 @@ class Router:
         keys = []
         end = min(len(prompt), self.block_chars * MAX_BLOCKS)
         for start in range(0, end - self.block_chars + 1, self.block_chars):
-            digest.update(prompt[start:start + self.block_chars].encode("utf-8", "surrogatepass"))
+            digest.update(prompt[start : start + self.block_chars].encode("utf-8", "surrogatepass"))
             keys.append(digest.copy().digest())
         whole = hashlib.blake2b(prompt.encode("utf-8", "surrogatepass"), digest_size=16, person=b"whole").digest()
         return [*keys, whole]

@@ -46,8 +46,13 @@ class SamplingRequest(BaseModel):
 
     def sampling(self, max_tokens: int | None) -> dict:
         """The client library's Generate arguments for these fields (unset ones take modeld's defaults)."""
-        values = dict(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-                      stop=self.stop or None)
+        values = dict(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=self.stop or None,
+        )
         return {key: value for key, value in values.items() if value is not None}
 
     @property

@@ -5,9 +5,9 @@ import pathlib
 
 def unix_path(address: str) -> pathlib.Path | None:
     if address.startswith("unix://"):
-        return pathlib.Path(address[len("unix://"):])
+        return pathlib.Path(address[len("unix://") :])
     if address.startswith("unix:"):
-        return pathlib.Path(address[len("unix:"):])
+        return pathlib.Path(address[len("unix:") :])
     return None
 
 
@@ -20,8 +20,9 @@ def check_address(flag: str, address: str, listening: bool) -> None:
         if not str(path):
             raise ValueError(f"{flag} {address!r}: the Unix socket path is empty")
         if listening and not path.is_absolute():  # relative to whatever folder the daemon was started in
-            raise ValueError(f"{flag} {address!r}: a socket to listen on needs an absolute path "
-                             "(unix:///path/to/socket)")
+            raise ValueError(
+                f"{flag} {address!r}: a socket to listen on needs an absolute path (unix:///path/to/socket)"
+            )
         return
     host, _, port = address.rpartition(":")
     if not host or not (port.isascii() and port.isdigit()):

@@ -27,8 +27,14 @@ class MemdSession:
     that model's prefixes. Without one ("") it gets no prefix cache.
     """
 
-    def __init__(self, address: str, client_name: str = "", connect_timeout: float = 10.0,
-                 writes_draft_kv: bool = True, model_fingerprint: str = ""):
+    def __init__(
+        self,
+        address: str,
+        client_name: str = "",
+        connect_timeout: float = 10.0,
+        writes_draft_kv: bool = True,
+        model_fingerprint: str = "",
+    ):
         self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = memd_pb2_grpc.MemdStub(self.channel)
         # Wait for memd with a first unary call rather than grpc.channel_ready_future: the future's connectivity
@@ -39,11 +45,13 @@ class MemdSession:
             self.channel.close()
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise grpc.FutureTimeoutError(
-                    f"memd at {address} did not answer within {connect_timeout:g} s") from None
+                    f"memd at {address} did not answer within {connect_timeout:g} s"
+                ) from None
             raise
         self.calls = CallStream(self.stub.Calls)  # Alloc, Free and the matches: over one stream, not a unary RPC each
-        attach = memd_pb2.AttachRequest(client_name=client_name, writes_draft_kv=writes_draft_kv,
-                                        model_fingerprint=model_fingerprint)
+        attach = memd_pb2.AttachRequest(
+            client_name=client_name, writes_draft_kv=writes_draft_kv, model_fingerprint=model_fingerprint
+        )
         self._events = self.stub.Attach(attach)
         try:
             first = next(self._events)
@@ -78,25 +86,33 @@ class MemdSession:
             pools["tables_written"] = event
         return pools
 
-    def match_prefix(self, rid: str, token_ids, extend_to: int = 0, timeout: float = 10.0) -> memd_pb2.MatchPrefixResponse:
+    def match_prefix(
+        self, rid: str, token_ids, extend_to: int = 0, timeout: float = 10.0
+    ) -> memd_pb2.MatchPrefixResponse:
         """Start request `rid` from the longest cached prefix of `token_ids`: it holds positions
         [0, cached_len) and a row; continue it with an extend at prefix_len cached_len. With `extend_to`, the answer's
         `extension` (when there was room) grants [cached_len, extend_to) too."""
-        request = memd_pb2.MatchPrefixRequest(session_id=self.session_id, rid=rid, token_ids=list(token_ids),
-                                              extend_to=extend_to)
+        request = memd_pb2.MatchPrefixRequest(
+            session_id=self.session_id, rid=rid, token_ids=list(token_ids), extend_to=extend_to
+        )
         return self.calls.submit("match_prefix", request, timeout).result()
 
     def match_prefix_batch(self, items, timeout: float = 10.0) -> list[memd_pb2.MatchPrefixResponse]:
         """match_prefix for each (rid, token_ids[, extend_to]) in one round trip (a burst of arrivals), in order: the
         answers of the leading items; an item memd had no request row for, and those after it, are not in it
         (unmatched). Extensions are granted in order until the first memd has no room for (none after it)."""
-        request = memd_pb2.MatchPrefixBatchRequest(session_id=self.session_id, items=[
-            memd_pb2.MatchItem(rid=rid, token_ids=list(ids), extend_to=extend_to[0] if extend_to else 0)
-            for rid, ids, *extend_to in items])
+        request = memd_pb2.MatchPrefixBatchRequest(
+            session_id=self.session_id,
+            items=[
+                memd_pb2.MatchItem(rid=rid, token_ids=list(ids), extend_to=extend_to[0] if extend_to else 0)
+                for rid, ids, *extend_to in items
+            ],
+        )
         return list(self.calls.submit("match_prefix_batch", request, timeout).result().matches)
 
     def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
-        """One scheduler step: the releases (commits [(rid, length)], trims [rid or (rid, length)], finishes [rid], cache
+        """One scheduler step: the releases (commits [(rid, length)], trims [rid or (rid, length)], finishes [rid],
+        cache
         [(rid, token_ids)] of finished requests), then extends [(rid, prefix_len, n)] and grows [(rid, n)]."""
         request = memd_pb2.AllocRequest(
             session_id=self.session_id,
@@ -109,8 +125,11 @@ class MemdSession:
     def alloc_async(self, grows=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
         """Grows [(rid, n)] with releases (trims, finishes, cache as in alloc), sent without waiting: an answer whose
         done() says whether memd answered and whose result() is the AllocResponse (or raises its grpc.RpcError)."""
-        request = memd_pb2.AllocRequest(session_id=self.session_id, release=self._release((), trims, finishes, cache),
-                                        grows=[memd_pb2.GrowOp(rid=r, num_tokens=n) for r, n in grows])
+        request = memd_pb2.AllocRequest(
+            session_id=self.session_id,
+            release=self._release((), trims, finishes, cache),
+            grows=[memd_pb2.GrowOp(rid=r, num_tokens=n) for r, n in grows],
+        )
         return self.calls.submit("alloc", request, timeout)
 
     def free(self, commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
@@ -126,7 +145,9 @@ class MemdSession:
         return memd_pb2.FreeRequest(
             session_id=self.session_id,
             commits=[memd_pb2.CommitOp(rid=r, length=n) for r, n in commits],
-            trims=[memd_pb2.TrimOp(rid=t) if isinstance(t, str) else memd_pb2.TrimOp(rid=t[0], length=t[1]) for t in trims],
+            trims=[
+                memd_pb2.TrimOp(rid=t) if isinstance(t, str) else memd_pb2.TrimOp(rid=t[0], length=t[1]) for t in trims
+            ],
             finish=list(finishes),
             cache=[memd_pb2.CacheOp(rid=r, token_ids=list(ids)) for r, ids in cache],
         )

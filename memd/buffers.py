@@ -44,8 +44,14 @@ class SharedBuffers(abc.ABC):
 
     def _desc(self, name, dtype, shape, size, **backend_fields) -> memd_pb2.BufferDesc:
         desc = memd_pb2.BufferDesc(
-            name=name, backend=self.backend, dtype=dtype, shape=shape,
-            strides=contiguous_strides(shape), offset_bytes=0, size_bytes=size, **backend_fields,
+            name=name,
+            backend=self.backend,
+            dtype=dtype,
+            shape=shape,
+            strides=contiguous_strides(shape),
+            offset_bytes=0,
+            size_bytes=size,
+            **backend_fields,
         )
         self.descs.append(desc)
         return desc
@@ -161,9 +167,15 @@ class CudaBuffers(SharedBuffers):
         with self.device:
             if self.dirty:
                 written = {name: np.unique(np.concatenate(parts)) for name, parts in self.dirty.items()}
-                packed = cupy.asarray(np.concatenate([
-                    part for name, idx in written.items()
-                    for part in (idx.astype(np.int32), self.tables[name].reshape(-1)[idx])]))
+                packed = cupy.asarray(
+                    np.concatenate(
+                        [
+                            part
+                            for name, idx in written.items()
+                            for part in (idx.astype(np.int32), self.tables[name].reshape(-1)[idx])
+                        ]
+                    )
+                )
                 at = 0
                 for name, idx in written.items():  # one launch a table; its indices are unique (np.unique)
                     n = len(idx)

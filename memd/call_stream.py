@@ -43,9 +43,13 @@ def refusal(seq: int, code: grpc.StatusCode, message: str) -> memd_pb2.CallAnswe
     return memd_pb2.CallAnswer(seq=seq, error=memd_pb2.CallError(code=code.value[0], message=message))
 
 
-async def answer_calls(service, calls: AsyncIterator, context,
-                       observe: Callable[[str, float, grpc.StatusCode], None] | None = None,
-                       waiting: Callable[[bool], None] = lambda flag: None):
+async def answer_calls(
+    service,
+    calls: AsyncIterator,
+    context,
+    observe: Callable[[str, float, grpc.StatusCode], None] | None = None,
+    waiting: Callable[[bool], None] = lambda flag: None,
+):
     """The answers to a Calls stream, in order; `observe(method, seconds, code)` times each call when metrics are on.
     `waiting(True)` just before the handler waits for the client's next call, `waiting(False)` when it has it (memd's
     shutdown cancels a stream only while it waits: that wait is the handler's own await)."""

@@ -39,7 +39,9 @@ class MemdConfig:
 
     def __post_init__(self):
         if self.decode_lookahead is None:
-            object.__setattr__(self, "decode_lookahead", defaults.default_decode_lookahead(self.draft_model is not None))
+            object.__setattr__(
+                self, "decode_lookahead", defaults.default_decode_lookahead(self.draft_model is not None)
+            )
         budgets = [self.kv_budget_bytes, self.mem_fraction, self.max_total_tokens]
         if sum(b is not None for b in budgets) > 1:
             raise ValueError("give at most one of --kv-budget-bytes, --mem-fraction, --max-total-tokens")
@@ -53,8 +55,10 @@ class MemdConfig:
             (self.kv_budget_bytes is None or self.kv_budget_bytes > 0, "--kv-budget-bytes must be > 0"),
             (self.mem_fraction is None or 0 < self.mem_fraction < 1, "--mem-fraction must be in (0, 1)"),
             (self.max_total_tokens is None or self.max_total_tokens > 0, "--max-total-tokens must be > 0"),
-            (self.context_length is None or self.context_length >= 1,
-             f"--context-length must be >= 1, got {self.context_length}"),
+            (
+                self.context_length is None or self.context_length >= 1,
+                f"--context-length must be >= 1, got {self.context_length}",
+            ),
             (self.draft_window is None or self.draft_window > 0, "--draft-window must be > 0"),
             (self.num_draft_tokens is None or self.num_draft_tokens > 0, "--num-draft-tokens must be > 0"),
             (self.kv_cache_dtype in ("auto", "bfloat16", "float16", "float32"), "bad --kv-cache-dtype"),
@@ -70,20 +74,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when a GPU is visible")
     p.add_argument("--device-id", type=int, default=0)
     p.add_argument("--target-model", help="Hugging Face folder (default: the project's SmolLM2-135M-Instruct)")
-    p.add_argument("--draft-model", help="DFLASH draft folder, 'default' for the project's draft, or 'none' (default: "
-                                          "the project's draft on CUDA with the default target, else none: no draft pool)")
-    p.add_argument("--draft-kv-ratio", type=float,
-                   help="draft KV pool as a fraction of the target's tokens (default: 0.25 for the draft chosen by "
-                        "default, else 1)")
-    p.add_argument("--draft-window", type=int,
-                   help="draft KV window in tokens (required below ratio 1; default: the draft's own for the draft "
-                        "chosen by default)")
+    p.add_argument(
+        "--draft-model",
+        help="DFLASH draft folder, 'default' for the project's draft, or 'none' (default: "
+        "the project's draft on CUDA with the default target, else none: no draft pool)",
+    )
+    p.add_argument(
+        "--draft-kv-ratio",
+        type=float,
+        help="draft KV pool as a fraction of the target's tokens (default: 0.25 for the draft chosen by "
+        "default, else 1)",
+    )
+    p.add_argument(
+        "--draft-window",
+        type=int,
+        help="draft KV window in tokens (required below ratio 1; default: the draft's own for the draft "
+        "chosen by default)",
+    )
     p.add_argument("--num-draft-tokens", type=int, help="draft block size (default: the draft's block_size)")
     p.add_argument("--draft-eviction-interval", type=int, default=8, help="steps between out-of-window draft frees")
-    p.add_argument("--decode-lookahead", type=int,
-                   help="decode slots a client may hold ahead of need per request; the bounded draft pool's request "
-                        "cap includes them (published in the layout); default 32, or 96 with a draft pool (a graph "
-                        "replay of four DFLASH verify blocks)")
+    p.add_argument(
+        "--decode-lookahead",
+        type=int,
+        help="decode slots a client may hold ahead of need per request; the bounded draft pool's request "
+        "cap includes them (published in the layout); default 32, or 96 with a draft pool (a graph "
+        "replay of four DFLASH verify blocks)",
+    )
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--max-running-requests", type=int, default=16)
     p.add_argument("--chunked-prefill-size", type=int, default=2048)
@@ -94,9 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--mem-fraction", type=float, help="fraction of the device's free memory for the KV pools")
     budget.add_argument("--max-total-tokens", type=int, help="target pool size in tokens")
     p.add_argument("--listen", help="unix:///path or 127.0.0.1:PORT (default: an owner-only Unix socket)")
-    p.add_argument("--allow-group", metavar="GROUP",
-                   help="members of GROUP (a name or a gid) may attach and call too: the Unix socket is made 0660 with "
-                        "that group (default: 0600, memd's user and root only)")
+    p.add_argument(
+        "--allow-group",
+        metavar="GROUP",
+        help="members of GROUP (a name or a gid) may attach and call too: the Unix socket is made 0660 with "
+        "that group (default: 0600, memd's user and root only)",
+    )
     p.add_argument("--strict", action="store_true", help="check the leak invariant after every mutating call")
     add_metrics_arguments(p)
     p.add_argument("--log-level", default="INFO")
@@ -105,8 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_metrics_arguments(p: argparse.ArgumentParser) -> None:
     """--metrics-port and --metrics-host, the same on both daemons."""
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; "
-                                                   "0: any free port, logged)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; 0: any free port, logged)",
+    )
     p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint (default: loopback)")
 
 
@@ -146,7 +168,13 @@ def config_from_args(argv: list[str] | None = None) -> MemdConfig:
     device = resolve_device(args.device)
     by_default = args.draft_model is None and defaults.dflash_by_default(device, args.target_model)
     draft = defaults.draft_folder("default" if by_default else args.draft_model or "none")
-    ratio = args.draft_kv_ratio if args.draft_kv_ratio is not None else defaults.DEFAULT_DRAFT_KV_RATIO if by_default else 1.0
+    ratio = (
+        args.draft_kv_ratio
+        if args.draft_kv_ratio is not None
+        else defaults.DEFAULT_DRAFT_KV_RATIO
+        if by_default
+        else 1.0
+    )
     window = args.draft_window if args.draft_window is not None or not by_default else defaults.default_draft_window()
     return MemdConfig(
         device=device,

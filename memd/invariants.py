@@ -56,7 +56,9 @@ def check_structure(mgr: SlotManager) -> None:
             raise InvariantViolation(f"request {req.rid!r}: its matched prefix is not in the prefix cache")
         for i in range(req.draft_start // P, req.cached_pages) if mgr.draft is not None else ():
             if cached_draft.get(req.target_pages[i]) != req.draft_pages[i]:
-                raise InvariantViolation(f"request {req.rid!r}: draft page of cached page {i} is not the cache's live one")
+                raise InvariantViolation(
+                    f"request {req.rid!r}: draft page of cached page {i} is not the cache's live one"
+                )
         np.add.at(target_owner, req.target_pages[req.cached_pages :], 1)
         positions = np.arange(req.length)
         target = mgr._slots(req.target_pages, positions)

@@ -51,11 +51,19 @@ class CallLimits:
     def check_release(self, request, call: str = "Free") -> None:
         """A FreeRequest, alone or as an AllocRequest's release."""
         check_id("session_id", request.session_id)
-        for name, ops in (("commits", request.commits), ("trims", request.trims), ("finish", request.finish),
-                          ("cache", request.cache)):
+        for name, ops in (
+            ("commits", request.commits),
+            ("trims", request.trims),
+            ("finish", request.finish),
+            ("cache", request.cache),
+        ):
             self._check_count(call, f"{name} ops", len(ops))
-        for rid in chain((op.rid for op in request.commits), (op.rid for op in request.trims), request.finish,
-                         (op.rid for op in request.cache)):
+        for rid in chain(
+            (op.rid for op in request.commits),
+            (op.rid for op in request.trims),
+            request.finish,
+            (op.rid for op in request.cache),
+        ):
             check_id("a request id", rid)
 
     def check_alloc(self, request) -> None:
@@ -77,10 +85,13 @@ class CallLimits:
 
     def check_translate(self, request) -> None:
         if len(request.target_slots) > self.max_slots:
-            raise InvalidArgument(f"Translate carries {len(request.target_slots)} slots: at most {self.max_slots} "
-                                  "(the request cap times the context)")
+            raise InvalidArgument(
+                f"Translate carries {len(request.target_slots)} slots: at most {self.max_slots} "
+                "(the request cap times the context)"
+            )
 
     def _check_count(self, call: str, what: str, count: int) -> None:
         if count > self.max_ops:
-            raise InvalidArgument(f"{call} carries {count} {what}: at most {self.max_ops} in one call "
-                                  "(memd's --max-running-requests)")
+            raise InvalidArgument(
+                f"{call} carries {count} {what}: at most {self.max_ops} in one call (memd's --max-running-requests)"
+            )

@@ -20,14 +20,19 @@ log = logging.getLogger("memd")
 SCRAPE_TIMEOUT = 2.0
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
-RPC_DURATION = Histogram("memd:rpc_duration_seconds", "Time to answer one call, a unary RPC or a call of a "
-                         "Calls stream (count: the calls)",
-                         ["method"], buckets=LATENCY_BUCKETS)
-RPC_ERRORS = Counter("memd:rpc_errors_total", "Calls answered with an error, by gRPC status",
-                     ["method", "code"])
-EVICTED_TOKENS = Counter("memd:prefix_cache_evicted_tokens_total",
-                         "Cached tokens evicted to make room for an allocation, per side (target: the prefix and its "
-                         "draft KV; draft: the draft KV only)", ["side"])
+RPC_DURATION = Histogram(
+    "memd:rpc_duration_seconds",
+    "Time to answer one call, a unary RPC or a call of a Calls stream (count: the calls)",
+    ["method"],
+    buckets=LATENCY_BUCKETS,
+)
+RPC_ERRORS = Counter("memd:rpc_errors_total", "Calls answered with an error, by gRPC status", ["method", "code"])
+EVICTED_TOKENS = Counter(
+    "memd:prefix_cache_evicted_tokens_total",
+    "Cached tokens evicted to make room for an allocation, per side (target: the prefix and its "
+    "draft KV; draft: the draft KV only)",
+    ["side"],
+)
 
 
 def observe_rpc(method: str, seconds: float, code: grpc.StatusCode | None) -> None:
@@ -69,20 +74,29 @@ class PoolCollector(Collector):
         return list(families(None))
 
     def collect(self):
-        capacity = asyncio.run_coroutine_threadsafe(self.service.Capacity(memd_pb2.CapacityRequest(), None),
-                                                    self.loop).result(SCRAPE_TIMEOUT)
+        capacity = asyncio.run_coroutine_threadsafe(
+            self.service.Capacity(memd_pb2.CapacityRequest(), None), self.loop
+        ).result(SCRAPE_TIMEOUT)
         return families(capacity)
 
 
 def families(capacity: memd_pb2.CapacityResponse | None):
     """The gauges of one Capacity answer (None: the families alone)."""
-    tokens = GaugeMetricFamily("memd:kv_cache_tokens", "KV tokens of a pool by state (total = free + held + "
-                               "evictable + protected)", labels=["pool", "state"])
-    usage = GaugeMetricFamily("memd:kv_cache_usage_perc", "Fraction of a pool not free (0..1; the prefix cache "
-                              "counts as used)", labels=["pool"])
+    tokens = GaugeMetricFamily(
+        "memd:kv_cache_tokens",
+        "KV tokens of a pool by state (total = free + held + evictable + protected)",
+        labels=["pool", "state"],
+    )
+    usage = GaugeMetricFamily(
+        "memd:kv_cache_usage_perc",
+        "Fraction of a pool not free (0..1; the prefix cache counts as used)",
+        labels=["pool"],
+    )
     scalars = {
-        "memd:draft_kv_ratio": ("Draft KV pool size over the target's (0: no draft pool)",
-                                lambda c: c.draft_kv_ratio if c.has_draft else 0.0),
+        "memd:draft_kv_ratio": (
+            "Draft KV pool size over the target's (0: no draft pool)",
+            lambda c: c.draft_kv_ratio if c.has_draft else 0.0,
+        ),
         "memd:draft_window_tokens": ("Draft KV window kept per request (0: unbounded)", lambda c: c.draft_window),
         "memd:sessions": ("Attached client sessions", lambda c: c.sessions),
         "memd:num_requests_running": ("Requests holding a row", lambda c: c.running_requests),

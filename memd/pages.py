@@ -41,7 +41,12 @@ class PagePool:
         if not pages:
             return
         arr = np.asarray(pages)
-        if (arr <= 0).any() or (arr > self.num_pages).any() or self._is_free[arr].any() or len(set(pages)) != len(pages):
+        if (
+            (arr <= 0).any()
+            or (arr > self.num_pages).any()
+            or self._is_free[arr].any()
+            or len(set(pages)) != len(pages)
+        ):
             raise InvariantViolation(f"{self.side} pool: double free or bad page in {sorted(pages)[:16]}")
         self._is_free[arr] = True
         self._free.extend(pages)

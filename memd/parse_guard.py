@@ -34,13 +34,16 @@ def _guarded(handler, unary, streaming):
     if handler.request_streaming:
         if not handler.response_streaming:
             return handler
-        return grpc.stream_stream_rpc_method_handler(handler.stream_stream, tolerant(handler.request_deserializer),
-                                                     handler.response_serializer)
+        return grpc.stream_stream_rpc_method_handler(
+            handler.stream_stream, tolerant(handler.request_deserializer), handler.response_serializer
+        )
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream),
-                                                    tolerant(handler.request_deserializer), handler.response_serializer)
-    return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), tolerant(handler.request_deserializer),
-                                               handler.response_serializer)
+        return grpc.unary_stream_rpc_method_handler(
+            streaming(handler.unary_stream), tolerant(handler.request_deserializer), handler.response_serializer
+        )
+    return grpc.unary_unary_rpc_method_handler(
+        unary(handler.unary_unary), tolerant(handler.request_deserializer), handler.response_serializer
+    )
 
 
 def _sync_unary(serve):

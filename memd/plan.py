@@ -6,7 +6,15 @@ from dataclasses import dataclass
 
 from memd.config import MemdConfig
 from memd.geometry import GeometryError, ModelGeometry, read_config, read_geometry
-from memd.sizing import DraftShape, PoolSizes, SizingError, request_cap, size_from_budget, size_from_tokens, validate_ratio
+from memd.sizing import (
+    DraftShape,
+    PoolSizes,
+    SizingError,
+    request_cap,
+    size_from_budget,
+    size_from_tokens,
+    validate_ratio,
+)
 
 log = logging.getLogger("memd")
 
@@ -82,13 +90,16 @@ def make_plan(cfg: MemdConfig) -> PoolPlan:
     block = (cfg.num_draft_tokens or draft.block_size) if draft else 0
     validate(cfg, target, draft, block)
     # auto: the checkpoint's dtype on CUDA; float32 on CPU, where modeld computes in float32.
-    kv_dtype = cfg.kv_cache_dtype if cfg.kv_cache_dtype != "auto" else (target.dtype if cfg.device == "cuda" else "float32")
+    kv_dtype = (
+        cfg.kv_cache_dtype if cfg.kv_cache_dtype != "auto" else (target.dtype if cfg.device == "cuda" else "float32")
+    )
     shape = None
     cap = 0
     if draft is not None:
         window = cfg.draft_window or 0
-        shape = DraftShape(draft.kv_bytes_per_token(kv_dtype), block, window, cfg.draft_eviction_interval,
-                           cfg.decode_lookahead)
+        shape = DraftShape(
+            draft.kv_bytes_per_token(kv_dtype), block, window, cfg.draft_eviction_interval, cfg.decode_lookahead
+        )
         if cfg.draft_kv_ratio < 1:
             cap = request_cap(shape, cfg.page_size, cfg.max_running_requests, cfg.chunked_prefill_size)
     target_cost = target.kv_bytes_per_token(kv_dtype)
@@ -127,7 +138,11 @@ def log_plan(plan: PoolPlan) -> None:
     target_bytes, draft_bytes = plan.sizes.kv_bytes()
     log.info(
         "target KV pool: tokens=%d, bytes=%d (%d per token, %s, %d layers)",
-        plan.sizes.target_tokens, target_bytes, plan.sizes.target_bytes_per_token, plan.kv_dtype, plan.target.layers,
+        plan.sizes.target_tokens,
+        target_bytes,
+        plan.sizes.target_bytes_per_token,
+        plan.kv_dtype,
+        plan.target.layers,
     )
     if plan.draft is not None:
         log.info(plan.sizes.log_line(plan.window))

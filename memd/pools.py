@@ -25,7 +25,9 @@ def build_pools(plan: PoolPlan, buffers: SharedBuffers, epoch: int) -> tuple[Slo
     target_rows = sizes.target_tokens + P
     draft_rows = sizes.draft_tokens + P if plan.draft else 0
     target_bytes, draft_bytes = sizes.kv_bytes()
-    buffers.create_kv("target_kv", plan.kv_dtype, [plan.target.layers, 2, target_rows, plan.target.kv_heads, plan.target.head_dim])
+    buffers.create_kv(
+        "target_kv", plan.kv_dtype, [plan.target.layers, 2, target_rows, plan.target.kv_heads, plan.target.head_dim]
+    )
     mapping = None
     if plan.draft is not None:
         g = plan.draft
@@ -51,7 +53,9 @@ def build_pools(plan: PoolPlan, buffers: SharedBuffers, epoch: int) -> tuple[Slo
         page_size=P,
         target=_geometry(plan.target, sizes.target_tokens, target_rows, target_bytes, sizes.target_bytes_per_token),
         has_draft=plan.draft is not None,
-        draft=_geometry(plan.draft, sizes.draft_tokens, draft_rows, draft_bytes, sizes.draft_bytes_per_token) if plan.draft else None,
+        draft=_geometry(plan.draft, sizes.draft_tokens, draft_rows, draft_bytes, sizes.draft_bytes_per_token)
+        if plan.draft
+        else None,
         draft_kv_ratio=float(sizes.ratio),
         draft_window=plan.window,
         draft_block_size=plan.block_size,
@@ -70,5 +74,11 @@ def build_pools(plan: PoolPlan, buffers: SharedBuffers, epoch: int) -> tuple[Slo
 
 def _geometry(g, tokens, rows, nbytes, per_token) -> memd_pb2.PoolGeometry:
     return memd_pb2.PoolGeometry(
-        layers=g.layers, kv_heads=g.kv_heads, head_dim=g.head_dim, tokens=tokens, rows=rows, bytes=nbytes, bytes_per_token=per_token
+        layers=g.layers,
+        kv_heads=g.kv_heads,
+        head_dim=g.head_dim,
+        tokens=tokens,
+        rows=rows,
+        bytes=nbytes,
+        bytes_per_token=per_token,
     )

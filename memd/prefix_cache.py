@@ -64,8 +64,9 @@ class Match:
 
 
 class PrefixCache:
-    def __init__(self, page_size: int, target: PagePool, draft: PagePool | None, window: int,
-                 set_mapping: MappingWriter):
+    def __init__(
+        self, page_size: int, target: PagePool, draft: PagePool | None, window: int, set_mapping: MappingWriter
+    ):
         self.P = page_size
         self.target = target
         self.draft = draft  # None unless the draft pool is bounded
@@ -104,7 +105,10 @@ class PrefixCache:
 
     def _common_pages(self, node: Node, tokens, at: int) -> int:
         P, k = self.P, 0
-        while k < len(node.target_pages) and tuple(tokens[(at + k) * P : (at + k + 1) * P]) == node.key[k * P : (k + 1) * P]:
+        while (
+            k < len(node.target_pages)
+            and tuple(tokens[(at + k) * P : (at + k + 1) * P]) == node.key[k * P : (k + 1) * P]
+        ):
             k += 1
         return k
 
@@ -112,8 +116,16 @@ class PrefixCache:
         """Cut `node` after k pages; the new upper node keeps its holders (every path through it did)."""
         P = self.P
         self._account(node, -1)
-        upper = Node(node.key[: k * P], node.target_pages[:k], node.draft_pages[:k], node.parent, node.start,
-                     holders=set(node.holders), draft_holders=set(node.draft_holders), last_access=node.last_access)
+        upper = Node(
+            node.key[: k * P],
+            node.target_pages[:k],
+            node.draft_pages[:k],
+            node.parent,
+            node.start,
+            holders=set(node.holders),
+            draft_holders=set(node.draft_holders),
+            last_access=node.last_access,
+        )
         node.parent.children[upper.key[:P]] = upper
         node.key, node.target_pages, node.draft_pages = node.key[k * P :], node.target_pages[k:], node.draft_pages[k:]
         node.start += k
@@ -163,7 +175,9 @@ class PrefixCache:
         node, path, at = self._walk(model, tokens, pages, split=True)
         assert at == pages, (at, pages)
         target = [t for n in path for t in n.target_pages]
-        draft = ([0] * draft_from + [d for n in path for d in n.draft_pages][draft_from:]) if self.draft is not None else []
+        draft = (
+            ([0] * draft_from + [d for n in path for d in n.draft_pages][draft_from:]) if self.draft is not None else []
+        )
         return Match(node, pages, target, draft, draft_from)
 
     def _usable_pages(self, draft: list[int]) -> int:
@@ -219,8 +233,9 @@ class PrefixCache:
                     draft += len(node.live_draft())
         return target, draft
 
-    def newly_protected(self, model: Model, tokens, pages: int, draft_from: int, gone: set[Holder],
-                        gone_draft: set[Holder]) -> tuple[int, int]:
+    def newly_protected(
+        self, model: Model, tokens, pages: int, draft_from: int, gone: set[Holder], gone_draft: set[Holder]
+    ) -> tuple[int, int]:
         """Pages (target, live draft) now evictable, or freed of their holders by this call (`gone`,
         `gone_draft`), that locking the path of `pages` pages of `tokens` (of `model`) from `draft_from`
         would protect."""
@@ -244,8 +259,9 @@ class PrefixCache:
         return target, draft
 
     # ---- insert -------------------------------------------------------------------------
-    def insert(self, model: Model, tokens, target_pages: list[int], draft_pages: list[int],
-               revive_held: bool = False) -> None:
+    def insert(
+        self, model: Model, tokens, target_pages: list[int], draft_pages: list[int], revive_held: bool = False
+    ) -> None:
         """Take a finished request's pages for `tokens` into `model`'s tree (whole pages; draft_pages per
         page, 0 where its draft KV is gone, or empty without a bounded pool). Pages the tree already
         holds for the same tokens are duplicates and go back to the pools; a tombstone the
@@ -260,8 +276,14 @@ class PrefixCache:
         while at < n:
             child = node.children.get(tuple(tokens[at * P : (at + 1) * P]))
             if child is None:
-                new = Node(tuple(tokens[at * P : n * P]), list(target_pages[at:]), list(draft_pages[at:]), node, at,
-                           last_access=now)
+                new = Node(
+                    tuple(tokens[at * P : n * P]),
+                    list(target_pages[at:]),
+                    list(draft_pages[at:]),
+                    node,
+                    at,
+                    last_access=now,
+                )
                 node.children[new.key[:P]] = new
                 self._account(new, +1)
                 return
@@ -360,24 +382,34 @@ class PrefixCache:
         if not all(root.children for root in self.roots.values()):
             raise InvariantViolation("prefix cache: an empty tree is kept")
         counts = [0, 0, 0, 0]
-        heaps = [(heap, side, heap.current_ids())
-                 for heap, side in ((self.lru_target, "target"), (self.lru_draft, "draft"))]
+        heaps = [
+            (heap, side, heap.current_ids()) for heap, side in ((self.lru_target, "target"), (self.lru_draft, "draft"))
+        ]
         for node in self._nodes():
             pages = len(node.target_pages)
-            if pages == 0 or len(node.key) != pages * self.P or node.parent.children.get(node.key[: self.P]) is not node:
+            if (
+                pages == 0
+                or len(node.key) != pages * self.P
+                or node.parent.children.get(node.key[: self.P]) is not node
+            ):
                 raise InvariantViolation(f"prefix cache: malformed node at page {node.start}")
             if node.start != node.parent.end or (self.draft is not None and len(node.draft_pages) != pages):
                 raise InvariantViolation(f"prefix cache: node at page {node.start} misplaced")
-            if not node.draft_holders <= node.holders or (node.parent.parent is not None and not node.holders <= node.parent.holders):
+            if not node.draft_holders <= node.holders or (
+                node.parent.parent is not None and not node.holders <= node.parent.holders
+            ):
                 raise InvariantViolation(f"prefix cache: holders of node at page {node.start} are not a path")
             live = len(node.live_draft())
             counts[1 if node.holders else 0] += pages
             counts[3 if node.draft_holders else 2] += live
             for heap, side, listed in heaps:
                 if heap.is_candidate(node) and id(node) not in listed:
-                    raise InvariantViolation(f"prefix cache: node at page {node.start} is evictable ({side}) but not "
-                                             "in the eviction heap")
+                    raise InvariantViolation(
+                        f"prefix cache: node at page {node.start} is evictable ({side}) but not in the eviction heap"
+                    )
         if counts != [self.evictable_t, self.protected_t, self.evictable_d, self.protected_d]:
             raise InvariantViolation(
-                f"prefix cache counters (evictable/protected target, draft) {[self.evictable_t, self.protected_t, self.evictable_d, self.protected_d]}"
-                f" != recounted {counts}")
+                "prefix cache counters (evictable/protected target, draft) "
+                f"{[self.evictable_t, self.protected_t, self.evictable_d, self.protected_d]}"
+                f" != recounted {counts}"
+            )

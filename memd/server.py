@@ -44,8 +44,11 @@ KEEPALIVE_OPTIONS = [
 def server_options(plan: PoolPlan) -> list[tuple[str, int]]:
     """What memd receives is bounded by its plan (memd.limits); what it sends, by what its clients receive."""
     receive = max_request_bytes(plan.max_running_requests, plan.context_len)
-    return [("grpc.max_receive_message_length", receive), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            *KEEPALIVE_OPTIONS]
+    return [
+        ("grpc.max_receive_message_length", receive),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        *KEEPALIVE_OPTIONS,
+    ]
 
 
 class StopSignals:
@@ -103,8 +106,10 @@ async def serve(cfg: MemdConfig, plan: PoolPlan, stop_signals: StopSignals) -> i
             start_metrics(cfg.metrics_host, cfg.metrics_port, service, asyncio.get_running_loop())
         port, sock = listen(server, cfg.listen, cfg.allow_group)
         if sock is None:
-            log.warning("memd listens on TCP: there is no peer check, anyone who reaches the port can attach and call "
-                        "(a Unix socket admits only memd's user, root and --allow-group)")
+            log.warning(
+                "memd listens on TCP: there is no peer check, anyone who reaches the port can attach and call "
+                "(a Unix socket admits only memd's user, root and --allow-group)"
+            )
         await server.start()
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -46,14 +46,19 @@ class MemdService(memd_pb2_grpc.MemdServicer):
         if self.shutting_down.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "memd is shutting down")
         await self._check(context, check_attach, request)
-        secret, session = self.open_session(request.client_name or context.peer(), request.model_fingerprint,
-                                            request.writes_draft_kv)
-        model = (f"of model {self.model_digest(session.model)}" if session.model
-                 else "without a model identity (no prefix cache)")
+        secret, session = self.open_session(
+            request.client_name or context.peer(), request.model_fingerprint, request.writes_draft_kv
+        )
+        model = (
+            f"of model {self.model_digest(session.model)}"
+            if session.model
+            else "without a model identity (no prefix cache)"
+        )
         log.info("%s %s attached (%s)", session.label, model, loggable(session.client_name))
         try:
-            yield memd_pb2.SessionEvent(attached=memd_pb2.Attached(session_id=secret, layout=self.layout,
-                                                                   label=session.label))
+            yield memd_pb2.SessionEvent(
+                attached=memd_pb2.Attached(session_id=secret, layout=self.layout, label=session.label)
+            )
             await self.shutting_down.wait()
             yield memd_pb2.SessionEvent(shutting_down=memd_pb2.ShuttingDown(reason=self.shutdown_reason))
         finally:
@@ -109,15 +114,20 @@ class MemdService(memd_pb2_grpc.MemdServicer):
     async def MatchPrefix(self, request, context):
         await self._check(context, self.limits.check_match, request)
         label = await self._label(context, request.session_id)
-        matched = await self._run(context, self.mgr.match_prefix, label, request.rid, list(request.token_ids),
-                                  request.extend_to)
+        matched = await self._run(
+            context, self.mgr.match_prefix, label, request.rid, list(request.token_ids), request.extend_to
+        )
         return match_response(matched)
 
     async def MatchPrefixBatch(self, request, context):
         await self._check(context, self.limits.check_match_batch, request)
         label = await self._label(context, request.session_id)
-        matched = await self._run(context, self.mgr.match_prefix_batch, label,
-                                  [(item.rid, list(item.token_ids), item.extend_to) for item in request.items])
+        matched = await self._run(
+            context,
+            self.mgr.match_prefix_batch,
+            label,
+            [(item.rid, list(item.token_ids), item.extend_to) for item in request.items],
+        )
         return memd_pb2.MatchPrefixBatchResponse(matches=[match_response(m) for m in matched])
 
     async def Calls(self, request_iterator, context):
@@ -203,8 +213,9 @@ class MemdService(memd_pb2_grpc.MemdServicer):
     async def Capacity(self, request, context):
         mgr, layout = self.mgr, self.layout
         target_evictable, target_protected, draft_evictable, draft_protected = mgr.cache_counts()
-        target = _pool(mgr.target.total_tokens, mgr.target.free_tokens, target_evictable, target_protected,
-                       layout.target.bytes)
+        target = _pool(
+            mgr.target.total_tokens, mgr.target.free_tokens, target_evictable, target_protected, layout.target.bytes
+        )
         draft = memd_pb2.PoolCapacity()
         if layout.has_draft:
             total = mgr.draft.total_tokens if mgr.draft else mgr.target.total_tokens
@@ -216,21 +227,37 @@ class MemdService(memd_pb2_grpc.MemdServicer):
             held_draft = held_draft if layout.has_draft else 0
             target.held_by_requests += held_target
             draft.held_by_requests += held_draft
-            holdings.append(memd_pb2.SessionHolding(label=session.label, client_name=session.client_name,
-                                                    model_digest=self.model_digest(session.model),
-                                                    target_held=held_target, draft_held=held_draft))
+            holdings.append(
+                memd_pb2.SessionHolding(
+                    label=session.label,
+                    client_name=session.client_name,
+                    model_digest=self.model_digest(session.model),
+                    target_held=held_target,
+                    draft_held=held_draft,
+                )
+            )
         return memd_pb2.CapacityResponse(
-            target=target, draft=draft, has_draft=layout.has_draft, draft_kv_ratio=layout.draft_kv_ratio,
-            draft_window=layout.draft_window, page_size=layout.page_size, request_cap=layout.request_cap,
-            max_running_requests=layout.max_running_requests, running_requests=sum(1 for _ in mgr.requests()),
-            sessions=len(mgr.sessions), context_len=layout.context_len, epoch=layout.epoch, session_holdings=holdings,
+            target=target,
+            draft=draft,
+            has_draft=layout.has_draft,
+            draft_kv_ratio=layout.draft_kv_ratio,
+            draft_window=layout.draft_window,
+            page_size=layout.page_size,
+            request_cap=layout.request_cap,
+            max_running_requests=layout.max_running_requests,
+            running_requests=sum(1 for _ in mgr.requests()),
+            sessions=len(mgr.sessions),
+            context_len=layout.context_len,
+            epoch=layout.epoch,
+            session_holdings=holdings,
         )
 
 
 def _pool(total: int, free: int, evictable: int, protected: int, nbytes: int) -> memd_pb2.PoolCapacity:
     """One side's pool; `used` counts the prefix cache too (free + evictable + protected + held == total)."""
-    return memd_pb2.PoolCapacity(total=total, free=free, used=total - free, evictable=evictable, protected=protected,
-                                 bytes=nbytes)
+    return memd_pb2.PoolCapacity(
+        total=total, free=free, used=total - free, evictable=evictable, protected=protected, bytes=nbytes
+    )
 
 
 def release_from_message(request: memd_pb2.FreeRequest) -> Release:
@@ -244,12 +271,18 @@ def release_from_message(request: memd_pb2.FreeRequest) -> Release:
 
 def request_slots(a) -> memd_pb2.RequestSlots:
     """An allocation (memd.slots.Allocated) as the API's RequestSlots."""
-    return memd_pb2.RequestSlots(rid=a.rid, row=a.row, start=a.start, target_slots=a.target_slots.tolist(),
-                                 draft_slots=a.draft_slots.tolist())
+    return memd_pb2.RequestSlots(
+        rid=a.rid, row=a.row, start=a.start, target_slots=a.target_slots.tolist(), draft_slots=a.draft_slots.tolist()
+    )
 
 
 def match_response(m) -> memd_pb2.MatchPrefixResponse:
     """A match (memd.slots.Matched) as the API's MatchPrefixResponse, with its extension when it has one."""
     return memd_pb2.MatchPrefixResponse(
-        rid=m.rid, row=m.row, cached_len=m.cached_len, target_slots=m.target_slots.tolist(),
-        draft_slots=m.draft_slots.tolist(), extension=None if m.extension is None else request_slots(m.extension))
+        rid=m.rid,
+        row=m.row,
+        cached_len=m.cached_len,
+        target_slots=m.target_slots.tolist(),
+        draft_slots=m.draft_slots.tolist(),
+        extension=None if m.extension is None else request_slots(m.extension),
+    )

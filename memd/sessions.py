@@ -2,7 +2,8 @@
 
 A session's id is a secret: 128 random bits, made at Attach and sent only on that Attach stream. Every call
 of the session (Alloc, Free, MatchPrefix, MatchPrefixBatch) carries it, and it is the only thing that names the
-session to memd, so a caller that does not hold it cannot act in the session. memd never shows it: logs, Capacity and the
+session to memd, so a caller that does not hold it cannot act in the session. memd never shows it: logs, Capacity and
+the
 allocator know the session by its label ("session 3", a serial number, public), and a call with an id that
 names no open session gets NOT_FOUND whether or not the id is someone's label, so labels tell nothing.
 """

@@ -81,8 +81,13 @@ def request_cap(draft: DraftShape, page: int, max_running: int, chunked_prefill:
     """Most draft slots the running requests hold at once: per request the window, the
     blocks in flight over the eviction interval, a page of slack, the block being verified
     and the decode lookahead; times the requests; plus one prefill chunk and its partial page."""
-    per_request = (draft.window + draft.eviction_interval * draft.block_size + page + page_ceil(draft.block_size, page)
-                   + draft.lookahead)
+    per_request = (
+        draft.window
+        + draft.eviction_interval * draft.block_size
+        + page
+        + page_ceil(draft.block_size, page)
+        + draft.lookahead
+    )
     return per_request * max_running + chunked_prefill + page
 
 
@@ -116,14 +121,20 @@ def _finish(target_tokens, target_cost, draft, ratio, page, cap) -> PoolSizes:
     )
 
 
-def size_from_budget(budget: int, target_cost: int, draft: DraftShape | None, ratio: float, page: int, cap: int) -> PoolSizes:
+def size_from_budget(
+    budget: int, target_cost: int, draft: DraftShape | None, ratio: float, page: int, cap: int
+) -> PoolSizes:
     """Pools that fit `budget` bytes of KV (sink pages included)."""
     return _checked(lambda r: _size_budget(budget, target_cost, draft, r, page, cap), draft, ratio, cap)
 
 
-def size_from_tokens(max_tokens: int, target_cost: int, draft: DraftShape | None, ratio: float, page: int, cap: int) -> PoolSizes:
+def size_from_tokens(
+    max_tokens: int, target_cost: int, draft: DraftShape | None, ratio: float, page: int, cap: int
+) -> PoolSizes:
     """A token cap fixes the target pool; the ratio alone sets the draft's."""
-    return _checked(lambda r: _finish(page_floor(max_tokens, page), target_cost, draft, r, page, cap), draft, ratio, cap)
+    return _checked(
+        lambda r: _finish(page_floor(max_tokens, page), target_cost, draft, r, page, cap), draft, ratio, cap
+    )
 
 
 def _size_budget(budget, target_cost, draft, ratio, page, cap) -> PoolSizes:

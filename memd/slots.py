@@ -209,9 +209,18 @@ class SlotManager:
         model = self.models[session]
         match = self.cache.match(model, tokens if model else [], needs_draft)
         draft_start = 0 if self.mode is DraftMode.IDENTITY else match.draft_from * self.P
-        req = held[rid] = Request(rid, session, self.free_rows.pop(), list(match.target_pages),
-                                  list(match.draft_pages), match.pages * self.P, draft_start,
-                                  cached_pages=match.pages, locked=True, prefix=tuple(tokens[: match.pages * self.P]))
+        req = held[rid] = Request(
+            rid,
+            session,
+            self.free_rows.pop(),
+            list(match.target_pages),
+            list(match.draft_pages),
+            match.pages * self.P,
+            draft_start,
+            cached_pages=match.pages,
+            locked=True,
+            prefix=tuple(tokens[: match.pages * self.P]),
+        )
         self.cache.lock(req.holder, match)
         positions = np.arange(req.length)
         target = self._slots(req.target_pages, positions)
@@ -246,7 +255,9 @@ class SlotManager:
         if draft_pages is None:
             self._clear_mapping(np.empty(0, np.int32), target_pages)
         elif self.mapping is not None:
-            self._write("target_to_draft", self._page_slots(target_pages), self._page_slots(draft_pages).astype(np.int32))
+            self._write(
+                "target_to_draft", self._page_slots(target_pages), self._page_slots(draft_pages).astype(np.int32)
+            )
 
     def _requests(self, session: str) -> dict[str, Request]:
         if session not in self.sessions:
@@ -276,16 +287,27 @@ class SlotManager:
         # Pages the cache can give back: evictable now, plus what the finishes unlock and what trims
         # whose window leaves a cached prefix stop protecting (requests locked before this call).
         finishing = {held[rid].holder for rid in release.finishes if held[rid].locked}
-        leaving = {held[rid].holder for rid in release.trim_lengths() if held[rid].locked and after[rid] is not None
-                   and after[rid][1] >= after[rid][2] * self.P and after[rid][2] == held[rid].cached_pages}
+        leaving = {
+            held[rid].holder
+            for rid in release.trim_lengths()
+            if held[rid].locked
+            and after[rid] is not None
+            and after[rid][1] >= after[rid][2] * self.P
+            and after[rid][2] == held[rid].cached_pages
+        }
         unlocked_t, unlocked_d = self.cache.released_by(finishing, leaving)
         # ... less what checkpoints lock: cached pages that nothing else will protect after this call.
         for rid, tokens in release.inserts:
             state = after.get(rid)
             if state is not None and state[2] > held[rid].cached_pages:
-                locked_t, locked_d = self.cache.newly_protected(self.models[session], tokens, state[2],
-                                                                held[rid].draft_start // self.P,
-                                                                finishing, finishing | leaving)
+                locked_t, locked_d = self.cache.newly_protected(
+                    self.models[session],
+                    tokens,
+                    state[2],
+                    held[rid].draft_start // self.P,
+                    finishing,
+                    finishing | leaving,
+                )
                 unlocked_t, unlocked_d = unlocked_t - locked_t, unlocked_d - locked_d
         avail_t = self.target.free_pages + freed_t + self.cache.evictable_t + unlocked_t
         short = []
@@ -361,7 +383,9 @@ class SlotManager:
             req = held[rid]
             length, start, cached = after.get(rid, (req.length, req.draft_start, req.cached_pages))
             if len(tokens) > length:
-                raise InvalidArgument(f"request {rid!r}: {len(tokens)} tokens to cache, but it holds {length} positions")
+                raise InvalidArgument(
+                    f"request {rid!r}: {len(tokens)} tokens to cache, but it holds {length} positions"
+                )
             if any(t < 0 for t in tokens):
                 raise InvalidArgument(f"request {rid!r}: token ids must be >= 0")
             if len(tokens) > len(req.prefix) and tuple(tokens[: len(req.prefix)]) != req.prefix:
@@ -392,8 +416,13 @@ class SlotManager:
             # already; the trim after it frees only what is still the request's own.
             length, start, cached = state
             if cached > req.cached_pages:
-                dup_t, dup_d = self.cache.duplicates(self.models[req.session], inserts[rid], req.cached_pages, cached,
-                                                     req.draft_pages if self.draft is not None else [])
+                dup_t, dup_d = self.cache.duplicates(
+                    self.models[req.session],
+                    inserts[rid],
+                    req.cached_pages,
+                    cached,
+                    req.draft_pages if self.draft is not None else [],
+                )
                 freed_t, freed_d = freed_t + dup_t, freed_d + (dup_d if self.draft is not None else dup_t)
             own_from = max(req.draft_start // self.P, cached)
             freed_t += len(req.target_pages) - self._pages_for(length)
@@ -418,14 +447,17 @@ class SlotManager:
             if state is None:
                 if prefix_len != 0:
                     raise FailedPrecondition(
-                        f"request {rid!r} is new: prefill starts at 0 (MatchPrefix starts a request from a cached prefix)"
+                        f"request {rid!r} is new: prefill starts at 0 (MatchPrefix starts a request from a cached "
+                        "prefix)"
                     )
                 new_rows += 1
                 length = 0
             else:
                 length = state[0]
                 if prefix_len != length:
-                    raise InvalidArgument(f"extend of {rid!r} at prefix_len {prefix_len}, but it holds {length} positions")
+                    raise InvalidArgument(
+                        f"extend of {rid!r} at prefix_len {prefix_len}, but it holds {length} positions"
+                    )
             need += self._need(rid, length, n)
         for rid, n in grows:
             self._check_alloc_rid(rid, seen, after, n)
@@ -447,7 +479,9 @@ class SlotManager:
 
     def _need(self, rid: str, length: int, n: int) -> int:
         if length + n > self.context_len:
-            raise InvalidArgument(f"request {rid!r} would reach {length + n} tokens, beyond the context of {self.context_len}")
+            raise InvalidArgument(
+                f"request {rid!r} would reach {length + n} tokens, beyond the context of {self.context_len}"
+            )
         return self._pages_for(length + n) - self._pages_for(length)
 
     # ---- mutations --------------------------------------------------------------------
@@ -515,8 +549,13 @@ class SlotManager:
         if req.locked:
             self.cache.unlock(req.holder)
         model = self.models[req.session]
-        self.cache.insert(model, tokens, req.target_pages[:keep], req.draft_pages[:keep] if self.draft is not None else [],
-                          revive_held=True)
+        self.cache.insert(
+            model,
+            tokens,
+            req.target_pages[:keep],
+            req.draft_pages[:keep] if self.draft is not None else [],
+            revive_held=True,
+        )
         match = self.cache.path(model, tokens, keep, req.draft_start // self.P)
         moved = [i for i in range(keep) if req.target_pages[i] != match.target_pages[i]]
         req.target_pages[:keep] = match.target_pages
@@ -526,8 +565,11 @@ class SlotManager:
         if moved:
             positions = self._page_slots(moved)  # the positions of the moved pages
             positions = positions[positions < req.length]
-            self._write("req_to_token", req.row * self.req_to_token.shape[1] + positions,
-                        self._slots(req.target_pages, positions))
+            self._write(
+                "req_to_token",
+                req.row * self.req_to_token.shape[1] + positions,
+                self._slots(req.target_pages, positions),
+            )
         req.cached_pages, req.prefix, req.locked = keep, tuple(tokens[: keep * self.P]), True
         self.cache.lock(req.holder, match)
 
@@ -548,7 +590,9 @@ class SlotManager:
         if self.draft is not None and not self.writes_draft[req.session]:
             self._drop_draft(req, own_draft, keep)  # never written: not cached
         if keep > req.cached_pages:
-            self.cache.insert(model, tokens, req.target_pages[:keep], req.draft_pages[:keep] if self.draft is not None else [])
+            self.cache.insert(
+                model, tokens, req.target_pages[:keep], req.draft_pages[:keep] if self.draft is not None else []
+            )
         rest = req.target_pages[max(keep, req.cached_pages) :]
         self._clear_mapping(np.empty(0, np.int32), rest)
         self.target.free(rest)

@@ -18,8 +18,10 @@ from memd.plan import ConfigError
 # memd's clients, and what memd's server sends: slot lists of long prefills exceed gRPC's 4 MiB default. What the
 # servers receive is bounded by each daemon's limits (memd.limits, modeld.limits).
 MAX_MESSAGE_BYTES = 256 << 20
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
 
 
 def reachable(address: str) -> bool:
@@ -48,8 +50,10 @@ def listen(server, address: str, group: int | None = None) -> tuple[int, pathlib
     try:
         port = server.add_insecure_port(address)
     except RuntimeError:
-        raise ConfigError(f"cannot listen on {address}: the address is in use, not permitted or does not resolve "
-                          "(gRPC's reason is on the line above)") from None
+        raise ConfigError(
+            f"cannot listen on {address}: the address is in use, not permitted or does not resolve "
+            "(gRPC's reason is on the line above)"
+        ) from None
     finally:
         os.umask(umask)
     if path is not None and group is not None:
@@ -91,8 +95,10 @@ def prepare_socket(path: pathlib.Path, group: int | None = None) -> None:
             os.chmod(path.parent, 0o710)
     except FileExistsError:
         if group is not None and not _searchable_by(path.parent, group):
-            raise ConfigError(f"group {group} cannot reach a socket in {path.parent} (the folder is not searchable by "
-                              "it): give the folder that group and g+x, or listen in a new folder") from None
+            raise ConfigError(
+                f"group {group} cannot reach a socket in {path.parent} (the folder is not searchable by "
+                "it): give the folder that group and g+x, or listen in a new folder"
+            ) from None
     if not path.exists():
         return
     if reachable(f"unix://{path}"):

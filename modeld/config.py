@@ -30,7 +30,9 @@ class ModeldConfig:
     disable_cuda_graph: bool = False  # CUDA graphs of decode and verify steps (on CUDA only)
     disable_skinny_linear: bool = False  # projections of <= 16 rows on cuBLAS instead of the skinny Triton kernel
     disable_norm_fusion: bool = False  # with the skinny kernel: norms, SiLU-mul, rotary as kernels of their own
-    steps_per_replay: int = 4  # decode (greedy DFLASH: verify) steps a graph replay, or a chain of them, runs back to back
+    steps_per_replay: int = (
+        4  # decode (greedy DFLASH: verify) steps a graph replay, or a chain of them, runs back to back
+    )
     # queue a plain decode step before committing the one before it (modeld.step_ahead); None: on CUDA only (on the
     # CPU the queued step would run before the last one streams: later tokens, no overlap)
     overlap_decode: bool | None = None
@@ -55,8 +57,9 @@ class ModeldConfig:
 
     def __post_init__(self):
         if self.decode_lookahead is None:
-            object.__setattr__(self, "decode_lookahead",
-                               defaults.default_decode_lookahead(self.speculative_algorithm == "dflash"))
+            object.__setattr__(
+                self, "decode_lookahead", defaults.default_decode_lookahead(self.speculative_algorithm == "dflash")
+            )
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
         if self.speculative_algorithm not in ("none", "dflash"):
@@ -95,60 +98,107 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memd", help="memd's address (default: its owner-only Unix socket)")
     p.add_argument("--listen", help="unix:///path or 127.0.0.1:PORT (default: an owner-only Unix socket)")
     p.add_argument("--target-model", help="HF folder or .gguf file (default: the project's SmolLM2-135M-Instruct)")
-    p.add_argument("--draft-model", help="DFLASH draft folder, or 'default' for the project's draft (default: the "
-                                          "project's draft on CUDA with the default target, else none)")
-    p.add_argument("--speculative-algorithm", choices=["none", "dflash"],
-                   help="default: dflash when there is a draft (given or by default), else none")
+    p.add_argument(
+        "--draft-model",
+        help="DFLASH draft folder, or 'default' for the project's draft (default: the "
+        "project's draft on CUDA with the default target, else none)",
+    )
+    p.add_argument(
+        "--speculative-algorithm",
+        choices=["none", "dflash"],
+        help="default: dflash when there is a draft (given or by default), else none",
+    )
     p.add_argument("--num-draft-tokens", type=int, help="DFLASH block size (default: the draft's block_size)")
-    p.add_argument("--speculative-disable-by-batch-size", type=int, default=16,
-                   help="DFLASH verifies blocks only while fewer requests than this run; a larger batch decodes "
-                        "plainly, still writing the draft's context (with the shipped draft DFLASH wins at batch 1 "
-                        "and loses with many requests running: BENCHMARKS.md); 0: always speculate")
-    p.add_argument("--speculative-disable-sampled-by-batch-size", type=int, default=2,
-                   help="the same while any running request samples (temperature > 0: fewer drafts accepted, verify "
-                        "steps one a graph replay); default 2: sampled requests speculate alone only; 0: always")
+    p.add_argument(
+        "--speculative-disable-by-batch-size",
+        type=int,
+        default=16,
+        help="DFLASH verifies blocks only while fewer requests than this run; a larger batch decodes "
+        "plainly, still writing the draft's context (with the shipped draft DFLASH wins at batch 1 "
+        "and loses with many requests running: BENCHMARKS.md); 0: always speculate",
+    )
+    p.add_argument(
+        "--speculative-disable-sampled-by-batch-size",
+        type=int,
+        default=2,
+        help="the same while any running request samples (temperature > 0: fewer drafts accepted, verify "
+        "steps one a graph replay); default 2: sampled requests speculate alone only; 0: always",
+    )
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
-    p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"], default="auto",
-                   help="auto: memd's KV dtype (memd's --kv-cache-dtype must match any other choice)")
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "bfloat16", "float16", "float32"],
+        default="auto",
+        help="auto: memd's KV dtype (memd's --kv-cache-dtype must match any other choice)",
+    )
     p.add_argument("--chunked-prefill-size", type=int, default=512)
-    p.add_argument("--decode-lookahead", type=int,
-                   help="decode positions memd grants a request ahead of need: most decode steps then make no memd "
-                        "call (0: one call per step, exactly what the step needs); default 32, or 96 with DFLASH (a "
-                        "graph replay of four verify blocks)")
-    p.add_argument("--max-open-streams", type=int,
-                   help="open Generate streams at once; more are refused with RESOURCE_EXHAUSTED "
-                        "(default: 4 x memd's --max-running-requests)")
-    p.add_argument("--stream-interval", type=int, default=1,
-                   help="new tokens a stream's chunk waits for before it is sent (a request's last chunk goes when it "
-                        "ends): larger values send fewer, larger messages, for more tokens/s over many streams at "
-                        "the cost of coarser streaming (default 1: every step's tokens as they come)")
-    p.add_argument("--disable-cuda-graph", action="store_true",
-                   help="run every step eagerly (default on CUDA: decode and DFLASH verify steps replay CUDA graphs)")
-    p.add_argument("--disable-skinny-linear", action="store_true",
-                   help="run the target's projections of a few rows (batch-1 decode, one request's DFLASH block) on "
-                        "cuBLAS (default on CUDA: the skinny Triton kernel, one launch that streams each weight once)")
-    p.add_argument("--disable-norm-fusion", action="store_true",
-                   help="with the skinny kernel, run the residual add + RMSNorm before q|k|v and gate|up, the "
-                        "SiLU-mul after gate|up and the rotary + K/V write after q|k|v as kernels of their own "
-                        "(default: inside the skinny projection, one launch instead of two or three)")
-    p.add_argument("--steps-per-replay", type=int, default=4,
-                   help="decode steps (greedy DFLASH: verify steps) run back to back, each fed the last, before "
-                        "their tokens reach the host: in one CUDA graph replay for greedy batches, as a chain of "
-                        "one-step replays for requests that sample and for a target's plain decodes with a draft; a "
-                        "batch of 16 or more (greedy verify steps: any batch) runs them when its every request holds "
-                        "the slots they reach (the decode lookahead). Tokens then stream in groups of that many "
-                        "steps; 1: one step at a time")
-    p.add_argument("--disable-overlap-decode", action="store_true",
-                   help="commit each plain decode step before queueing the next (default on CUDA: the next step of "
-                        "an unchanged batch is queued on the device first, so the host commits and streams one step "
-                        "while the GPU computes the next)")
-    p.add_argument("--alone-prompt-tokens", type=int,
-                   help="with CUDA graphs, run a lone prompt chunk of at most this many tokens (up to 128) in a step "
-                        "of its own while requests decode: it replays a graph of one request instead of an eager "
-                        "step of the whole batch, and the decodes wait that step (never two in a row). It paid "
-                        "1.03-1.20x tokens/s for the default model, plain and DFLASH, on an H100 (BENCHMARKS.md); for "
-                        "a large model it may cost a step per arrival (not measured). 0: off. Default: 128 with CUDA "
-                        "graphs, else off")
+    p.add_argument(
+        "--decode-lookahead",
+        type=int,
+        help="decode positions memd grants a request ahead of need: most decode steps then make no memd "
+        "call (0: one call per step, exactly what the step needs); default 32, or 96 with DFLASH (a "
+        "graph replay of four verify blocks)",
+    )
+    p.add_argument(
+        "--max-open-streams",
+        type=int,
+        help="open Generate streams at once; more are refused with RESOURCE_EXHAUSTED "
+        "(default: 4 x memd's --max-running-requests)",
+    )
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="new tokens a stream's chunk waits for before it is sent (a request's last chunk goes when it "
+        "ends): larger values send fewer, larger messages, for more tokens/s over many streams at "
+        "the cost of coarser streaming (default 1: every step's tokens as they come)",
+    )
+    p.add_argument(
+        "--disable-cuda-graph",
+        action="store_true",
+        help="run every step eagerly (default on CUDA: decode and DFLASH verify steps replay CUDA graphs)",
+    )
+    p.add_argument(
+        "--disable-skinny-linear",
+        action="store_true",
+        help="run the target's projections of a few rows (batch-1 decode, one request's DFLASH block) on "
+        "cuBLAS (default on CUDA: the skinny Triton kernel, one launch that streams each weight once)",
+    )
+    p.add_argument(
+        "--disable-norm-fusion",
+        action="store_true",
+        help="with the skinny kernel, run the residual add + RMSNorm before q|k|v and gate|up, the "
+        "SiLU-mul after gate|up and the rotary + K/V write after q|k|v as kernels of their own "
+        "(default: inside the skinny projection, one launch instead of two or three)",
+    )
+    p.add_argument(
+        "--steps-per-replay",
+        type=int,
+        default=4,
+        help="decode steps (greedy DFLASH: verify steps) run back to back, each fed the last, before "
+        "their tokens reach the host: in one CUDA graph replay for greedy batches, as a chain of "
+        "one-step replays for requests that sample and for a target's plain decodes with a draft; a "
+        "batch of 16 or more (greedy verify steps: any batch) runs them when its every request holds "
+        "the slots they reach (the decode lookahead). Tokens then stream in groups of that many "
+        "steps; 1: one step at a time",
+    )
+    p.add_argument(
+        "--disable-overlap-decode",
+        action="store_true",
+        help="commit each plain decode step before queueing the next (default on CUDA: the next step of "
+        "an unchanged batch is queued on the device first, so the host commits and streams one step "
+        "while the GPU computes the next)",
+    )
+    p.add_argument(
+        "--alone-prompt-tokens",
+        type=int,
+        help="with CUDA graphs, run a lone prompt chunk of at most this many tokens (up to 128) in a step "
+        "of its own while requests decode: it replays a graph of one request instead of an eager "
+        "step of the whole batch, and the decodes wait that step (never two in a row). It paid "
+        "1.03-1.20x tokens/s for the default model, plain and DFLASH, on an H100 (BENCHMARKS.md); for "
+        "a large model it may cost a step per arrival (not measured). 0: off. Default: 128 with CUDA "
+        "graphs, else off",
+    )
     p.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for memd at start")
     add_metrics_arguments(p)
     p.add_argument("--log-level", default="INFO")
@@ -164,9 +214,15 @@ def config_from_args(argv=None) -> ModeldConfig:
             check_address(flag, address, listening)
     device = resolve_device(args.device)
     draft = args.draft_model
-    if draft is None and args.speculative_algorithm != "none" and args.load_format == "auto" \
-            and defaults.dflash_by_default(device, args.target_model):
-        draft = "default"  # DFLASH by default (memd.defaults: it beat plain decoding on the H200); memd's default matches
+    if (
+        draft is None
+        and args.speculative_algorithm != "none"
+        and args.load_format == "auto"
+        and defaults.dflash_by_default(device, args.target_model)
+    ):
+        draft = (
+            "default"  # DFLASH by default (memd.defaults: it beat plain decoding on the H200); memd's default matches
+        )
     draft = None if draft is None else defaults.draft_folder(draft)
     return ModeldConfig(
         device=device,

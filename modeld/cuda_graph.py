@@ -60,8 +60,9 @@ def lone_sizes(tokens_per_request: tuple[int, ...]) -> list[int]:
     return sorted({*PROMPT_TOKENS, *(q for q in tokens_per_request if q > 1)})
 
 
-def graph_shape(q_lens: list[int], buckets: list[int], tokens_per_request: tuple[int, ...],
-                lone_tokens: list[int]) -> tuple[int, int] | None:
+def graph_shape(
+    q_lens: list[int], buckets: list[int], tokens_per_request: tuple[int, ...], lone_tokens: list[int]
+) -> tuple[int, int] | None:
     """(bucket, q) of the graph that runs requests of these token counts, or None (eager): for one request of several
     tokens, the smallest graph of one request (of `lone_tokens`) that holds them; else requests of one token count in
     `tokens_per_request`, in the smallest bucket that holds them."""
@@ -78,13 +79,22 @@ def replay_repeats(steps_per_replay: int) -> list[int]:
     """Step counts (beyond 1) with graphs of several steps: the powers of two below steps_per_replay, and it."""
     if steps_per_replay <= 1:
         return []
-    return sorted({2**i for i in range(1, steps_per_replay.bit_length()) if 2**i < steps_per_replay} | {steps_per_replay})
+    return sorted(
+        {2**i for i in range(1, steps_per_replay.bit_length()) if 2**i < steps_per_replay} | {steps_per_replay}
+    )
 
 
 class GraphRunner:
-    def __init__(self, max_requests: int, tokens_per_request: tuple[int, ...], fields: int, device: str,
-                 steps_per_replay: int = 1, several_from: int = SEVERAL_STEPS_FROM_BATCH,
-                 cycles_from: int = SEVERAL_CYCLES_FROM_BATCH):
+    def __init__(
+        self,
+        max_requests: int,
+        tokens_per_request: tuple[int, ...],
+        fields: int,
+        device: str,
+        steps_per_replay: int = 1,
+        several_from: int = SEVERAL_STEPS_FROM_BATCH,
+        cycles_from: int = SEVERAL_CYCLES_FROM_BATCH,
+    ):
         self.buckets = batch_buckets(max_requests)
         self.tokens_per_request = tokens_per_request
         self.lone_tokens = lone_sizes(tokens_per_request)  # q of the graphs of one request's prompt chunk
@@ -95,13 +105,17 @@ class GraphRunner:
         self.static = torch.zeros((fields, width), dtype=torch.int64, device=device)
         self.staging = torch.zeros((fields, width), dtype=torch.int64).pin_memory()
         # (bucket, q) -> (graph, hidden, taps, argmax of every row (decode graphs; None for q > 1))
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, list[torch.Tensor], torch.Tensor | None]] = {}
+        self.graphs: dict[
+            tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, list[torch.Tensor], torch.Tensor | None]
+        ] = {}
         self.draft_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.context_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # bucket -> the draft context of a decode replay
         # (bucket, k) -> (graph, [k, tokens of every block row (bucket * block) | committed lengths (bucket)])
         self.cycle_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.decode_steps: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # k > 1: [k, bucket] argmax
+        self.decode_steps: dict[
+            tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]
+        ] = {}  # k > 1: [k, bucket] argmax
         self.pools = None  # (kv_pool, req_to_token) of the last capture: the greedy cycles' target pools
         # the draft context writes of k decode steps in one graph, beside the next step's forward (_decode_steps)
         self.context_stream = torch.cuda.Stream(device=device)
@@ -172,9 +186,17 @@ class GraphRunner:
 
     def _batch(self, bucket: int, q: int, req_to_token: torch.Tensor) -> ForwardBatch:
         s, n = self.static, bucket * q
-        return ForwardBatch(input_ids=s[IDS, :n], positions=s[POSITIONS, :n], out_slots=s[SLOTS, :n],
-                            rows=s[ROWS, :bucket], q_starts=s[STARTS, :bucket], q_lens=s[LENS, :bucket],
-                            kv_lens=s[KV_LENS, :bucket], req_to_token=req_to_token, qo_indptr=s[INDPTR, :bucket])
+        return ForwardBatch(
+            input_ids=s[IDS, :n],
+            positions=s[POSITIONS, :n],
+            out_slots=s[SLOTS, :n],
+            rows=s[ROWS, :bucket],
+            q_starts=s[STARTS, :bucket],
+            q_lens=s[LENS, :bucket],
+            kv_lens=s[KV_LENS, :bucket],
+            req_to_token=req_to_token,
+            qo_indptr=s[INDPTR, :bucket],
+        )
 
     def _pad_inputs(self, bucket: int, q: int) -> None:
         """Every request a padding request: a warm-up or capture run writes no K/V."""
@@ -204,13 +226,19 @@ class GraphRunner:
             for k in self.repeats if 1 in self.tokens_per_request and not taps else ():
                 for bucket in reversed(self.buckets):
                     batch = self._batch(bucket, 1, req_to_token)
-                    self.decode_steps[(bucket, k)] = self._capture(stream, bucket, 1, lambda: self._decode_steps(
-                        model, batch, kv_pool, req_to_token, k))
+                    self.decode_steps[(bucket, k)] = self._capture(
+                        stream, bucket, 1, lambda: self._decode_steps(model, batch, kv_pool, req_to_token, k)
+                    )
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        log.info("captured %d CUDA graphs (batch buckets %s, tokens per request %s, steps per replay %s) in %.1f s",
-                 len(self.graphs) + len(self.decode_steps), self.buckets, list(self.tokens_per_request),
-                 [1, *self.repeats], time.monotonic() - began)
+        log.info(
+            "captured %d CUDA graphs (batch buckets %s, tokens per request %s, steps per replay %s) in %.1f s",
+            len(self.graphs) + len(self.decode_steps),
+            self.buckets,
+            list(self.tokens_per_request),
+            [1, *self.repeats],
+            time.monotonic() - began,
+        )
 
     def _capture_forward(self, stream, model: CausalLM, kv_pool, req_to_token, taps, bucket: int, q: int):
         """(graph, hidden, taps' outputs, argmax of every row (q = 1; else None)) of one forward of `bucket` padding
@@ -235,8 +263,9 @@ class GraphRunner:
             out = steps()
         return graph, out
 
-    def _decode_steps(self, model: CausalLM, batch: ForwardBatch, kv_pool, req_to_token, k: int,
-                      worker=None) -> torch.Tensor:
+    def _decode_steps(
+        self, model: CausalLM, batch: ForwardBatch, kv_pool, req_to_token, k: int, worker=None
+    ) -> torch.Tensor:
         """k greedy decode steps of the batch in the static array, each fed the argmax of the one before: [k, bucket].
         With a DFLASH worker, each step also writes the draft's context K/V of its tokens (padding: slot -1, none),
         on a stream of its own beside the next step's forward (nothing in a decode step reads the draft pool): the
@@ -271,7 +300,9 @@ class GraphRunner:
         for step in range(k):
             if step:
                 lengths = out[step - 1, bucket * block :]
-                last = out[step - 1, : bucket * block].view(bucket, block).gather(1, (lengths - 1).clamp(min=0)[:, None])
+                last = (
+                    out[step - 1, : bucket * block].view(bucket, block).gather(1, (lengths - 1).clamp(min=0)[:, None])
+                )
                 advance_inputs(self.static, bucket, block, lengths, last[:, 0], req_to_token)
             out[step] = worker.greedy_cycle(batch, kv_pool)
         return out
@@ -305,8 +336,12 @@ class GraphRunner:
                     drafts = worker.propose(*args, max_start=worker.graph_width)
                 self.draft_graphs[bucket] = (graph, drafts)
                 _, _, captured, _ = self.graphs[(bucket, block)]
-                commit = (captured, s[POSITIONS, : bucket * block], s[SLOTS, : bucket * block].view(bucket, block),
-                          self.commit_lengths[:bucket])
+                commit = (
+                    captured,
+                    s[POSITIONS, : bucket * block],
+                    s[SLOTS, : bucket * block].view(bucket, block),
+                    self.commit_lengths[:bucket],
+                )
                 worker.write_committed(*commit)  # padding: every length 0, nothing is written
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool, stream=stream):
@@ -314,15 +349,21 @@ class GraphRunner:
                 self.commit_graphs[bucket] = graph
                 batch = self._batch(bucket, block, req_to_token)
                 for k in [1, *self.repeats]:
-                    self.cycle_graphs[(bucket, k)] = self._capture(stream, bucket, block, lambda: self._cycles(
-                        worker, batch, kv_pool, req_to_token, k))
+                    self.cycle_graphs[(bucket, k)] = self._capture(
+                        stream, bucket, block, lambda: self._cycles(worker, batch, kv_pool, req_to_token, k)
+                    )
                 if 1 in self.tokens_per_request:
                     _, _, captured, _ = self.graphs[(bucket, 1)]
                     batch = self._batch(bucket, 1, req_to_token)
-                    self.context_graphs[bucket] = self._capture(stream, bucket, 1, lambda: worker.write_context(
-                        captured, batch.positions, batch.out_slots))[0]
+                    self.context_graphs[bucket] = self._capture(
+                        stream, bucket, 1, lambda: worker.write_context(captured, batch.positions, batch.out_slots)
+                    )[0]
                     for k in self.repeats:
-                        self.decode_steps[(bucket, k)] = self._capture(stream, bucket, 1, lambda: self._decode_steps(
-                            worker.target, batch, kv_pool, req_to_token, k, worker))
+                        self.decode_steps[(bucket, k)] = self._capture(
+                            stream,
+                            bucket,
+                            1,
+                            lambda: self._decode_steps(worker.target, batch, kv_pool, req_to_token, k, worker),
+                        )
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()

@@ -18,8 +18,15 @@ from modeld.sampling_params import SamplingParams
 from modeld.step_advance import advance_inputs
 
 
-def decode_chain(runner: ModelRunner, dflash, inputs: StepInputs, params: list[SamplingParams],
-                 generators: list[torch.Generator | None], k: int, fed: torch.Tensor | None = None) -> torch.Tensor:
+def decode_chain(
+    runner: ModelRunner,
+    dflash,
+    inputs: StepInputs,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    k: int,
+    fed: torch.Tensor | None = None,
+) -> torch.Tensor:
     """k decode steps of the prepared batch (every item one token a step, params and generators per item): each
     step's token per item [k, items], on the device. With `fed` (tokens [items] on the device), the batch is first
     moved on by them: its steps follow one whose tokens are not committed yet (modeld.step_ahead)."""

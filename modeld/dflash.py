@@ -67,8 +67,12 @@ class DflashWorker:
     def _graphed_decode(self, inputs: StepInputs) -> bool:
         """The step replayed a one-token graph (every item decodes or is a one-token chunk): its context graph
         writes the draft K/V of every row."""
-        return self.graphs is not None and inputs.graph is not None and inputs.graph[1] == 1 \
+        return (
+            self.graphs is not None
+            and inputs.graph is not None
+            and inputs.graph[1] == 1
             and inputs.graph[0] in self.graphs.context_graphs
+        )
 
     def replay_greedy_cycles(self, inputs: StepInputs, k: int) -> torch.Tensor | None:
         """k whole verify steps of greedy requests from one graph, when the step has one: [k, target tokens of every
@@ -84,8 +88,9 @@ class DflashWorker:
         inputs.put_drafts(drafts)
         return drafts
 
-    def after_forward(self, inputs: StepInputs, out: StepOutput, drafts: torch.Tensor | None,
-                      target: torch.Tensor | None) -> torch.Tensor | None:
+    def after_forward(
+        self, inputs: StepInputs, out: StepOutput, drafts: torch.Tensor | None, target: torch.Tensor | None
+    ) -> torch.Tensor | None:
         """Draft K/V of what the target computed: every token of plain items, the committed prefix of each verified
         block (target: the target's tokens at the verify rows [V * B]). Returns the committed lengths [V]."""
         plain = [i for i in range(len(out.offsets)) if i not in set(inputs.verify)]
@@ -134,11 +139,14 @@ class DflashWorker:
         """Draft K/V of the committed prefix of each verified block: rows [N, B] of taps."""
         taps = torch.cat(captured_rows, dim=-1)  # [N * B, K * hidden]
         k, v = self.draft.context_kv_layers(taps, positions.reshape(-1))  # [N * B, layers, kv_heads, head_dim]
-        store_kv_prefix_valid(self.draft_kv[:, 0], self.draft_kv[:, 1], slots_2d, commit_lens, k, v,
-                              mapping=self.mapping)  # every layer in one launch
+        store_kv_prefix_valid(
+            self.draft_kv[:, 0], self.draft_kv[:, 1], slots_2d, commit_lens, k, v, mapping=self.mapping
+        )  # every layer in one launch
 
     @torch.inference_mode()
-    def propose(self, rows: torch.Tensor, starts: torch.Tensor, last_tokens: torch.Tensor, max_start: int) -> torch.Tensor:
+    def propose(
+        self, rows: torch.Tensor, starts: torch.Tensor, last_tokens: torch.Tensor, max_start: int
+    ) -> torch.Tensor:
         """Greedy drafts d_1..d_{B-1} [N, B-1] on the device for N requests (rows of req_to_token, L, t). Each draft
         layer reads its context from the draft pool (PagedContext: on the GPU in the attention kernel itself, on the
         CPU through a gather). max_start, at least the largest L (known on the host), sizes the CPU's gather for a
@@ -149,9 +157,19 @@ class DflashWorker:
         block_ids = torch.full((n, b), self.draft.spec.mask_token_id, dtype=torch.int64, device=rows.device)
         block_ids[:, 0] = last_tokens
         embeds = self.target.model.embed_tokens(block_ids)
-        contexts = [PagedContext(self.draft_kv[i, 0], self.draft_kv[i, 1], self.req_to_token, self.mapping, rows, starts,
-                                 window, max_start if window is None else window - 1)
-                    for i, window in enumerate(self.draft.spec.windows)]
+        contexts = [
+            PagedContext(
+                self.draft_kv[i, 0],
+                self.draft_kv[i, 1],
+                self.req_to_token,
+                self.mapping,
+                rows,
+                starts,
+                window,
+                max_start if window is None else window - 1,
+            )
+            for i, window in enumerate(self.draft.spec.windows)
+        ]
         hidden = self.draft.block_hidden(embeds, positions, contexts)
         # the argmax of the LM head's own logits is that of their fp32 values (exact): no fp32 copy of [N, B-1, vocab]
         return argmax_rows(self.target.lm_head(hidden[:, 1:]))

@@ -125,8 +125,9 @@ class DFlashDraft(nn.Module):
         return self.norm(h)
 
 
-def load_draft(folder: str, target_cfg, dtype: torch.dtype, device: str, block_override: int | None = None,
-               dummy: bool = False) -> DFlashDraft:
+def load_draft(
+    folder: str, target_cfg, dtype: torch.dtype, device: str, block_override: int | None = None, dummy: bool = False
+) -> DFlashDraft:
     """Load a z-lab format draft and check that it fits the target; `dummy`: seeded random weights from its
     config.json alone (benchmarks of the draft's cost at real sizes)."""
     import json
@@ -139,9 +140,14 @@ def load_draft(folder: str, target_cfg, dtype: torch.dtype, device: str, block_o
     cfg = Qwen3Config(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type", "auto_map")})
     spec = read_spec(cfg, raw, block_override)
     if cfg.hidden_size != target_cfg.hidden_size:
-        raise DraftError(f"the draft's hidden_size {cfg.hidden_size} differs from the target's {target_cfg.hidden_size}")
+        raise DraftError(
+            f"the draft's hidden_size {cfg.hidden_size} differs from the target's {target_cfg.hidden_size}"
+        )
     if not 0 <= spec.mask_token_id < target_cfg.vocab_size:
-        raise DraftError(f"the draft's mask_token_id {spec.mask_token_id} is outside the target vocabulary [0, {target_cfg.vocab_size})")
+        raise DraftError(
+            f"the draft's mask_token_id {spec.mask_token_id} is outside the target vocabulary [0, "
+            f"{target_cfg.vocab_size})"
+        )
     bad = [i for i in spec.target_layer_ids if not 0 <= i < target_cfg.num_hidden_layers]
     if bad:
         raise DraftError(f"target_layer_ids {bad} do not exist in a target of {target_cfg.num_hidden_layers} layers")
@@ -151,7 +157,11 @@ def load_draft(folder: str, target_cfg, dtype: torch.dtype, device: str, block_o
         gen = torch.Generator(device=device).manual_seed(1)
         with torch.no_grad():
             for name, p in model.named_parameters():
-                p.copy_(torch.ones_like(p) if name.endswith("norm.weight") else torch.randn(p.shape, generator=gen, device=device) * 0.02)
+                p.copy_(
+                    torch.ones_like(p)
+                    if name.endswith("norm.weight")
+                    else torch.randn(p.shape, generator=gen, device=device) * 0.02
+                )
         return model.eval()
     try:
         state = {k.removeprefix("model."): v for k, v in safetensors_state(path).items()}
@@ -160,8 +170,10 @@ def load_draft(folder: str, target_cfg, dtype: torch.dtype, device: str, block_o
     fc = state.get("fc.weight")
     want = len(spec.target_layer_ids) * target_cfg.hidden_size
     if fc is None or fc.shape[1] != want:
-        raise DraftError(f"the draft's fc takes {None if fc is None else fc.shape[1]} inputs, but "
-                         f"{len(spec.target_layer_ids)} tapped layers x hidden {target_cfg.hidden_size} = {want}")
+        raise DraftError(
+            f"the draft's fc takes {None if fc is None else fc.shape[1]} inputs, but "
+            f"{len(spec.target_layer_ids)} tapped layers x hidden {target_cfg.hidden_size} = {want}"
+        )
     with torch.device(device):
         model = DFlashDraft(cfg, spec, target_cfg.hidden_size).to(dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -111,11 +111,20 @@ class ServingDraft:
         cos, sin = self.rope(positions)
         x, residual = embeds.reshape(n * b, hidden), None
         for layer, context in zip(self.layers, contexts):
-            qkv, residual = norm_project(x, residual, layer.input_norm, self.eps, *layer.qkv, skinny=self.skinny,
-                                         fuse=self.fuse_norms)
+            qkv, residual = norm_project(
+                x, residual, layer.input_norm, self.eps, *layer.qkv, skinny=self.skinny, fuse=self.fuse_norms
+            )
             h = self._attention(layer, qkv, n, b, cos, sin, context)
-            act, residual = norm_project(h, residual, layer.post_norm, self.eps, *layer.gate_up, silu=True,
-                                         skinny=self.skinny, fuse=self.fuse_norms)
+            act, residual = norm_project(
+                h,
+                residual,
+                layer.post_norm,
+                self.eps,
+                *layer.gate_up,
+                silu=True,
+                skinny=self.skinny,
+                fuse=self.fuse_norms,
+            )
             x = linear(act, *layer.down, skinny=self.skinny)
         return rms_norm(x, self.norm, self.eps, residual)[0].view(n, b, hidden)
 
@@ -123,8 +132,15 @@ class ServingDraft:
         """qkv: the layer's q|k|v projection of its normed input."""
         hd = self.head_dim
         q, k, v = qkv.split(layer.split, dim=-1)
-        q, k = qk_norm_rotary(q.unflatten(-1, (self.heads, hd)), k.unflatten(-1, (self.kv_heads, hd)), layer.q_norm,
-                              layer.k_norm, self.eps, cos, sin)
+        q, k = qk_norm_rotary(
+            q.unflatten(-1, (self.heads, hd)),
+            k.unflatten(-1, (self.kv_heads, hd)),
+            layer.q_norm,
+            layer.k_norm,
+            self.eps,
+            cos,
+            sin,
+        )
         q, k, v = q.view(n, b, self.heads, hd), k.view(n, b, self.kv_heads, hd), v.view(n, b, self.kv_heads, hd)
         if isinstance(context, PagedContext):
             out = context.attend(q, k, v, self.spec.causal, hd**-0.5)

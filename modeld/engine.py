@@ -29,15 +29,27 @@ log = logging.getLogger("modeld")
 
 
 class Engine:
-    def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer, eos_ids: set[int], context_len: int,
-                 link: MemdLink, dflash: DflashWorker | None = None, trim_draft: bool = False, stream_interval: int = 1,
-                 overlap_decode: bool = False):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        tokenizer,
+        eos_ids: set[int],
+        context_len: int,
+        link: MemdLink,
+        dflash: DflashWorker | None = None,
+        trim_draft: bool = False,
+        stream_interval: int = 1,
+        overlap_decode: bool = False,
+    ):
         self.runner = runner
         self.link = link
         self.dflash = dflash
         self.trim_draft = trim_draft  # bounded draft pool: ask memd to free out-of-window draft slots each step
         self.spec = {"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
-        self.verifies_by_accepted = [0] * (dflash.block if dflash is not None else 0)  # [a]: verifies accepting a drafts
+        self.verifies_by_accepted = [0] * (
+            dflash.block if dflash is not None else 0
+        )  # [a]: verifies accepting a drafts
         self.scheduler = scheduler
         self.ahead = StepAhead(runner, dflash, overlap_decode)  # a decode step queued before the last is committed
         self.output = OutputProcessor(tokenizer, eos_ids, context_len, stream_interval)
@@ -99,7 +111,9 @@ class Engine:
                     busy = self._step()
                 except grpc.RpcError as exc:  # memd is gone or refused the step
                     log.error("memd call failed: %s %s", exc.code().name, exc.details())
-                    self._fail_all(exc.code().name, f"memd: {exc.details()}", memd_alive=exc.code() != grpc.StatusCode.UNAVAILABLE)
+                    self._fail_all(
+                        exc.code().name, f"memd: {exc.details()}", memd_alive=exc.code() != grpc.StatusCode.UNAVAILABLE
+                    )
                     busy = False
                 except Exception as exc:  # a bug outside the forward: fail what runs, keep serving
                     log.exception("engine step failed")
@@ -199,14 +213,21 @@ class Engine:
         if cycles is not None:  # whole verify steps in one graph: per step, its tokens, then its committed lengths
             block, width = self.dflash.block, inputs.graph[0] * self.dflash.block
             host = cycles.tolist()
-            return self._commit_tokens(items, [[row[i * block : i * block + row[width + i]] for row in host]
-                                               for i in range(len(items))])
+            return self._commit_tokens(
+                items, [[row[i * block : i * block + row[width + i]] for row in host] for i in range(len(items))]
+            )
         if k > 1 and not verify:  # decode steps back to back: one graph of k greedy steps, else a chain of replays
             if greedy and self.runner.has_decode_steps(inputs, k):
                 steps = self.runner.replay_decode_steps(inputs, k)
             else:
-                steps = decode_chain(self.runner, self.dflash, inputs, [item.req.params for item in items],
-                                     [item.req.generator for item in items], k)
+                steps = decode_chain(
+                    self.runner,
+                    self.dflash,
+                    inputs,
+                    [item.req.params for item in items],
+                    [item.req.generator for item in items],
+                    k,
+                )
             host = steps.tolist()
             return self._commit_tokens(items, [[[row[i]] for row in host] for i in range(len(items))])
         drafts = self.dflash.propose_into(inputs, max(items[i].req.computed for i in verify)) if verify else None
@@ -236,9 +257,14 @@ class Engine:
             host = copied.values()
         else:
             host = (sampled if lengths is None else torch.cat([sampled, lengths])).tolist() if owners else []
-        committed_lens = iter(host[len(owners):])
-        return self._commit_tokens(items, [[host[first : first + n][: next(committed_lens) if item.verify else n]]
-                                           for item, n, first in zip(items, counts, firsts)])
+        committed_lens = iter(host[len(owners) :])
+        return self._commit_tokens(
+            items,
+            [
+                [host[first : first + n][: next(committed_lens) if item.verify else n]]
+                for item, n, first in zip(items, counts, firsts)
+            ],
+        )
 
     def _commit_tokens(self, items, steps: list[list[list[int]]]) -> list[tuple[StepItem, list[int], list[int]]]:
         """Advances every request by what its item computed in each step of the replay (steps[i]: item i's tokens per

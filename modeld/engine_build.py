@@ -26,30 +26,49 @@ def check_layout(layout, hf_config, dtype: str) -> None:
     """memd's pools must have the model's KV geometry and dtype."""
     t = layout.target
     heads = hf_config.num_attention_heads
-    want = (hf_config.num_hidden_layers, hf_config.num_key_value_heads, getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads)
+    want = (
+        hf_config.num_hidden_layers,
+        hf_config.num_key_value_heads,
+        getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
+    )
     if (t.layers, t.kv_heads, t.head_dim) != want:
-        raise StartupError(f"memd's target pool is (layers, kv_heads, head_dim) = {(t.layers, t.kv_heads, t.head_dim)}, the model needs {want}")
+        raise StartupError(
+            f"memd's target pool is (layers, kv_heads, head_dim) = {(t.layers, t.kv_heads, t.head_dim)}, the model "
+            f"needs {want}"
+        )
     if layout.kv_dtype != dtype:
-        raise StartupError(f"memd's KV dtype is {layout.kv_dtype} but modeld runs {dtype}: start memd with --kv-cache-dtype {dtype}")
+        raise StartupError(
+            f"memd's KV dtype is {layout.kv_dtype} but modeld runs {dtype}: start memd with --kv-cache-dtype {dtype}"
+        )
 
 
 def check_draft_pool(layout, draft) -> None:
     """memd's draft pool must hold this draft's KV, for its window and block."""
     if not layout.has_draft:
-        raise StartupError("memd has no draft pool: start memd with --draft-model (or modeld with --speculative-algorithm none)")
+        raise StartupError(
+            "memd has no draft pool: start memd with --draft-model (or modeld with --speculative-algorithm none)"
+        )
     d, g = layout.draft, draft.config
     if (d.layers, d.kv_heads, d.head_dim) != (g.num_hidden_layers, g.num_key_value_heads, g.head_dim):
-        raise StartupError(f"memd's draft pool is (layers, kv_heads, head_dim) = {(d.layers, d.kv_heads, d.head_dim)}, "
-                           f"the draft needs {(g.num_hidden_layers, g.num_key_value_heads, g.head_dim)}")
+        raise StartupError(
+            f"memd's draft pool is (layers, kv_heads, head_dim) = {(d.layers, d.kv_heads, d.head_dim)}, "
+            f"the draft needs {(g.num_hidden_layers, g.num_key_value_heads, g.head_dim)}"
+        )
     if layout.draft_kv_ratio < 1:
         if None in draft.spec.windows:
-            raise StartupError("a draft with full-attention layers reads every position: it needs memd at --draft-kv-ratio 1")
+            raise StartupError(
+                "a draft with full-attention layers reads every position: it needs memd at --draft-kv-ratio 1"
+            )
         if layout.draft_window < max(draft.spec.windows) - 1:
-            raise StartupError(f"memd keeps a draft window of {layout.draft_window} tokens, the draft reads "
-                               f"{max(draft.spec.windows) - 1}: start memd with --draft-window >= that")
+            raise StartupError(
+                f"memd keeps a draft window of {layout.draft_window} tokens, the draft reads "
+                f"{max(draft.spec.windows) - 1}: start memd with --draft-window >= that"
+            )
         if draft.spec.block_size > layout.draft_block_size:
-            raise StartupError(f"memd sized its request cap for blocks of {layout.draft_block_size}, "
-                               f"modeld would verify {draft.spec.block_size}")
+            raise StartupError(
+                f"memd sized its request cap for blocks of {layout.draft_block_size}, "
+                f"modeld would verify {draft.spec.block_size}"
+            )
 
 
 @dataclass
@@ -72,8 +91,14 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     layout = link.layout
     draft = None
     if cfg.speculative_algorithm == "dflash":
-        draft = load_draft(cfg.draft_model, hf_config, getattr(torch, dtype), cfg.device, cfg.num_draft_tokens,
-                           dummy=cfg.load_format == "dummy")
+        draft = load_draft(
+            cfg.draft_model,
+            hf_config,
+            getattr(torch, dtype),
+            cfg.device,
+            cfg.num_draft_tokens,
+            dummy=cfg.load_format == "dummy",
+        )
 
     def check(new_layout) -> None:
         check_layout(new_layout, hf_config, dtype)
@@ -90,28 +115,54 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     if cfg.alone_prompt_tokens and not graphed:  # asked for (None: the default, which follows the graphs)
         log.warning("--alone-prompt-tokens is off: it needs CUDA graphs (a lone chunk alone would still run eagerly)")
     alone = (max(PROMPT_TOKENS) if cfg.alone_prompt_tokens is None else cfg.alone_prompt_tokens) if graphed else 0
-    scheduler = Scheduler(link.session, limits.max_running, limits.chunk, limits.context_len,
-                          worker.block if worker else 0, lookahead=limits.lookahead, async_top_ups=True,
-                          speculate_below=cfg.speculative_disable_by_batch_size,
-                          speculate_below_sampled=cfg.speculative_disable_sampled_by_batch_size,
-                          alone_prompt_tokens=alone)
+    scheduler = Scheduler(
+        link.session,
+        limits.max_running,
+        limits.chunk,
+        limits.context_len,
+        worker.block if worker else 0,
+        lookahead=limits.lookahead,
+        async_top_ups=True,
+        speculate_below=cfg.speculative_disable_by_batch_size,
+        speculate_below_sampled=cfg.speculative_disable_sampled_by_batch_size,
+        alone_prompt_tokens=alone,
+    )
     graphs = None
     if graphed:
-        graphs = GraphRunner(layout.max_running_requests, (1, worker.block) if worker else (1,), FIELDS, cfg.device,
-                             steps_per_replay=cfg.steps_per_replay)
+        graphs = GraphRunner(
+            layout.max_running_requests,
+            (1, worker.block) if worker else (1,),
+            FIELDS,
+            cfg.device,
+            steps_per_replay=cfg.steps_per_replay,
+        )
     runner = ModelRunner(model, link.pools, cfg.device, taps=worker.taps if worker else (), graphs=graphs)
     if worker is not None and graphs is not None:
         worker.use_graphs(graphs)
     link.rebinders += [lambda session, pools: scheduler.memd.rebind(session), lambda session, pools: runner.bind(pools)]
     if worker is not None:
         link.rebinders.append(lambda session, pools: worker.bind(pools))
-    engine = Engine(runner, scheduler, tokenizer, eos_token_ids(tokenizer, hf_config, cfg.target_model),
-                    limits.context_len, link, dflash=worker, trim_draft=limits.trim_draft,
-                    stream_interval=cfg.stream_interval, overlap_decode=cfg.overlaps_decode)
+    engine = Engine(
+        runner,
+        scheduler,
+        tokenizer,
+        eos_token_ids(tokenizer, hf_config, cfg.target_model),
+        limits.context_len,
+        link,
+        dflash=worker,
+        trim_draft=limits.trim_draft,
+        stream_interval=cfg.stream_interval,
+        overlap_decode=cfg.overlaps_decode,
+    )
     info = dict(
-        target_model=cfg.target_model, draft_model=cfg.draft_model or "", dtype=dtype, device=cfg.device,
-        speculative_algorithm=cfg.speculative_algorithm, block_size=worker.block if worker else 0,
-        vocab_size=hf_config.vocab_size, **layout_info(layout),
+        target_model=cfg.target_model,
+        draft_model=cfg.draft_model or "",
+        dtype=dtype,
+        device=cfg.device,
+        speculative_algorithm=cfg.speculative_algorithm,
+        block_size=worker.block if worker else 0,
+        vocab_size=hf_config.vocab_size,
+        **layout_info(layout),
     )
 
     def apply_limits(session, pools) -> None:  # a re-attached memd may run with other settings
@@ -149,6 +200,12 @@ def step_limits(cfg: ModeldConfig, layout, speculative: bool) -> StepLimits:
 
 def layout_info(layout) -> dict:
     """The part of GetInfo that memd's layout decides."""
-    return dict(draft_window=layout.draft_window, draft_kv_ratio=layout.draft_kv_ratio, page_size=layout.page_size,
-                max_running_requests=layout.max_running_requests, context_len=layout.context_len,
-                target_tokens=layout.target.tokens, draft_tokens=layout.draft.tokens)
+    return dict(
+        draft_window=layout.draft_window,
+        draft_kv_ratio=layout.draft_kv_ratio,
+        page_size=layout.page_size,
+        max_running_requests=layout.max_running_requests,
+        context_len=layout.context_len,
+        target_tokens=layout.target.tokens,
+        draft_tokens=layout.draft.tokens,
+    )

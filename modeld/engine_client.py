@@ -3,7 +3,8 @@ abort requests, ask for its counts, and turn what it sends into each request's e
 
 Requests live here as modeld.request.Request objects too: the engine's chunks go into their `events` queue and
 wake their stream (`wakeup`); the engine's last word on one (`final`: Request attributes by name) fills in its
-finish and output before the "complete" event. Every method runs on the loop's thread, which never waits on the pipe: what goes to the engine is
+finish and output before the "complete" event. Every method runs on the loop's thread, which never waits on the pipe:
+what goes to the engine is
 written by a thread of its own (`_write`), so the loop always reads what the engine sends, and an engine blocked on
 a full pipe to the front is always drained (two processes each writing into a full pipe would wait for ever)."""
 
@@ -35,6 +36,7 @@ class EngineClient:
         self.replies: dict[int, asyncio.Future] = {}
         self.query_ids = itertools.count()
         self.stopping = False
+        self.gone = True  # the pipe ended (the engine process exited), or no engine serves yet
         self.on_metrics: Callable[[list], None] | None = None  # the engine's metric snapshots, once set
         self._start()
 
@@ -46,13 +48,14 @@ class EngineClient:
         self.process.start()
         child_end.close()  # the front holds one end only: the pipe ends when the engine does
         self.memd_lost = False
-        self.gone = False  # the pipe ended: the engine process exited
         while True:
             try:
                 message = self.conn.recv()
             except EOFError:
                 self.process.join(timeout=30)
-                raise StartupError(f"the engine process exited with code {self.process.exitcode} while starting") from None
+                raise StartupError(
+                    f"the engine process exited with code {self.process.exitcode} while starting"
+                ) from None
             if message[0] == "ready":
                 break
             if message[0] == "failed":
@@ -62,6 +65,7 @@ class EngineClient:
         _, self.info, self.vocab_size, self.context_len, self.tokenizer = message
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # commands for the engine, in order
         threading.Thread(target=self._write, name="modeld-engine-writer", daemon=True).start()
+        self.gone = False  # only now: a request submitted while a restart starts would go to the old, dead outbox
 
     def restart(self) -> None:
         """After the engine exited unasked: reap its process, then start a new one (blocking, as at start); attach

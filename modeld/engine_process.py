@@ -35,8 +35,13 @@ log = logging.getLogger("modeld")
 
 def final_of(req: Request) -> dict:
     """What the front's complete message needs of a finished request: Request attributes by name."""
-    return dict(finish=req.finish, output_ids=req.output_ids, cached_tokens=req.cached_tokens,
-                spec_verify_ct=req.spec_verify_ct, unverified_tokens=req.unverified_tokens)
+    return dict(
+        finish=req.finish,
+        output_ids=req.output_ids,
+        cached_tokens=req.cached_tokens,
+        spec_verify_ct=req.spec_verify_ct,
+        unverified_tokens=req.unverified_tokens,
+    )
 
 
 def outcomes(requests: list[Request]) -> list[tuple]:

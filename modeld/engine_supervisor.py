@@ -23,8 +23,14 @@ FIRST_BACKOFF_S, MAX_BACKOFF_S = 1.0, 30.0
 
 
 class EngineSupervisor:
-    def __init__(self, engine: EngineClient, on_serving: Callable[[bool], Awaitable[None]], stop: asyncio.Event,
-                 metrics: FrontMetrics | None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        engine: EngineClient,
+        on_serving: Callable[[bool], Awaitable[None]],
+        stop: asyncio.Event,
+        metrics: FrontMetrics | None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         """on_serving: sets the front's health; stop: set to stop the front (also when the supervisor gives up);
         metrics: the front's, which count the restarts (None without --metrics-port)."""
         self.engine, self.on_serving, self.stop, self.metrics, self.clock = engine, on_serving, stop, metrics, clock
@@ -50,15 +56,26 @@ class EngineSupervisor:
             while self.restarts and now - self.restarts[0] > RESTART_WINDOW_S:
                 self.restarts.popleft()
             if len(self.restarts) >= MAX_RESTARTS:
-                log.critical("the engine process exited unasked (code %s) after %d restarts within %.0f s: modeld "
-                             "stops, exit status 1", code, len(self.restarts), RESTART_WINDOW_S)
+                log.critical(
+                    "the engine process exited unasked (code %s) after %d restarts within %.0f s: modeld "
+                    "stops, exit status 1",
+                    code,
+                    len(self.restarts),
+                    RESTART_WINDOW_S,
+                )
                 self.gave_up = True
                 self.stop.set()
                 return
             delay = self.backoff()
             self.restarts.append(now)
-            log.error("the engine process exited unasked (code %s): restart %d of at most %d within %.0f s, in %.0f s",
-                      code, len(self.restarts), MAX_RESTARTS, RESTART_WINDOW_S, delay)
+            log.error(
+                "the engine process exited unasked (code %s): restart %d of at most %d within %.0f s, in %.0f s",
+                code,
+                len(self.restarts),
+                MAX_RESTARTS,
+                RESTART_WINDOW_S,
+                delay,
+            )
             await asyncio.sleep(delay)
             if self.stop.is_set():
                 return

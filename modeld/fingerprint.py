@@ -41,8 +41,11 @@ def model_fingerprint(model: torch.nn.Module, hf_config, dtype: str, kv_dtype: s
 def _config_text(hf_config) -> str:
     """The config as canonical JSON, without what names where it was loaded from (a copy of the same model in
     another folder is the same model)."""
-    fields = {key: value for key, value in hf_config.to_dict().items()
-              if not key.startswith("_") and key != "transformers_version"}
+    fields = {
+        key: value
+        for key, value in hf_config.to_dict().items()
+        if not key.startswith("_") and key != "transformers_version"
+    }
     return json.dumps(fields, sort_keys=True, default=str)
 
 

@@ -19,8 +19,11 @@ class FrontMetrics(Collector):
 
     def collect(self):
         yield from self.families
-        yield CounterMetricFamily("modeld:engine_restarts", "Engine processes the front restarted after one exited "
-                                  "unasked (modeld.engine_supervisor)", value=self.engine_restarts)
+        yield CounterMetricFamily(
+            "modeld:engine_restarts",
+            "Engine processes the front restarted after one exited unasked (modeld.engine_supervisor)",
+            value=self.engine_restarts,
+        )
 
 
 def serve_metrics(host: str, port: int) -> FrontMetrics:

@@ -38,6 +38,7 @@ def text_bytes_per_token(tokenizer) -> int:
 def chat_turn_tokens(tokenizer) -> int:
     """The fewest tokens a turn adds to a conversation: what one more empty user turn costs in the chat template
     (at least 1: no template renders a turn as nothing)."""
+
     def length(turns: int) -> int:
         messages = [{"role": "user", "content": ""}] * turns
         return len(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False))
@@ -53,15 +54,19 @@ def check_message_count(count: int, context_len: int, turn_tokens: int) -> None:
     hold a worker for as long as they are many."""
     limit = min(MAX_CHAT_MESSAGES, max(1, context_len // turn_tokens))
     if count > limit:
-        raise InvalidRequest(f"{count} messages: at most {limit} (a turn takes at least {turn_tokens} tokens of the "
-                             f"context of {context_len}; at most {MAX_CHAT_MESSAGES} in any context)")
+        raise InvalidRequest(
+            f"{count} messages: at most {limit} (a turn takes at least {turn_tokens} tokens of the "
+            f"context of {context_len}; at most {MAX_CHAT_MESSAGES} in any context)"
+        )
 
 
 def check_text_size(text: str, context_len: int, bytes_per_token: int) -> None:
     limit = context_len * bytes_per_token
     if len(text) > limit or len(text.encode()) > limit:  # len(str) <= its bytes: cheap first
-        raise InvalidRequest(f"the prompt text is {len(text.encode())} bytes: at most {limit} for the context of "
-                             f"{context_len} tokens ({bytes_per_token} bytes per token)")
+        raise InvalidRequest(
+            f"the prompt text is {len(text.encode())} bytes: at most {limit} for the context of "
+            f"{context_len} tokens ({bytes_per_token} bytes per token)"
+        )
 
 
 def check_stops(stop: Sequence[str], stop_token_ids: Sequence[int]) -> None:

@@ -18,6 +18,7 @@ MEMD_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grp
 @dataclass
 class InFlight:
     """An Alloc sent without waiting: its future, and the releases it carries (sent again if memd refuses it)."""
+
     future: object
     finishes: list[str]
     cache: dict[str, list[int]]
@@ -93,8 +94,12 @@ class MemdCalls:
         return {r.rid: r.computed for r in self.running if r.in_memd and r.held > r.computed}
 
     def _release_args(self, lean: bool = True) -> dict:
-        return dict(finishes=self.releases, commits=list(self.outgoing_commits(lean).items()),
-                    trims=sorted(self.trims.items()), cache=list(self.cache.items()))
+        return dict(
+            finishes=self.releases,
+            commits=list(self.outgoing_commits(lean).items()),
+            trims=sorted(self.trims.items()),
+            cache=list(self.cache.items()),
+        )
 
     def rebind(self, session: MemdSession) -> None:
         """A new memd session (re-attached): nothing of the old one is in flight any more."""
@@ -147,7 +152,9 @@ class MemdCalls:
         ops = [dict(commits=[(rid, n)]) for rid, n in commits.items()]
         ops += [dict(cache=[(rid, tokens)]) for rid, tokens in self.cache.items() if rid not in self.releases]
         ops += [dict(trims=[trim]) for trim in sorted(self.trims.items())]
-        ops += [dict(finishes=[rid], cache=[(rid, self.cache[rid])] if rid in self.cache else []) for rid in self.releases]
+        ops += [
+            dict(finishes=[rid], cache=[(rid, self.cache[rid])] if rid in self.cache else []) for rid in self.releases
+        ]
         for op in ops:
             try:
                 self.session.free(**op)
@@ -161,8 +168,9 @@ class MemdCalls:
         """One Alloc of these top-ups (rid, positions) with the releases due, without waiting: its answer is applied
         before the next step that needs it (or at once if it is there). Only while no call is in flight."""
         sent = InFlight(None, self.releases, self.cache, self.trims, tops_up=bool(grows))
-        sent.future = self.session.alloc_async(grows=grows, trims=sorted(sent.trims.items()), finishes=sent.finishes,
-                                               cache=list(sent.cache.items()))
+        sent.future = self.session.alloc_async(
+            grows=grows, trims=sorted(sent.trims.items()), finishes=sent.finishes, cache=list(sent.cache.items())
+        )
         self.in_flight = sent
         self.releases, self.cache, self.trims = [], {}, {}
 
@@ -194,8 +202,11 @@ class MemdCalls:
             if exc.code() in MEMD_GONE:
                 raise
             if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                log.error("memd refused a call sent ahead (%s: %s): its releases go one by one", exc.code().name,
-                          exc.details())
+                log.error(
+                    "memd refused a call sent ahead (%s: %s): its releases go one by one",
+                    exc.code().name,
+                    exc.details(),
+                )
                 self.releases_one_by_one(lean=True)
             return
         running = {r.rid: r for r in self.running}

@@ -28,8 +28,7 @@ def map_pools(session: MemdSession) -> dict:
 
 
 class MemdLink:
-    def __init__(self, address: str, connect_timeout: float, on_health: Callable[[bool], None],
-                 writes_draft_kv: bool):
+    def __init__(self, address: str, connect_timeout: float, on_health: Callable[[bool], None], writes_draft_kv: bool):
         self.address = address
         self.connect_timeout = connect_timeout
         self.writes_draft_kv = writes_draft_kv  # told to memd: prefixes cached without it keep no draft KV
@@ -48,8 +47,9 @@ class MemdLink:
                     raise StartupError(f"memd does not answer at {address}") from None
             except grpc.RpcError as exc:  # memd refuses the session: shutting down (tried again until the deadline)
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                    raise StartupError(f"memd at {address} refused the session: {exc.code().name}: "
-                                       f"{exc.details()}") from None
+                    raise StartupError(
+                        f"memd at {address} refused the session: {exc.code().name}: {exc.details()}"
+                    ) from None
                 time.sleep(0.5)
         try:
             self.pools = map_pools(self.session)
@@ -58,8 +58,13 @@ class MemdLink:
             raise
 
     def _attach(self, timeout: float) -> MemdSession:
-        return MemdSession(self.address, "modeld", connect_timeout=timeout, writes_draft_kv=self.writes_draft_kv,
-                           model_fingerprint=self.model_fingerprint)
+        return MemdSession(
+            self.address,
+            "modeld",
+            connect_timeout=timeout,
+            writes_draft_kv=self.writes_draft_kv,
+            model_fingerprint=self.model_fingerprint,
+        )
 
     def identify(self, fingerprint: str) -> None:
         """Name the loaded model to memd (modeld.fingerprint): the session is replaced by one attached with the
@@ -67,7 +72,8 @@ class MemdLink:
         model for and held nothing; its pools stay mapped unless memd made new ones meanwhile (then start-up checks
         the new layout)."""
         self.model_fingerprint = fingerprint
-        # Only a prefix: the whole fingerprint is what joins this model's prefix cache in memd, and memd shows none of it
+        # Only a prefix: the whole fingerprint is what joins this model's prefix cache in memd, and memd shows none
+        # of it
         log.info("model fingerprint %s...", fingerprint[:8])
         try:
             session = self._attach(self.connect_timeout)
@@ -113,8 +119,12 @@ class MemdLink:
             except grpc.FutureTimeoutError:
                 continue
             except grpc.RpcError as exc:  # something answers but refuses the session: memd still shutting down, say
-                log.warning("memd at %s refused the session (%s: %s): trying again", self.address, exc.code().name,
-                            exc.details())
+                log.warning(
+                    "memd at %s refused the session (%s: %s): trying again",
+                    self.address,
+                    exc.code().name,
+                    exc.details(),
+                )
                 stopped.wait(0.5 if exc.code() == grpc.StatusCode.UNAVAILABLE else 5.0)
                 continue
             try:

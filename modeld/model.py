@@ -83,7 +83,9 @@ class Attention(nn.Module):
         bias = cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False))
         self.split = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim)
         self.qkv_proj = RowLinear(cfg.hidden_size, sum(self.split), bias=bias)
-        self.o_proj = RowLinear(self.heads * self.head_dim, cfg.hidden_size, bias=bool(getattr(cfg, "attention_bias", False)))
+        self.o_proj = RowLinear(
+            self.heads * self.head_dim, cfg.hidden_size, bias=bool(getattr(cfg, "attention_bias", False))
+        )
         self.qk_norm = cfg.model_type == "qwen3"
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -104,8 +106,18 @@ class Attention(nn.Module):
     def attend(self, q, batch: ForwardBatch, k_cache, v_cache) -> torch.Tensor:
         """o_proj of the attention of the rotated q [T, heads, head_dim] over the pool (the new K/V written)."""
         T = q.shape[0]
-        out = paged_attention(q, k_cache, v_cache, batch.req_to_token, batch.rows, batch.q_starts, batch.q_lens,
-                              batch.kv_lens, self.scale, qo_indptr=batch.qo_indptr)
+        out = paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            batch.req_to_token,
+            batch.rows,
+            batch.q_starts,
+            batch.q_lens,
+            batch.kv_lens,
+            self.scale,
+            qo_indptr=batch.qo_indptr,
+        )
         return self.o_proj(out.view(T, self.heads * self.head_dim))
 
 
@@ -149,7 +161,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, residual, cos, sin, batch, k_cache, v_cache):
-        """(x, residual, entering): the layer's output is `x + residual` of the first two (the add is fused into the next
+        """(x, residual, entering): the layer's output is `x + residual` of the first two (the add is fused into the
+        next
         norm); `entering` is the layer's input, `x + residual` of the layer before, which its input norm formed (a new
         tensor, or x itself without a residual)."""
         q, entering = self._attention_input(x, residual, cos, sin, batch, k_cache, v_cache)
@@ -162,16 +175,38 @@ class DecoderLayer(nn.Module):
         rows of a layer without q/k norms where it fits, else the norm + q|k|v projection, then rotary_store."""
         attn, norm = self.self_attn, self.input_layernorm
         if self.fuse_norms and attn.qkv_proj.skinny and not attn.qk_norm:
-            fused = norm_qkv_rotary(x, residual, norm.weight, norm.eps, attn.qkv_proj.weight, attn.qkv_proj.bias,
-                                    cos, sin, k_cache, v_cache, batch.out_slots, attn.heads, attn.kv_heads)
+            fused = norm_qkv_rotary(
+                x,
+                residual,
+                norm.weight,
+                norm.eps,
+                attn.qkv_proj.weight,
+                attn.qkv_proj.bias,
+                cos,
+                sin,
+                k_cache,
+                v_cache,
+                batch.out_slots,
+                attn.heads,
+                attn.kv_heads,
+            )
             if fused is not None:
                 return fused
         qkv, residual = self._norm_project(norm, attn.qkv_proj, x, residual)
         return attn.rotate_and_store(qkv, cos, sin, batch, k_cache, v_cache), residual
 
     def _norm_project(self, norm: RMSNorm, proj: RowLinear, x, residual, silu=False):
-        return norm_project(x, residual, norm.weight, norm.eps, proj.weight, proj.bias, silu=silu, skinny=proj.skinny,
-                            fuse=self.fuse_norms)
+        return norm_project(
+            x,
+            residual,
+            norm.weight,
+            norm.eps,
+            proj.weight,
+            proj.bias,
+            silu=silu,
+            skinny=proj.skinny,
+            fuse=self.fuse_norms,
+        )
 
 
 class Backbone(nn.Module):
@@ -252,8 +287,10 @@ def fuse_checkpoint(state: dict, num_layers: int) -> dict:
     """HF's separate q/k/v and gate/up matrices (and biases) -> the fused qkv_proj and gate_up_proj."""
     state = dict(state)
     for i in range(num_layers):
-        for parent, parts, fused in (("self_attn", ("q_proj", "k_proj", "v_proj"), "qkv_proj"),
-                                     ("mlp", ("gate_proj", "up_proj"), "gate_up_proj")):
+        for parent, parts, fused in (
+            ("self_attn", ("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+            ("mlp", ("gate_proj", "up_proj"), "gate_up_proj"),
+        ):
             prefix = f"model.layers.{i}.{parent}."
             for kind in ("weight", "bias"):
                 names = [f"{prefix}{p}.{kind}" for p in parts]

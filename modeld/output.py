@@ -28,7 +28,9 @@ class OutputProcessor:
                 req.finish = Finish("stop")
             elif token in p.stop_token_ids:
                 req.finish = Finish("stop", matched_stop=str(token))
-            elif len(req.output_ids) >= p.max_new_tokens or len(req.prompt_ids) + len(req.output_ids) >= self.context_len:
+            elif (
+                len(req.output_ids) >= p.max_new_tokens or len(req.prompt_ids) + len(req.output_ids) >= self.context_len
+            ):
                 req.finish = Finish("length")
             if req.finish is not None:
                 break

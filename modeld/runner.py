@@ -69,7 +69,9 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, pools: dict[str, torch.Tensor], device: str, taps=(), graphs: GraphRunner | None = None):
+    def __init__(
+        self, model: CausalLM, pools: dict[str, torch.Tensor], device: str, taps=(), graphs: GraphRunner | None = None
+    ):
         self.model = model
         self.device = device
         self.taps = tuple(taps)
@@ -130,9 +132,14 @@ class ModelRunner:
         dev = self.graphs.load(host) if graph is not None else torch.from_numpy(host).to(self.device, non_blocking=True)
         n_batch = graph[0] if graph is not None else n_req
         batch = ForwardBatch(
-            input_ids=dev[IDS, :width if graph else n_tok], positions=dev[POSITIONS, :width if graph else n_tok],
-            out_slots=dev[SLOTS, :width if graph else n_tok], rows=dev[ROWS, :n_batch], q_starts=dev[STARTS, :n_batch],
-            q_lens=dev[LENS, :n_batch], kv_lens=dev[KV_LENS, :n_batch], req_to_token=self.req_to_token,
+            input_ids=dev[IDS, : width if graph else n_tok],
+            positions=dev[POSITIONS, : width if graph else n_tok],
+            out_slots=dev[SLOTS, : width if graph else n_tok],
+            rows=dev[ROWS, :n_batch],
+            q_starts=dev[STARTS, :n_batch],
+            q_lens=dev[LENS, :n_batch],
+            kv_lens=dev[KV_LENS, :n_batch],
+            req_to_token=self.req_to_token,
             qo_indptr=dev[INDPTR, :n_batch],
         )
         return StepInputs(batch, offsets, n_tok, dev[DRAFT_AT, : len(draft_at)], verify, graph, dev)
@@ -165,5 +172,12 @@ class ModelRunner:
             hidden, captured = self.model(b, self.kv_pool, capture_layers=self.taps)
         n = inputs.num_tokens
         q_lens = [nxt - off for off, nxt in zip(inputs.offsets, inputs.offsets[1:] + [n])]
-        return StepOutput(hidden[:n], [c[:n] for c in captured], inputs.offsets, q_lens, b.positions[:n], b.out_slots[:n],
-                          None if greedy is None else greedy[:n])
+        return StepOutput(
+            hidden[:n],
+            [c[:n] for c in captured],
+            inputs.offsets,
+            q_lens,
+            b.positions[:n],
+            b.out_slots[:n],
+            None if greedy is None else greedy[:n],
+        )

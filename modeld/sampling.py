@@ -8,7 +8,9 @@ from modeld.sampling_params import SamplingParams
 DRAW_CHUNK_ROWS = 256  # rows drawn together: bounds the [rows, vocab] temporaries of a large DFLASH batch
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
     """One token per row of logits [R, V] (fp32), as an int64 tensor on the logits' device: nothing here waits for
     the device. Greedy rows take the argmax; the rows that sample are drawn together (draw_rows), each from its
     own filtered distribution with noise from its request's generator, so a seeded request samples the same
@@ -40,15 +42,18 @@ def generator_runs(generators: list[torch.Generator | None]) -> list[tuple[int, 
     return list(zip(bounds, bounds[1:]))
 
 
-def draw_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:
+def draw_rows(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
     """A sample of every row of logits [R, V] from its distribution after temperature, top-k (exactly the k
     largest logits; ties at the k-th broken by the sort) and top-p (the smallest prefix of the sorted
     probabilities whose mass reaches top_p), in a fixed number of batched kernels plus one noise draw per run of
     rows sharing a generator (a DFLASH block's rows are one run). The draw is the exponential race: argmax of
     p_i / E_i with E_i ~ Exp(1) i.i.d. picks i with probability p_i / sum(p)."""
     vocab = logits.shape[-1]
-    settings = torch.tensor([[p.temperature, p.top_k or vocab, p.top_p if p.top_p < 1 else 2.0] for p in params],
-                            dtype=torch.float32).to(logits.device, non_blocking=True)  # top_p 2: nothing is cut
+    settings = torch.tensor(
+        [[p.temperature, p.top_k or vocab, p.top_p if p.top_p < 1 else 2.0] for p in params], dtype=torch.float32
+    ).to(logits.device, non_blocking=True)  # top_p 2: nothing is cut
     scaled = logits.float() / settings[:, :1]
     order = None
     if any(p.top_k or p.top_p < 1 for p in params):

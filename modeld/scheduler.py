@@ -46,6 +46,7 @@ class StepItem:
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ cost about 8 us a step at 16 requests
 class PlanItem:
     """A request's part of a planned step, before memd answers (then a StepItem)."""
+
     req: Request
     num_tokens: int
     decode: bool  # a decode (one token, or a DFLASH verify block); else a prompt chunk
@@ -53,9 +54,19 @@ class PlanItem:
 
 
 class Scheduler:
-    def __init__(self, session: MemdSession, max_running: int, chunk_tokens: int, context_len: int, block: int = 0,
-                 lookahead: int = 0, async_top_ups: bool = False, speculate_below: int = 0,
-                 speculate_below_sampled: int = 0, alone_prompt_tokens: int = 0):
+    def __init__(
+        self,
+        session: MemdSession,
+        max_running: int,
+        chunk_tokens: int,
+        context_len: int,
+        block: int = 0,
+        lookahead: int = 0,
+        async_top_ups: bool = False,
+        speculate_below: int = 0,
+        speculate_below_sampled: int = 0,
+        alone_prompt_tokens: int = 0,
+    ):
         self.max_running = max_running
         self.chunk_tokens = chunk_tokens
         self.context_len = context_len
@@ -82,7 +93,9 @@ class Scheduler:
             self.waiting.remove(req)
         self.memd.release(req)
 
-    def set_limits(self, max_running: int, chunk_tokens: int, context_len: int, lookahead: int, async_top_ups: bool) -> None:
+    def set_limits(
+        self, max_running: int, chunk_tokens: int, context_len: int, lookahead: int, async_top_ups: bool
+    ) -> None:
         """memd's limits (again after a re-attach to a memd with other settings)."""
         self.max_running, self.chunk_tokens, self.context_len = max_running, chunk_tokens, context_len
         self.lookahead = lookahead
@@ -139,7 +152,8 @@ class Scheduler:
         extends = [(p.req.rid, p.req.held, p.ask) for p in plan if not p.decode and p.ask]
         grows = [(p.req.rid, p.ask) for p in plan if p.decode and p.ask]
         if not (extends or grows) and (memd.async_top_ups or not (memd.releases or memd.cache)):
-            return {}  # every decode runs on slots granted ahead; releases go out without waiting, or with the next call
+            # every decode runs on slots granted ahead; releases go out without waiting, or with the next call
+            return {}
         memd.settle_in_flight(wait=True)
         key = (tuple(extends), tuple(grows), tuple(memd.releases), lean)
         if key in refused:
@@ -200,8 +214,11 @@ class Scheduler:
         slots, or (without calls sent ahead) a pending release."""
         spec, memd = self._speculating(), self.memd
         releasing = bool(memd.releases or memd.cache) and not memd.async_top_ups
-        return bool(self.waiting) or releasing or any(
-            r.pending > 1 or r.computed + self._decode_tokens(r, spec) > r.held for r in self.running)
+        return (
+            bool(self.waiting)
+            or releasing
+            or any(r.pending > 1 or r.computed + self._decode_tokens(r, spec) > r.held for r in self.running)
+        )
 
     def continues(self, items: list[StepItem]) -> bool:
         """Whether the step after these items (queued before they are committed: each request's computed position
@@ -209,11 +226,22 @@ class Scheduler:
         nothing is to be released or cached, every running request is in it as a one-token decode (no DFLASH
         verify), and each holds the position that step computes with half the lookahead to spare (so a top-up goes
         out at its usual time, on a step of its own)."""
-        if self.waiting or self.memd.releases or self.memd.cache or not self.lookahead \
-                or len(items) != len(self.running) or self._speculating():
+        if (
+            self.waiting
+            or self.memd.releases
+            or self.memd.cache
+            or not self.lookahead
+            or len(items) != len(self.running)
+            or self._speculating()
+        ):
             return False
-        return all(not item.verify and item.num_tokens == 1 and item.req.pending == 1
-                   and item.req.held - (item.req.computed + 2) >= self.lookahead // 2 for item in items)
+        return all(
+            not item.verify
+            and item.num_tokens == 1
+            and item.req.pending == 1
+            and item.req.held - (item.req.computed + 2) >= self.lookahead // 2
+            for item in items
+        )
 
     def _leave_out(self, plan, admitted, hopeless):
         """Drops from the step the requests memd refused alone: failed with memd's error, or (no room) waiting."""
@@ -263,7 +291,13 @@ class Scheduler:
                     budget -= take
         admitted = []
         no_rows = level == 0 and self._match_ahead(min(admit, self.max_running - len(self.running)), budget, lean)
-        while level == 0 and self.waiting and len(admitted) < admit and len(self.running) + len(admitted) < self.max_running and budget > 0:
+        while (
+            level == 0
+            and self.waiting
+            and len(admitted) < admit
+            and len(self.running) + len(admitted) < self.max_running
+            and budget > 0
+        ):
             if self.waiting[0].rid in memd.releases:
                 break  # preempted this step: memd frees its old slots first
             first = self.waiting[0]
@@ -283,8 +317,9 @@ class Scheduler:
         # memd is called anyway (so top-ups join): a plan item asks for positions (not those granted with a match)
         calling = lean or any(p.ask for p in plan) or releasing or any(r.computed + n > r.held for r, n in decodes)
         commits = memd.outgoing_commits(lean) if calling else {}
-        grants = [PlanItem(r, n, True, self._grant(r, n, commits.get(r.rid, r.held), lean, calling))
-                  for r, n in decodes]
+        grants = [
+            PlanItem(r, n, True, self._grant(r, n, commits.get(r.rid, r.held), lean, calling)) for r, n in decodes
+        ]
         return grants + plan, admitted, alone
 
     def _runs_alone(self, chunks: list[PlanItem]) -> bool:
@@ -376,11 +411,19 @@ class Scheduler:
         victim.computed = 0
         self.waiting.appendleft(victim)
         self.preemptions += 1
-        log.info("preempted %s after %d tokens to free KV (preemptions=%d)", victim.rid, len(victim.all_ids), self.preemptions)
+        log.info(
+            "preempted %s after %d tokens to free KV (preemptions=%d)",
+            victim.rid,
+            len(victim.all_ids),
+            self.preemptions,
+        )
 
     def _give_up(self, req: Request) -> Request:
         """The pool cannot hold this request even alone."""
-        req.finish = Finish("abort", error_code="RESOURCE_EXHAUSTED",
-                            error=f"the request needs {req.computed + req.pending} tokens of KV and the pool cannot hold them")
+        req.finish = Finish(
+            "abort",
+            error_code="RESOURCE_EXHAUSTED",
+            error=f"the request needs {req.computed + req.pending} tokens of KV and the pool cannot hold them",
+        )
         self.remove(req)
         return req

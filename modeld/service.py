@@ -14,8 +14,14 @@ import grpc
 
 from modeld.detokenize import TextStream
 from modeld.engine_client import ENGINE_GONE, EngineClient
-from modeld.limits import (chat_turn_tokens, check_message_count, check_request_id, check_stops, check_text_size,
-                           text_bytes_per_token)
+from modeld.limits import (
+    chat_turn_tokens,
+    check_message_count,
+    check_request_id,
+    check_stops,
+    check_text_size,
+    text_bytes_per_token,
+)
 from modeld.output import take_events
 from modeld.request import Request
 from modeld.sampling_params import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
@@ -71,7 +77,9 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
                     text = own_text.add(ids, finished)
                 else:
                     engine_text += text
-                yield modeld_pb2.GenerateResponse(request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=ids, text=text))
+                yield modeld_pb2.GenerateResponse(
+                    request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=ids, text=text)
+                )
             if not complete:
                 continue
             finish = req.finish
@@ -79,7 +87,9 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
                 await context.abort(getattr(grpc.StatusCode, finish.error_code), finish.error)
             tail = own_text.take(finished=True)[0] if own_text is not None else ""
             if tail:  # a request that ended without a finishing chunk (an abort): its held-back text
-                yield modeld_pb2.GenerateResponse(request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=[], text=tail))
+                yield modeld_pb2.GenerateResponse(
+                    request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=[], text=tail)
+                )
             text = own_text.sent if own_text is not None else engine_text
             yield modeld_pb2.GenerateResponse(request_id=req.rid, complete=self._complete(req, text))
             return
@@ -116,7 +126,13 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         check_stops(s.stop, s.stop_token_ids)
         if s.HasField("max_new_tokens") and s.HasField("max_tokens"):
             raise InvalidRequest("give max_new_tokens or its alias max_tokens, not both")
-        max_new = s.max_new_tokens if s.HasField("max_new_tokens") else s.max_tokens if s.HasField("max_tokens") else DEFAULT_MAX_NEW_TOKENS
+        max_new = (
+            s.max_new_tokens
+            if s.HasField("max_new_tokens")
+            else s.max_tokens
+            if s.HasField("max_tokens")
+            else DEFAULT_MAX_NEW_TOKENS
+        )
         params = SamplingParams(
             max_new_tokens=max_new,
             temperature=s.temperature if s.HasField("temperature") else 1.0,
@@ -132,7 +148,8 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         prompt = self._prompt_ids(request, context_len)
         if len(prompt) + params.max_new_tokens > context_len:
             raise InvalidRequest(
-                f"prompt ({len(prompt)} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds the context of {context_len}"
+                f"prompt ({len(prompt)} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds the context of "
+                f"{context_len}"
             )
         rid = request.request_id or uuid.uuid4().hex
         return Request(rid=rid, prompt_ids=prompt, params=params)  # the engine process makes its generator
@@ -150,7 +167,10 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             check_text_size(request.text, context_len, self.text_bytes_per_token)
             if request.apply_chat_template:
                 ids = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": request.text}], add_generation_prompt=True, tokenize=True, return_dict=False
+                    [{"role": "user", "content": request.text}],
+                    add_generation_prompt=True,
+                    tokenize=True,
+                    return_dict=False,
                 )
             else:
                 ids = self.tokenizer(request.text)["input_ids"]
@@ -190,8 +210,13 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
 
     async def GetInfo(self, request, context):
         running, waiting, spec = await self.engine.counts_and_spec()
-        return modeld_pb2.GetInfoResponse(**self.engine.info, **spec, running_requests=running, waiting_requests=waiting,
-                                          max_open_streams=self.max_open_streams)
+        return modeld_pb2.GetInfoResponse(
+            **self.engine.info,
+            **spec,
+            running_requests=running,
+            waiting_requests=waiting,
+            max_open_streams=self.max_open_streams,
+        )
 
     async def Capacity(self, request, context):
         await self._check_serving(context)

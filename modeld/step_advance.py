@@ -11,8 +11,14 @@ import torch
 from modeld.packed_inputs import IDS, KV_LENS, POSITIONS, ROWS, SLOTS, STARTS
 
 
-def advance_inputs(static: torch.Tensor, bucket: int, q: int, committed: torch.Tensor, last_tokens: torch.Tensor,
-                   req_to_token: torch.Tensor) -> None:
+def advance_inputs(
+    static: torch.Tensor,
+    bucket: int,
+    q: int,
+    committed: torch.Tensor,
+    last_tokens: torch.Tensor,
+    req_to_token: torch.Tensor,
+) -> None:
     """Moves each of the `bucket` requests of the packed inputs `static` [fields, width] on by the tokens it
     committed (committed [bucket]: 1 per plain decode; a verify's accepted length, 0 for padding) and makes its
     next q tokens: the last committed token first (last_tokens [bucket]), then what the step fills in itself

@@ -28,6 +28,7 @@ from modeld.scheduler import StepItem
 class HostCopy:
     """A host copy of a step's tokens queued behind the step (pinned memory on a GPU), complete once `ready` is
     (None: complete already): reading it waits for that step only, not for a step queued after it."""
+
     host: torch.Tensor
     ready: torch.cuda.Event | None
 
@@ -55,6 +56,7 @@ class HostCopy:
 class Queued:
     """A decode step on the device: its items, inputs (moved on in place), its tokens on the device (the next step's
     inputs) and their host copy."""
+
     items: list[StepItem]
     inputs: StepInputs
     tokens: torch.Tensor
@@ -72,8 +74,15 @@ class StepAhead:
         """Queues the decode step after the one whose tokens (on the device, [items]) are `tokens`: the same batch,
         fed those tokens, at the next position of every request (a decode chain of one step, writing the draft's
         context with DFLASH)."""
-        following = decode_chain(self.runner, self.dflash, inputs, [item.req.params for item in items],
-                                 [item.req.generator for item in items], 1, fed=tokens)[0]
+        following = decode_chain(
+            self.runner,
+            self.dflash,
+            inputs,
+            [item.req.params for item in items],
+            [item.req.generator for item in items],
+            1,
+            fed=tokens,
+        )[0]
         self.queued = Queued(items, inputs, following, HostCopy.of(following))
 
     def take(self) -> Queued | None:

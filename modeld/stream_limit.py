@@ -20,8 +20,10 @@ class StreamLimit(grpc.aio.ServerInterceptor):
 
         async def limited(request, context):
             if self.open >= self.limit:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                    f"too many open Generate streams (at most {self.limit}): retry later")
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"too many open Generate streams (at most {self.limit}): retry later",
+                )
             self.open += 1
             responses = serve(request, context)
             try:
@@ -31,5 +33,6 @@ class StreamLimit(grpc.aio.ServerInterceptor):
                 self.open -= 1
                 await responses.aclose()  # the stream's own clean-up (the abort of a request left behind) runs now
 
-        return grpc.unary_stream_rpc_method_handler(limited, request_deserializer=handler.request_deserializer,
-                                                    response_serializer=handler.response_serializer)
+        return grpc.unary_stream_rpc_method_handler(
+            limited, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )

@@ -17,6 +17,23 @@ from modeld.fetch_default import ensure_default_model
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "gpu: needs a CUDA GPU: skipped without one (on a GPU machine, -m gpu runs them)"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu skip cleanly on a machine without CUDA."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 # The default model and its Hugging Face reference, shared by the end-to-end tests.
 
 PROMPTS = [
@@ -62,15 +79,23 @@ def hf_model(hf_models):
 
 @pytest.fixture(scope="session")
 def chat_ids(tokenizer):
-    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=False) for p in PROMPTS]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for p in PROMPTS
+    ]
 
 
 def greedy(hf_model, ids: list[int], max_new_tokens: int) -> list[int]:
     with torch.no_grad():
-        out = hf_model.generate(torch.tensor([ids], device=hf_model.device), max_new_tokens=max_new_tokens,
-                                do_sample=False, attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=hf_model.device))
-    return out[0, len(ids):].tolist()
+        out = hf_model.generate(
+            torch.tensor([ids], device=hf_model.device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=hf_model.device),
+        )
+    return out[0, len(ids) :].tolist()
 
 
 def greedy_without_eos(hf_model, ids: list[int], max_new_tokens: int) -> list[int]:
@@ -96,7 +121,9 @@ def hf_greedy(hf_models):
         key = (tuple(ids), max_new_tokens, ignore_eos, device)
         if key not in cache:
             model = hf_models(device)
-            cache[key] = greedy_without_eos(model, ids, max_new_tokens) if ignore_eos else greedy(model, ids, max_new_tokens)
+            cache[key] = (
+                greedy_without_eos(model, ids, max_new_tokens) if ignore_eos else greedy(model, ids, max_new_tokens)
+            )
         return cache[key]
 
     return run

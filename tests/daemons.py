@@ -14,18 +14,11 @@ import grpc
 from memd.defaults import default_draft_dir
 from protos import memd_pb2, memd_pb2_grpc
 from train import stack
-from train.stack import start as start_daemon, stop as stop_daemon, wait_ready  # noqa: F401 (tests import them here)
+from train.stack import start as start_daemon  # noqa: F401 (tests import them here)
+from train.stack import stop as stop_daemon
+from train.stack import wait_ready
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-
-
-def cuda_available() -> bool:
-    try:
-        import cupy
-
-        return cupy.is_available()
-    except ImportError:
-        return False
 
 
 class MemdProcess:
@@ -86,17 +79,27 @@ def is_idle(cap: memd_pb2.CapacityResponse) -> bool:
     """No request holds a slot: per pool, free + evictable == total and nothing held or protected."""
     pools = [cap.target] + ([cap.draft] if cap.has_draft else [])
     return cap.running_requests == 0 and all(
-        p.free + p.evictable == p.total and p.held_by_requests == 0 and p.protected == 0 for p in pools)
+        p.free + p.evictable == p.total and p.held_by_requests == 0 and p.protected == 0 for p in pools
+    )
 
 
 def child_env(*paths: str) -> dict:
     """The environment for a child process: the repository (and `paths`) ahead of any PYTHONPATH."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), *paths, os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), *paths, os.environ.get("PYTHONPATH")])),
+    }
 
 
 @contextlib.contextmanager
-def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", check_free: bool = True, ready_timeout: float = 60,
-             address: str | None = None):
+def run_memd(
+    target: pathlib.Path,
+    *args: str,
+    device: str = "cpu",
+    check_free: bool = True,
+    ready_timeout: float = 60,
+    address: str | None = None,
+):
     """memd on a Unix socket in a fresh owner-only folder (or at `address`); stopped with SIGTERM afterwards.
     Unless check_free is False, the test ends by asserting that nothing is held but by the prefix cache,
     and that FlushCache then leaves both pools fully free."""
@@ -136,8 +139,9 @@ def memd_args(**settings) -> list[str]:
 
 def shipped_draft_memd_args(budget: int, max_running: int, chunk: int) -> list[str]:
     """memd for the shipped draft on the CPU: its bounded pool (ratio 0.25, its window 256, page 64), fp32 KV."""
-    return memd_args(draft=default_draft_dir(), ratio=0.25, window=256, page=64, budget=budget, max_running=max_running,
-                     chunk=chunk) + ["--kv-cache-dtype", "float32"]
+    return memd_args(
+        draft=default_draft_dir(), ratio=0.25, window=256, page=64, budget=budget, max_running=max_running, chunk=chunk
+    ) + ["--kv-cache-dtype", "float32"]
 
 
 def shipped_draft_flags(block: int | None = None) -> list[str]:
@@ -149,7 +153,7 @@ def shipped_draft_flags(block: int | None = None) -> list[str]:
 def run_modeld(memd: MemdProcess, *args: str, device: str = "cpu", ready_timeout: float = 180, name: str = "modeld"):
     """modeld attached to `memd`, on a Unix socket beside memd's (`name`.sock, log `name`.log: give each of several
     modelds on one memd its own name); stopped with SIGTERM afterwards."""
-    folder = pathlib.Path(memd.address[len("unix://"):]).parent
+    folder = pathlib.Path(memd.address[len("unix://") :]).parent
     address = f"unix://{folder / f'{name}.sock'}"
     log_path = folder / f"{name}.log"
     cmd = [sys.executable, "-m", "modeld", "--device", device, "--memd", memd.address, "--listen", address, *args]

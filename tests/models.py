@@ -10,7 +10,9 @@ def write_config(folder: pathlib.Path, cfg: dict) -> pathlib.Path:
     return folder
 
 
-def tiny_target(folder: pathlib.Path, *, layers=2, kv_heads=2, head_dim=16, dtype="float32", context=1024, **extra) -> pathlib.Path:
+def tiny_target(
+    folder: pathlib.Path, *, layers=2, kv_heads=2, head_dim=16, dtype="float32", context=1024, **extra
+) -> pathlib.Path:
     return write_config(
         folder,
         {
@@ -28,7 +30,9 @@ def tiny_target(folder: pathlib.Path, *, layers=2, kv_heads=2, head_dim=16, dtyp
     )
 
 
-def tiny_draft(folder: pathlib.Path, *, layers=1, kv_heads=2, head_dim=16, window=64, block=4, layer_types=None, **extra) -> pathlib.Path:
+def tiny_draft(
+    folder: pathlib.Path, *, layers=1, kv_heads=2, head_dim=16, window=64, block=4, layer_types=None, **extra
+) -> pathlib.Path:
     return write_config(
         folder,
         {

@@ -34,8 +34,9 @@ def anchor_positions(seq: dict, max_len: int, loop_repeats: int) -> np.ndarray:
     return valid_anchors(len(seq["ids"]), seq[key], max_len)
 
 
-def sample_anchors(seq: dict, count: int, max_len: int, seed: int, epoch: int, index: int,
-                   loop_repeats: int = 0) -> np.ndarray:
+def sample_anchors(
+    seq: dict, count: int, max_len: int, seed: int, epoch: int, index: int, loop_repeats: int = 0
+) -> np.ndarray:
     """`count` anchors (all of them if fewer), drawn for this (seed, epoch, sequence): re-sampled every epoch."""
     valid = anchor_positions(seq, max_len, loop_repeats)
     if len(valid) <= count:
@@ -57,7 +58,7 @@ def epoch_batches(seqs: list[dict], tc, epoch: int) -> list[list[int]]:
     order = rng.permutation(len(seqs)).tolist()
     batches = []
     for start in range(0, len(order), SORT_WINDOW):
-        window = sorted(order[start:start + SORT_WINDOW], key=lambda i: len(seqs[i]["ids"]))
+        window = sorted(order[start : start + SORT_WINDOW], key=lambda i: len(seqs[i]["ids"]))
         current, blocks, tokens = [], 0, 0
         for i in window:
             if counts[i] == 0:
@@ -104,6 +105,8 @@ def load_sequences(prompts: pathlib.Path, response_dirs: list[pathlib.Path], tok
                     continue
                 ids, spans = chat.conversation(tokenizer, prompt, answers)
                 seqs.append({"ids": np.asarray(ids, dtype=np.int32), "spans": spans, "source": prompt.get("source")})
-    log(f"{len(seqs)} sequences, {sum(e - s for q in seqs for s, e in q['spans'])} answer tokens"
-        + (f" ({missing} responses without their prompt, skipped)" if missing else ""))
+    log(
+        f"{len(seqs)} sequences, {sum(e - s for q in seqs for s, e in q['spans'])} answer tokens"
+        + (f" ({missing} responses without their prompt, skipped)" if missing else "")
+    )
     return seqs

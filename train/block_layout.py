@@ -145,7 +145,10 @@ class DeviceLayout:
 
     def fits(self, layout: BlockLayout) -> bool:
         return (layout.block, layout.context_rows, len(layout.anchor_seq)) == (
-            self.layout.block, self.layout.context_rows, len(self.layout.anchor_seq))
+            self.layout.block,
+            self.layout.context_rows,
+            len(self.layout.anchor_seq),
+        )
 
     def update(self, layout: BlockLayout) -> None:
         assert self.fits(layout), "a layout of other shapes needs a DeviceLayout of its own"
@@ -201,6 +204,10 @@ class DeviceLayout:
             if window == CONTEXT:
                 query = key = self.layout.context_rows
             self.masks[window] = BlockMask.from_kv_blocks(
-                held[0][None, None], held[1][None, None], BLOCK_SIZE=TILE, mask_mod=self.mask_mod(window),
-                seq_lengths=(query, key))
+                held[0][None, None],
+                held[1][None, None],
+                BLOCK_SIZE=TILE,
+                mask_mod=self.mask_mod(window),
+                seq_lengths=(query, key),
+            )
         return self.masks[window]

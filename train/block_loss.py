@@ -39,8 +39,16 @@ def to_device(array: np.ndarray, device: str) -> torch.Tensor:
     return tensor.to(device)
 
 
-def draft_blocks(draft, taps: torch.Tensor, embeds: torch.Tensor, context_pos: torch.Tensor, query_pos: torch.Tensor,
-                 masks: dict, attend, attention_dtype) -> torch.Tensor:
+def draft_blocks(
+    draft,
+    taps: torch.Tensor,
+    embeds: torch.Tensor,
+    context_pos: torch.Tensor,
+    query_pos: torch.Tensor,
+    masks: dict,
+    attend,
+    attention_dtype,
+) -> torch.Tensor:
     """The draft's final hidden states [query rows, hidden] of every block at once. taps: the tapped target layers
     of every context row; embeds: the target's embedding of each block row; masks: each window's mask, as `attend`
     (flex, flex_dynamic or dense) takes it; attention_dtype: q, k and v's dtype in attention (None: q's)."""
@@ -112,12 +120,14 @@ class HostBatch:
 def host_batch(seqs: list[dict], anchors: list[np.ndarray], tc, fixed_shapes: bool) -> HostBatch:
     block = tc.block
     lengths = np.array([min(len(s["ids"]), tc.max_len) for s in seqs], dtype=np.int64)
-    layout = build_layout(lengths, anchors, block, tc.batch_anchors if fixed_shapes else 0,
-                          tc.batch_tokens if fixed_shapes else 0)
+    layout = build_layout(
+        lengths, anchors, block, tc.batch_anchors if fixed_shapes else 0, tc.batch_tokens if fixed_shapes else 0
+    )
     real = layout.real_anchors
     flat_ids = np.concatenate([np.asarray(s["ids"][:n], dtype=np.int64) for s, n in zip(seqs, lengths)])
-    flat_labelled = np.concatenate([label_mask(len(s["ids"]), s["spans"], tc.max_len)[:n]
-                                    for s, n in zip(seqs, lengths)])
+    flat_labelled = np.concatenate(
+        [label_mask(len(s["ids"]), s["spans"], tc.max_len)[:n] for s, n in zip(seqs, lengths)]
+    )
     seq, pos = layout.anchor_seq[:real], layout.anchor_pos[:real]
     first_row = layout.starts[seq] + pos
     block_ids = np.full((len(layout.anchor_seq), block), tc.mask_token_id, dtype=np.int64)
@@ -128,13 +138,20 @@ def host_batch(seqs: list[dict], anchors: list[np.ndarray], tc, fixed_shapes: bo
     weights = (decay * (inside & flat_labelled[label_row])).astype(np.float32)
     context_ids = np.zeros(layout.context_rows, dtype=np.int64)
     context_ids[: len(flat_ids)] = flat_ids
-    return HostBatch(layout, context_ids, block_ids, np.where(inside, flat_ids[label_row], 0), weights,
-                     np.flatnonzero(weights.reshape(-1) > 0))
+    return HostBatch(
+        layout,
+        context_ids,
+        block_ids,
+        np.where(inside, flat_ids[label_row], 0),
+        weights,
+        np.flatnonzero(weights.reshape(-1) > 0),
+    )
 
 
 @torch.no_grad()
-def target_inputs(draft, target, host: HostBatch, device_layout: DeviceLayout, mask, attend, run, device: str
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def target_inputs(
+    draft, target, host: HostBatch, device_layout: DeviceLayout, mask, attend, run, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(the tapped target layers of every context row [context rows, taps x hidden]; the target's embedding of every
     block row [query rows, hidden]): the target runs over the context rows, each sequence attending within itself
     (train.target_taps; `run` is tapped_states, compiled or not)."""
@@ -143,8 +160,9 @@ def target_inputs(draft, target, host: HostBatch, device_layout: DeviceLayout, m
     return taps, target.get_input_embeddings()(to_device(host.block_ids.reshape(-1), device))
 
 
-def block_loss(draft, target, seqs: list[dict], anchors: list[np.ndarray], tc, device: str, fixed_shapes: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def block_loss(
+    draft, target, seqs: list[dict], anchors: list[np.ndarray], tc, device: str, fixed_shapes: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(weighted CE over the blocks, the draft's greedy predictions [A, B-1] (-1 where a label weighs nothing), the
     labels' weights [A, B-1]) for the anchors of each sequence (sorted). `fixed_shapes`: the layout is padded to
     tc.batch_anchors anchors and tc.batch_tokens context rows, so that the compiled attention keeps its shapes."""
@@ -155,19 +173,29 @@ def block_loss(draft, target, seqs: list[dict], anchors: list[np.ndarray], tc, d
     device_layout = layout_on(device, layout, draft.spec.causal, fixed_shapes)
     masks, attend, run_target, run_draft = runners(device_layout, {*draft.spec.windows, CONTEXT}, cuda, fixed_shapes)
     with record_function("train.target"):
-        taps, embeds = target_inputs(draft, target, host, device_layout, masks.pop(CONTEXT), attend, run_target,
-                                     device)
+        taps, embeds = target_inputs(draft, target, host, device_layout, masks.pop(CONTEXT), attend, run_target, device)
     with record_function("train.draft_forward"):
         query_pos = to_device((layout.anchor_pos[:, None] + np.arange(block)).reshape(-1), device)
         autocast = cuda and torch.is_autocast_enabled("cuda")
-        hidden = run_draft(draft, taps, embeds, device_layout.context_pos, query_pos, masks, attend,
-                           torch.get_autocast_dtype("cuda") if autocast else None)
+        hidden = run_draft(
+            draft,
+            taps,
+            embeds,
+            device_layout.context_pos,
+            query_pos,
+            masks,
+            attend,
+            torch.get_autocast_dtype("cuda") if autocast else None,
+        )
     with record_function("train.head_loss"):
         hidden = hidden.view(-1, block, hidden.shape[-1])[:real, 1:].flatten(0, 1)
         rows = to_device(host.kept, device)
-        total, guesses = head_cross_entropy(hidden.index_select(0, rows), target.lm_head.weight,
-                                            to_device(host.labels.reshape(-1)[host.kept], device),
-                                            to_device(host.weights.reshape(-1)[host.kept], device))
+        total, guesses = head_cross_entropy(
+            hidden.index_select(0, rows),
+            target.lm_head.weight,
+            to_device(host.labels.reshape(-1)[host.kept], device),
+            to_device(host.weights.reshape(-1)[host.kept], device),
+        )
         loss = total / max(float(host.weights.sum()), 1e-6)
         predictions = torch.full((real * (block - 1),), -1, dtype=torch.long, device=device)
         predictions[rows] = guesses

@@ -2,8 +2,8 @@
 epochs) so that the planned schedule fills the budget, and train with the schedule paced by the clock
 (train_draft.train(paced=True): warm-up and cosine over the seconds left, the epochs going on until they are
 spent). A run stopped by the clock halfway through a step-based schedule ends at a high learning rate, and one
-whose steps ran faster than the probe said ends early: the 2026-12-04 (fourth session) run did its 1,084 planned
-steps in 250 s and left the rest of its call unused. Paced, the run ends annealed when the budget does.
+whose steps ran faster than the probe said ends early, leaving the rest of its call unused. Paced, the run ends
+annealed when the budget does.
 
     python -m train.fit_budget --prompts DIR --responses DIR[,DIR] --out DRAFT --ckpt FILE --seconds S
         [--epochs 3] [--batch-anchors 8192] [--probe-anchors 512] [--layers 5] [--lr 6e-4] [--init DRAFT]
@@ -15,13 +15,11 @@ and leaves a checkpoint, and later calls on the same machine go on with the trai
 prints (and writes to --continue-args) plus their own --time-budget; the schedule's clock is the checkpoint's,
 so the run ends annealed when the T seconds are spent, or when a call without --schedule-seconds ends it.
 
-The probes' steps are thrown away. A step's time depends on the anchors per sequence (the first run here took 0.29 s a step at 128 anchors and 0.55 s at 1,022 on the H200), so a second probe
-times the setting the first picked, and the schedule is picked again from it. Epochs give way before anchors
-do: below MIN_ANCHORS per sequence the schedule drops to fewer epochs at more anchors (the 2026-12-04 run's 2
-epochs at 12 anchors trained 874 K blocks in 364 s; one epoch at about 128 would have trained several times
-more). Each probe times its steps themselves (their end times), not the whole call: set-up time varies by
-seconds, and the first probe that timed whole calls overestimated a step by half (0.34 s against 0.23 s in the
-run, 2026-12-04).
+The probes' steps are thrown away. A step's time depends on the anchors per sequence, so a second probe times the
+setting the first picked, and the schedule is picked again from it. Epochs give way before anchors do: below
+MIN_ANCHORS per sequence the schedule drops to fewer epochs at more anchors (a step at few anchors per sequence
+spends its time on the target's forward, not on blocks). Each probe times its steps themselves (their end times),
+not the whole call: set-up time varies by seconds, and timing whole calls overestimated a step by half.
 """
 
 import argparse
@@ -80,15 +78,22 @@ def pick_schedule(counts: np.ndarray, epochs: int, blocks: float, min_anchors: i
 
 def base_config(args) -> td.TrainConfig:
     """The run's fixed settings (the anchors and the epochs are picked later)."""
-    return td.TrainConfig(batch_anchors=args.batch_anchors, batch_tokens=args.batch_tokens, layers=args.layers,
-                          lr=args.lr, loop_repeats=args.loop_repeats, source_weights=args.source_weights)
+    return td.TrainConfig(
+        batch_anchors=args.batch_anchors,
+        batch_tokens=args.batch_tokens,
+        layers=args.layers,
+        lr=args.lr,
+        loop_repeats=args.loop_repeats,
+        source_weights=args.source_weights,
+    )
 
 
 def step_seconds(target, seqs, tc: td.TrainConfig, device: str, log) -> float:
     """Wall seconds per training step at these settings: the mean of PROBE_STEPS steps after PROBE_WARMUP."""
     ends: list[float] = []
-    td.train(target, seqs, tc, device, lambda _msg: None, max_steps=PROBE_WARMUP + PROBE_STEPS, save_every=0,
-             step_ends=ends)
+    td.train(
+        target, seqs, tc, device, lambda _msg: None, max_steps=PROBE_WARMUP + PROBE_STEPS, save_every=0, step_ends=ends
+    )
     if len(ends) <= PROBE_WARMUP:
         raise ValueError(f"the probe's schedule has only {len(ends)} steps: too little data to time a step")
     seconds = (ends[-1] - ends[PROBE_WARMUP - 1]) / (len(ends) - PROBE_WARMUP)
@@ -96,12 +101,19 @@ def step_seconds(target, seqs, tc: td.TrainConfig, device: str, log) -> float:
     return seconds
 
 
-PHASES = ("train.host_batch", "train.target", "train.draft_forward", "train.head_loss", "train.backward",
-          "train.optimizer")  # the record_function ranges of a step (train_draft.train, train.block_loss)
+PHASES = (
+    "train.host_batch",
+    "train.target",
+    "train.draft_forward",
+    "train.head_loss",
+    "train.backward",
+    "train.optimizer",
+)  # the record_function ranges of a step (train_draft.train, train.block_loss)
 
 
-def profile_steps(target, seqs, tc: td.TrainConfig, device: str, steps: int, log, rows: int = 15,
-                  trace: str | None = None) -> str:
+def profile_steps(
+    target, seqs, tc: td.TrainConfig, device: str, steps: int, log, rows: int = 15, trace: str | None = None
+) -> str:
     """Where a step's time goes: after a warm-up call of PROBE_WARMUP steps (kernels compiled, memory cached), a
     call of `steps` steps under torch.profiler; the ops by their own device time (CPU time on the CPU), then by
     their own host time, the wall time against the device's busy time (host-bound or not), and each phase of a
@@ -128,9 +140,11 @@ def profile_steps(target, seqs, tc: td.TrainConfig, device: str, steps: int, log
         prof.export_chrome_trace(trace)
     phases = {e.key: e.cpu_time_total / 1e3 / steps for e in averages if e.key in PHASES}
     phase_line = ", ".join(f"{name.removeprefix('train.')} {phases[name]:.1f}" for name in PHASES if name in phases)
-    log(f"profile of {steps} steps ({tc.anchors} anchors, {tc.batch_anchors} blocks per step): {wall:.2f} s wall, "
+    log(
+        f"profile of {steps} steps ({tc.anchors} anchors, {tc.batch_anchors} blocks per step): {wall:.2f} s wall, "
         f"{busy:.2f} s of {'device' if cuda else 'CPU'} op time (set-up of the call included); host ms a step by "
-        f"phase: {phase_line}\n{table}")
+        f"phase: {phase_line}\n{table}"
+    )
     return table
 
 
@@ -144,27 +158,51 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-anchors", type=int, default=8192)
     p.add_argument("--probe-anchors", type=int, default=512)
-    p.add_argument("--layers", type=int, default=td.TrainConfig.layers,
-                   help="draft layers (4 continues the shipped draft with --init modeld/default_draft)")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=td.TrainConfig.layers,
+        help="draft layers (4 continues the shipped draft with --init modeld/default_draft)",
+    )
     p.add_argument("--lr", type=float, default=td.TrainConfig.lr, help="peak learning rate")
-    p.add_argument("--batch-tokens", type=int, default=td.TrainConfig.batch_tokens,
-                   help="sequence tokens a step at most (train_draft --batch-tokens)")
+    p.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=td.TrainConfig.batch_tokens,
+        help="sequence tokens a step at most (train_draft --batch-tokens)",
+    )
     p.add_argument("--init", help="start from this saved draft's weights (train_draft --init)")
-    p.add_argument("--source-weights", default="",
-                   help="sharegpt=3,...: each answer to such a prompt counts this many times an epoch")
-    p.add_argument("--loop-repeats", type=int, default=td.TrainConfig.loop_repeats,
-                   help="anchors stop this many periods into an answer's repetition loop (train.loops; 0: everywhere)")
+    p.add_argument(
+        "--source-weights",
+        default="",
+        help="sharegpt=3,...: each answer to such a prompt counts this many times an epoch",
+    )
+    p.add_argument(
+        "--loop-repeats",
+        type=int,
+        default=td.TrainConfig.loop_repeats,
+        help="anchors stop this many periods into an answer's repetition loop (train.loops; 0: everywhere)",
+    )
     p.add_argument("--target")
     p.add_argument("--device", default="cuda")
     p.add_argument("--log-json", help="write the settings, step time and per-step losses here")
-    p.add_argument("--schedule-seconds", type=float,
-                   help="training seconds of the whole run when later calls continue it (train_draft --resume "
-                        "--paced): the anchors and epochs are planned for them, and this call ends with a checkpoint "
-                        "part-way through the schedule (default: this call alone, ending annealed)")
-    p.add_argument("--continue-args", help="write the train_draft arguments a later call continues with here "
-                                           "(add --time-budget SECONDS)")
-    p.add_argument("--profile-steps", type=int, default=0,
-                   help="first profile this many steps at the probe's settings (torch.profiler table in the log)")
+    p.add_argument(
+        "--schedule-seconds",
+        type=float,
+        help="training seconds of the whole run when later calls continue it (train_draft --resume "
+        "--paced): the anchors and epochs are planned for them, and this call ends with a checkpoint "
+        "part-way through the schedule (default: this call alone, ending annealed)",
+    )
+    p.add_argument(
+        "--continue-args",
+        help="write the train_draft arguments a later call continues with here (add --time-budget SECONDS)",
+    )
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="first profile this many steps at the probe's settings (torch.profiler table in the log)",
+    )
     return p.parse_args(argv)
 
 
@@ -181,38 +219,62 @@ def main(argv=None) -> int:
         folder = str(ensure_default_model())
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    seqs = batches.load_sequences(pathlib.Path(args.prompts), [pathlib.Path(d) for d in args.responses.split(",")],
-                                  tokenizer, log)
+    seqs = batches.load_sequences(
+        pathlib.Path(args.prompts), [pathlib.Path(d) for d in args.responses.split(",")], tokenizer, log
+    )
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     target = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(args.device).eval().requires_grad_(False)
     base = base_config(args)
     counts = valid_counts(batches.weighted(seqs, base.weights()), base)  # train() weighs the sequences the same way
     anchors = args.probe_anchors
     if args.profile_steps:
-        profile_steps(target, seqs, dataclasses.replace(base, anchors=anchors, epochs=1), args.device,
-                      args.profile_steps, log)
+        profile_steps(
+            target, seqs, dataclasses.replace(base, anchors=anchors, epochs=1), args.device, args.profile_steps, log
+        )
     for _ in range(PROBES):  # a step's time depends on the anchors: probe again at the setting picked
         per_step = step_seconds(target, seqs, dataclasses.replace(base, anchors=anchors, epochs=1), args.device, log)
         left = args.seconds - (time.monotonic() - begin) - SAVE_MARGIN_S
         schedule = max(left, args.schedule_seconds or 0.0)  # this call's training, and the later calls' if any
         anchors, epochs = pick_schedule(counts, args.epochs, schedule / per_step * args.batch_anchors * PACKING_SLACK)
     tc = dataclasses.replace(base, anchors=anchors, epochs=epochs)
-    later = (f"--prompts {args.prompts} --responses {args.responses} --out {args.out} --ckpt {args.ckpt} "
-             f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors} --layers {tc.layers} "
-             f"--batch-tokens {tc.batch_tokens} --lr {tc.lr:g} --loop-repeats {tc.loop_repeats} --paced --resume "
-             f"--schedule-seconds {schedule:.0f}" + (f" --source-weights {tc.source_weights}" if tc.source_weights else "")
-             + (f" --target {args.target}" if args.target else ""))
-    log(f"schedule: {epochs} epochs at {anchors} anchors per sequence over {schedule:.0f} s of training, {left:.0f} s "
+    later = (
+        f"--prompts {args.prompts} --responses {args.responses} --out {args.out} --ckpt {args.ckpt} "
+        f"--epochs {epochs} --anchors {anchors} --batch-anchors {args.batch_anchors} --layers {tc.layers} "
+        f"--batch-tokens {tc.batch_tokens} --lr {tc.lr:g} --loop-repeats {tc.loop_repeats} --paced --resume "
+        f"--schedule-seconds {schedule:.0f}"
+        + (f" --source-weights {tc.source_weights}" if tc.source_weights else "")
+        + (f" --target {args.target}" if args.target else "")
+    )
+    log(
+        f"schedule: {epochs} epochs at {anchors} anchors per sequence over {schedule:.0f} s of training, {left:.0f} s "
         f"of it in this call; a later call on the same machine goes on with: python -m train.train_draft {later} "
-        "--time-budget SECONDS")
+        "--time-budget SECONDS"
+    )
     if args.continue_args:
         pathlib.Path(args.continue_args).write_text(later + "\n")
-    _, _, state = td.train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), False, pathlib.Path(args.out),
-                           time_budget=left, init=pathlib.Path(args.init) if args.init else None, paced=True,
-                           schedule_seconds=schedule)
+    _, _, state = td.train(
+        target,
+        seqs,
+        tc,
+        args.device,
+        log,
+        pathlib.Path(args.ckpt),
+        False,
+        pathlib.Path(args.out),
+        time_budget=left,
+        init=pathlib.Path(args.init) if args.init else None,
+        paced=True,
+        schedule_seconds=schedule,
+    )
     if args.log_json:
-        td.write_log(pathlib.Path(args.log_json), tc, state, sequences=len(seqs), anchor_positions=int(counts.sum()),
-                     probe_step_seconds=per_step)
+        td.write_log(
+            pathlib.Path(args.log_json),
+            tc,
+            state,
+            sequences=len(seqs),
+            anchor_positions=int(counts.sum()),
+            probe_step_seconds=per_step,
+        )
     return 0
 
 

@@ -36,7 +36,7 @@ from train.prompts import read_records
 
 
 def parse_sampling(text: str) -> list[float]:
-    """"greedy,0.8" -> [0.0, 0.8]: one answer per entry; 0 is greedy."""
+    """ "greedy,0.8" -> [0.0, 0.8]: one answer per entry; 0 is greedy."""
     out = []
     for part in text.split(","):
         part = part.strip().lower()
@@ -46,8 +46,13 @@ def parse_sampling(text: str) -> list[float]:
     return out
 
 
-def make_jobs(records: list[dict], temperatures: list[float], done: set[str], limit: int | None,
-              sources_first: tuple[str, ...] = ()) -> list[tuple[dict, int]]:
+def make_jobs(
+    records: list[dict],
+    temperatures: list[float],
+    done: set[str],
+    limit: int | None,
+    sources_first: tuple[str, ...] = (),
+) -> list[tuple[dict, int]]:
     """(record, sample index) still to do, in prompt order; --limit counts prompts (done or not). The prompts of
     `sources_first` go first, in the order given (the rest after them, in prompt order): a time-bounded run then
     spends its budget on the mix asked for."""
@@ -61,8 +66,14 @@ def make_jobs(records: list[dict], temperatures: list[float], done: set[str], li
 
 
 def meta(record: dict, k: int, temperature: float, answers: list[list[int]]) -> dict:
-    return {"key": f"{record['id']}#{k}", "id": record["id"], "source": record.get("source"), "sample": k,
-            "temperature": temperature, "turns": len(answers)}
+    return {
+        "key": f"{record['id']}#{k}",
+        "id": record["id"],
+        "source": record.get("source"),
+        "sample": k,
+        "temperature": temperature,
+        "turns": len(answers),
+    }
 
 
 def seed_of(record: dict, k: int) -> int:
@@ -97,13 +108,16 @@ async def generate_modeld(address: str, jobs, tokenizer, temperatures, args, wri
     finished = 0
 
     async with client.AsyncClient(address, timeout=args.request_timeout, connect_timeout=60) as c:
+
         async def worker():
             nonlocal finished
             for record, k in queue:
                 if stop():
                     return
                 t = temperatures[k]
-                sampling = dict(temperature=0.0) if t == 0 else dict(temperature=t, top_p=args.top_p, seed=seed_of(record, k))
+                sampling = (
+                    dict(temperature=0.0) if t == 0 else dict(temperature=t, top_p=args.top_p, seed=seed_of(record, k))
+                )
                 answers = []
                 for _ in record["turns"]:
                     ids = chat.turn_prompt(tokenizer, record, answers)
@@ -162,7 +176,9 @@ def generate_hf(target: str, jobs, tokenizer, temperatures, args, writer, stop: 
                 for _ in part[0][0]["turns"]:
                     prompts = [chat.turn_prompt(tokenizer, rec, ans) for (rec, _), ans in zip(part, answers)]
                     seed = seed_of(part[0][0], k)
-                    for ans, new in zip(answers, _hf_batch(model, prompts, temperatures[k], args, eos, pad, device, seed)):
+                    for ans, new in zip(
+                        answers, _hf_batch(model, prompts, temperatures[k], args, eos, pad, device, seed)
+                    ):
                         ans.append(new)
                 for (record, _), ans in zip(part, answers):
                     writer.add(meta(record, k, temperatures[k], ans), ans)
@@ -184,8 +200,9 @@ def _hf_batch(model, prompts: list[list[int]], temperature: float, args, eos: in
     else:
         sampling = dict(do_sample=False)
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=args.max_new_tokens, pad_token_id=pad,
-                             eos_token_id=eos, **sampling)[:, width:].tolist()
+        out = model.generate(
+            ids, attention_mask=mask, max_new_tokens=args.max_new_tokens, pad_token_id=pad, eos_token_id=eos, **sampling
+        )[:, width:].tolist()
     return [a[: a.index(eos) + 1] if eos in a else a for a in out]
 
 
@@ -194,8 +211,12 @@ def start_memd(args):
     from train.stack import memd_args, run_memd
 
     kv = "bfloat16" if args.device == "cuda" else "float32"
-    mem = memd_args(page=args.page_size, budget=int(args.kv_budget_gb * 2**30), max_running=args.concurrency,
-                    chunk=args.chunked_prefill)
+    mem = memd_args(
+        page=args.page_size,
+        budget=int(args.kv_budget_gb * 2**30),
+        max_running=args.concurrency,
+        chunk=args.chunked_prefill,
+    )
     return run_memd(pathlib.Path(args.target), *mem, "--kv-cache-dtype", kv, device=args.device)
 
 
@@ -209,8 +230,9 @@ def start_stack(args):
     def stack():
         with start_memd(args) as memd:
             extra = ["--chunked-prefill-size", str(args.chunked_prefill)]
-            with run_modeld(memd, "--target-model", args.target, "--speculative-algorithm", "none", *extra,
-                            device=args.device) as modeld:
+            with run_modeld(
+                memd, "--target-model", args.target, "--speculative-algorithm", "none", *extra, device=args.device
+            ) as modeld:
                 yield modeld.address
 
     return stack()
@@ -262,8 +284,10 @@ def main_generate(args) -> int:
     finally:
         writer.flush()
     seconds = time.monotonic() - begin
-    log(f"{finished} answered in {seconds:.0f} s; {len(jobs) - finished} left"
-        + ("" if finished == len(jobs) else " (run again to continue)"))
+    log(
+        f"{finished} answered in {seconds:.0f} s; {len(jobs) - finished} left"
+        + ("" if finished == len(jobs) else " (run again to continue)")
+    )
     return 0
 
 

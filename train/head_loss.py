@@ -13,8 +13,9 @@ import torch
 CHUNK_ROWS = 8192  # rows of logits at a time: 8192 x 49,152 fp32 is 1.6 GB
 
 
-def chunk_terms(logits: torch.Tensor, label: torch.Tensor, weight: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def chunk_terms(
+    logits: torch.Tensor, label: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sum of weight * cross-entropy, each row's argmax, d loss / d logits in the logits' dtype) of one chunk."""
     x = logits.float()
     peak = x.amax(-1, keepdim=True)
@@ -58,8 +59,9 @@ class FrozenHeadCrossEntropy(torch.autograd.Function):
         return grad * grad_loss.to(grad.dtype), None, None, None, None
 
 
-def head_cross_entropy(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-                       chunk_rows: int = CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+def head_cross_entropy(
+    hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, chunk_rows: int = CHUNK_ROWS
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted sum of the rows' cross-entropies, each row's argmax) for hidden [N, H], a frozen head [V, H],
     labels [N] and weights [N] (fp32)."""
     if head.requires_grad:

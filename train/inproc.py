@@ -1,7 +1,7 @@
 """Answers through modeld's engine in this process: memd as usual (its own process, the only allocator), the
 engine thread here, no gRPC. At hundreds of requests in flight the per-token gRPC stream costs about three
-quarters of the throughput (BENCHMARKS.md, 2026-12-04: the engine alone ran 20 K tokens/s, the same engine
-behind gRPC 4.5 K); the answers are the service's own, the request built as modeld's service builds it (the
+quarters of the throughput (BENCHMARKS.md, answers generated for training: the engine alone ran 20 K tokens/s,
+the same engine behind gRPC 4.5 K); the answers are the service's own, the request built as modeld's service builds it (the
 same sampling parameters and seeded generator), the tokens the same. Nobody streams these requests: the engine
 neither detokenises them nor queues their chunks (Request.stream False).
 
@@ -9,7 +9,7 @@ Up to --concurrency conversations are in flight; a multi-turn conversation sends
 one completes. At the budget (or a signal) requests still in flight are aborted and their slots go back to
 memd; they are redone by the next run. An answer that runs into a repetition loop is stopped there and kept
 (train.loops.ends_in_loop, looked at every LOOP_CHECK_S): the copies it would go on making to the token limit
-were 26.9 % of the answer tokens generated before 2026-12-04, and the trainer anchors no block in them.
+were 26.9 % of the answer tokens of the first 73,642 answers, and the trainer anchors no block in them.
 """
 
 import itertools
@@ -19,9 +19,9 @@ import time
 
 from modeld.config import ModeldConfig
 from modeld.engine import make_generator
+from modeld.engine_build import build_engine
 from modeld.request import Request
 from modeld.sampling_params import SamplingParams
-from modeld.engine_build import build_engine
 from train import chat, loops
 
 LOOP_CHECK_S = 1.0  # how often the answers in flight are looked at for a repetition loop
@@ -40,8 +40,13 @@ def sampling_params(temperature: float, top_p: float, max_new_tokens: int, seed:
 
 def generate_inproc(memd: str, jobs, tokenizer, temperatures, args, writer, stop, log, seed_of, meta) -> int:
     """Answers every job (record, sample index) it can before `stop()`; returns how many were written."""
-    cfg = ModeldConfig(device=args.device, memd=memd, target_model=args.target, speculative_algorithm="none",
-                       chunked_prefill_size=args.chunked_prefill)
+    cfg = ModeldConfig(
+        device=args.device,
+        memd=memd,
+        target_model=args.target,
+        speculative_algorithm="none",
+        chunked_prefill_size=args.chunked_prefill,
+    )
     built = build_engine(cfg, lambda serving: None)
     engine, done = built.engine, queue.SimpleQueue()  # every request's "complete" (no chunks: stream=False)
     conversations: dict[str, tuple[dict, int, list, Request]] = {}  # rid -> (record, sample, answers so far, request)
@@ -53,9 +58,14 @@ def generate_inproc(memd: str, jobs, tokenizer, temperatures, args, writer, stop
         t = temperatures[k]
         params = sampling_params(t, args.top_p, args.max_new_tokens, None if t == 0 else seed_of(record, k))
         rid = f"gen-{next(rids)}"
-        req = Request(rid=rid, prompt_ids=chat.turn_prompt(tokenizer, record, answers), params=params,
-                      generator=None if params.greedy else make_generator(params.seed, args.device), events=done,
-                      stream=False)
+        req = Request(
+            rid=rid,
+            prompt_ids=chat.turn_prompt(tokenizer, record, answers),
+            params=params,
+            generator=None if params.greedy else make_generator(params.seed, args.device),
+            events=done,
+            stream=False,
+        )
         conversations[rid] = (record, k, answers, req)
         engine.submit(req)
 
@@ -64,7 +74,9 @@ def generate_inproc(memd: str, jobs, tokenizer, temperatures, args, writer, stop
             if rid not in looping and loops.ends_in_loop(list(req.output_ids)) and engine.abort(rid):
                 looping.add(rid)
 
-    previous = {sig: signal.signal(sig, lambda *_: setattr(stop, "flag", True)) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {
+        sig: signal.signal(sig, lambda *_: setattr(stop, "flag", True)) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
     engine.start()
     finished = 0
     try:

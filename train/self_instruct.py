@@ -23,13 +23,21 @@ import time
 from train import chat, templates
 from train.dedupe import normalise, stable_hash
 
-KINDS = ["a factual question", "a request for advice", "a request to write something creative",
-         "a math word problem with numbers", "a request to explain a concept simply", "a coding question",
-         "a question that needs step-by-step reasoning", "a request to summarise or compare ideas",
-         "a request for a list or a plan", "a question a student might ask a teacher"]
+KINDS = [
+    "a factual question",
+    "a request for advice",
+    "a request to write something creative",
+    "a math word problem with numbers",
+    "a request to explain a concept simply",
+    "a coding question",
+    "a question that needs step-by-step reasoning",
+    "a request to summarise or compare ideas",
+    "a request for a list or a plan",
+    "a question a student might ask a teacher",
+]
 # A list asked for, not one question: the 135M target, asked for one question, mostly writes about the question
 # ("A user asks: ...", "I can help with that"); asked for a list it mostly writes questions (a CPU trial of 12
-# topics, 2026-12-04), and one request gives several.
+# topics), and one request gives several.
 ASK = "List five different questions that people ask an AI assistant about {topic}. Each one should be {kind}."
 ITEM = re.compile(r"(?:^|\s)\d{1,2}[.)]\s+")  # "1. ", "2) " at a line's start or inline after a space
 
@@ -37,7 +45,7 @@ ITEM = re.compile(r"(?:^|\s)\d{1,2}[.)]\s+")  # "1. ", "2) " at a line's start o
 def clean(text: str) -> str | None:
     line = next((x.strip() for x in text.strip().splitlines() if x.strip()), "")
     line = line.replace("**", "").strip()
-    line = re.sub(r'^(question|user|q)\s*[:.\-]\s*', "", line, flags=re.I).strip().strip('"').strip()
+    line = re.sub(r"^(question|user|q)\s*[:.\-]\s*", "", line, flags=re.I).strip().strip('"').strip()
     line = line.rstrip(":").strip().strip('"').strip()
     return line if 15 <= len(line) <= 600 and not line.lower().startswith(("sure", "here is", "here's")) else None
 
@@ -63,6 +71,7 @@ async def ask_all(address: str, tokenizer, args, out: pathlib.Path, log) -> int:
     seen, records, deadline = set(), [], time.monotonic() + args.time_budget
     queue = iter(jobs)
     async with client.AsyncClient(address, timeout=600, connect_timeout=60) as c:
+
         async def worker():
             for topic, kind, i in queue:
                 if time.monotonic() > deadline:
@@ -70,8 +79,9 @@ async def ask_all(address: str, tokenizer, args, out: pathlib.Path, log) -> int:
                 record = {"turns": [ASK.format(kind=kind, topic=topic)]}
                 ids = chat.turn_prompt(tokenizer, record, [])
                 seed = stable_hash(f"{topic}|{kind}|{i}|{args.seed}") % (2**31 - 1)
-                result = await c.generate(input_ids=ids, max_new_tokens=256, temperature=args.temperature,
-                                          top_p=0.95, seed=seed)
+                result = await c.generate(
+                    input_ids=ids, max_new_tokens=256, temperature=args.temperature, top_p=0.95, seed=seed
+                )
                 for question in questions(tokenizer.decode(list(result.output_ids), skip_special_tokens=True)):
                     if normalise(question) not in seen:
                         seen.add(normalise(question))

@@ -59,13 +59,33 @@ def stop(proc: subprocess.Popen, timeout: float) -> None:
             proc.wait()
 
 
-def memd_args(*, draft: pathlib.Path | None = None, ratio: float = 1.0, window: int | None = None, page: int = 1,
-              budget: int = 4_000_000, max_running: int = 4, chunk: int = 64, strict: bool = False,
-              lookahead: int | None = None) -> list[str]:
+def memd_args(
+    *,
+    draft: pathlib.Path | None = None,
+    ratio: float = 1.0,
+    window: int | None = None,
+    page: int = 1,
+    budget: int = 4_000_000,
+    max_running: int = 4,
+    chunk: int = 64,
+    strict: bool = False,
+    lookahead: int | None = None,
+) -> list[str]:
     """memd's command-line arguments for the common settings (lookahead None: memd's default)."""
-    args = ["--page-size", str(page), "--max-running-requests", str(max_running), "--kv-budget-bytes", str(budget),
-            "--chunked-prefill-size", str(chunk), "--draft-model", str(draft) if draft else "none",
-            "--draft-kv-ratio", str(ratio)]
+    args = [
+        "--page-size",
+        str(page),
+        "--max-running-requests",
+        str(max_running),
+        "--kv-budget-bytes",
+        str(budget),
+        "--chunked-prefill-size",
+        str(chunk),
+        "--draft-model",
+        str(draft) if draft else "none",
+        "--draft-kv-ratio",
+        str(ratio),
+    ]
     if window is not None:
         args += ["--draft-window", str(window)]
     if lookahead is not None:
@@ -80,8 +100,10 @@ def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", ready_timeou
     folder = pathlib.Path(tempfile.mkdtemp(prefix="memd-"))
     address = f"unix://{folder / 'memd.sock'}"
     log_path = folder / "memd.log"
-    proc = start([sys.executable, "-m", "memd", "--device", device, "--target-model", str(target), "--listen", address,
-                  *args], log_path)
+    proc = start(
+        [sys.executable, "-m", "memd", "--device", device, "--target-model", str(target), "--listen", address, *args],
+        log_path,
+    )
     try:
         wait_ready(proc, log_path, "memd ready", ready_timeout)
         yield Daemon(proc, address, log_path)
@@ -92,11 +114,13 @@ def run_memd(target: pathlib.Path, *args: str, device: str = "cpu", ready_timeou
 @contextlib.contextmanager
 def run_modeld(memd: Daemon, *args: str, device: str = "cpu", ready_timeout: float = 300):
     """modeld attached to `memd`, on a Unix socket beside memd's."""
-    folder = pathlib.Path(memd.address[len("unix://"):]).parent
+    folder = pathlib.Path(memd.address[len("unix://") :]).parent
     address = f"unix://{folder / 'modeld.sock'}"
     log_path = folder / "modeld.log"
-    proc = start([sys.executable, "-m", "modeld", "--device", device, "--memd", memd.address, "--listen", address,
-                  *args], log_path)
+    proc = start(
+        [sys.executable, "-m", "modeld", "--device", device, "--memd", memd.address, "--listen", address, *args],
+        log_path,
+    )
     try:
         wait_ready(proc, log_path, "modeld ready", ready_timeout)
         yield Daemon(proc, address, log_path)

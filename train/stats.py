@@ -26,11 +26,13 @@ def count(folder: pathlib.Path, loop_repeats: int = TrainConfig.loop_repeats) ->
 
 
 def main(argv=None) -> int:
-    for folder in (argv if argv is not None else sys.argv[1:]):
+    for folder in argv if argv is not None else sys.argv[1:]:
         records, tokens, looped, unmade = count(pathlib.Path(folder))
-        print(f"{folder}: {records} answers, {tokens} answer tokens ({tokens / max(1, records):.0f} per answer; "
-              f"{looped / max(1, tokens):.1%} past two periods of a repetition loop, {unmade / max(1, tokens):.1%} "
-              "past where generation now stops one)")
+        print(
+            f"{folder}: {records} answers, {tokens} answer tokens ({tokens / max(1, records):.0f} per answer; "
+            f"{looped / max(1, tokens):.1%} past two periods of a repetition loop, {unmade / max(1, tokens):.1%} "
+            "past where generation now stops one)"
+        )
     return 0
 
 

@@ -18,14 +18,21 @@ def check_supported(target) -> None:
     model = getattr(target, "model", None)
     layer = getattr(model, "layers", [None])[0]
     attention = getattr(layer, "self_attn", None)
-    needed = [getattr(model, "embed_tokens", None), getattr(model, "rotary_emb", None), attention,
-              getattr(layer, "mlp", None), getattr(layer, "input_layernorm", None),
-              getattr(layer, "post_attention_layernorm", None)]
+    needed = [
+        getattr(model, "embed_tokens", None),
+        getattr(model, "rotary_emb", None),
+        attention,
+        getattr(layer, "mlp", None),
+        getattr(layer, "input_layernorm", None),
+        getattr(layer, "post_attention_layernorm", None),
+    ]
     needed += [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
     rotary = getattr(sys.modules.get(type(attention).__module__), "apply_rotary_pos_emb", None)
     if any(part is None for part in needed) or rotary is None:
-        raise ValueError(f"{type(target).__name__}: the trainer runs Llama-family decoder layers (embed_tokens, "
-                         "rotary_emb, q/k/v/o projections, input and post-attention norms, MLP)")
+        raise ValueError(
+            f"{type(target).__name__}: the trainer runs Llama-family decoder layers (embed_tokens, "
+            "rotary_emb, q/k/v/o projections, input and post-attention norms, MLP)"
+        )
 
 
 def tapped_states(target, ids: torch.Tensor, positions: torch.Tensor, mask, attend, layer_ids) -> torch.Tensor:

@@ -25,7 +25,7 @@ The recipe and what this does with it:
   135M target's answers are a few hundred tokens, fewer than 512, so in practice every valid position is an
   anchor once per epoch; --anchors lower than that trades data per epoch for time. An answer that ends in a
   repetition loop is anchored only --loop-repeats (2) periods into it (train.loops: 33 % of the answer tokens
-  of the 2026-12-04 data lay past that point, copies a draft predicts anyway); its labels still run to its end.
+  of the first 73,642 answers lay past that point, copies a draft predicts anyway); its labels still run to its end.
   --source-weights sharegpt=3 counts each answer to a ShareGPT prompt three times an epoch (each copy its own
   draw of anchors): the answers most like the held-out requests can weigh more than the templated ones.
 - Loss: cross-entropy weighted exp(-(k-1)/gamma), gamma 7 for block 16 (4 for block 8, 5 for block 10), through
@@ -97,8 +97,9 @@ class TrainConfig:
         if self.batch_tokens < self.max_len:
             raise ValueError(f"batch_tokens ({self.batch_tokens}) must hold a sequence of max_len ({self.max_len})")
         if self.anchors > self.batch_anchors:
-            raise ValueError(f"anchors per sequence ({self.anchors}) must fit a step's batch_anchors "
-                             f"({self.batch_anchors})")
+            raise ValueError(
+                f"anchors per sequence ({self.anchors}) must fit a step's batch_anchors ({self.batch_anchors})"
+            )
         self.weights()  # refuses a malformed --source-weights before anything runs
 
     def weights(self) -> dict[str, int]:
@@ -126,18 +127,35 @@ def draft_config(target_cfg, tc: TrainConfig) -> dict:
     theta = rope.get("rope_theta", getattr(target_cfg, "rope_theta", 10000.0))
     taps = list(tc.taps) or build_target_layer_ids(target_cfg.num_hidden_layers, tc.layers)
     return {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "torch_dtype": "bfloat16",
-        "hidden_size": target_cfg.hidden_size, "intermediate_size": tc.intermediate or target_cfg.intermediate_size,
-        "num_hidden_layers": tc.layers, "num_attention_heads": target_cfg.num_attention_heads,
-        "num_key_value_heads": target_cfg.num_key_value_heads, "head_dim": head_dim, "hidden_act": "silu",
-        "attention_bias": False, "rms_norm_eps": target_cfg.rms_norm_eps, "rope_theta": theta,
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "torch_dtype": "bfloat16",
+        "hidden_size": target_cfg.hidden_size,
+        "intermediate_size": tc.intermediate or target_cfg.intermediate_size,
+        "num_hidden_layers": tc.layers,
+        "num_attention_heads": target_cfg.num_attention_heads,
+        "num_key_value_heads": target_cfg.num_key_value_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "rms_norm_eps": target_cfg.rms_norm_eps,
+        "rope_theta": theta,
         "rope_parameters": {"rope_theta": theta, "rope_type": "default"},
-        "max_position_embeddings": target_cfg.max_position_embeddings, "vocab_size": target_cfg.vocab_size,
-        "tie_word_embeddings": False, "layer_types": ["sliding_attention"] * tc.layers, "sliding_window": tc.window,
-        "use_sliding_window": True, "is_causal": False, "block_size": tc.block,
+        "max_position_embeddings": target_cfg.max_position_embeddings,
+        "vocab_size": target_cfg.vocab_size,
+        "tie_word_embeddings": False,
+        "layer_types": ["sliding_attention"] * tc.layers,
+        "sliding_window": tc.window,
+        "use_sliding_window": True,
+        "is_causal": False,
+        "block_size": tc.block,
         "num_target_layers": target_cfg.num_hidden_layers,
-        "dflash_config": {"block_size": tc.block, "target_layer_ids": taps, "mask_token_id": tc.mask_token_id,
-                          "causal": False},
+        "dflash_config": {
+            "block_size": tc.block,
+            "target_layer_ids": taps,
+            "mask_token_id": tc.mask_token_id,
+            "causal": False,
+        },
     }
 
 
@@ -153,8 +171,10 @@ def draft_bytes(config: dict, target_hidden: int, bytes_per_param: int = 2) -> i
 def check_size(config: dict, target_hidden: int, max_mb: float) -> int:
     size = draft_bytes(config, target_hidden)
     if size > max_mb * 1e6:
-        raise DraftTooLarge(f"the draft would be {size / 1e6:.1f} MB in bf16, over the {max_mb:g} MB limit "
-                            f"({config['num_hidden_layers']} layers, intermediate {config['intermediate_size']})")
+        raise DraftTooLarge(
+            f"the draft would be {size / 1e6:.1f} MB in bf16, over the {max_mb:g} MB limit "
+            f"({config['num_hidden_layers']} layers, intermediate {config['intermediate_size']})"
+        )
     return size
 
 
@@ -246,23 +266,53 @@ class State:
 
 def write_log(path: pathlib.Path, tc: TrainConfig, state: State, **extra) -> None:
     """A run's settings, how far it went and every step's loss (a resumed run's earlier calls included), as JSON."""
-    path.write_text(json.dumps({"settings": dataclasses.asdict(tc), **extra, "steps": state.step, "epoch": state.epoch,
-                                "seconds": round(state.seconds, 1), "losses": state.losses}))
+    path.write_text(
+        json.dumps(
+            {
+                "settings": dataclasses.asdict(tc),
+                **extra,
+                "steps": state.step,
+                "epoch": state.epoch,
+                "seconds": round(state.seconds, 1),
+                "losses": state.losses,
+            }
+        )
+    )
 
 
 def save_checkpoint(path: pathlib.Path, draft, opt, state: State, tc: TrainConfig, data: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name("." + path.name + ".tmp")
-    torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "state": dataclasses.asdict(state),
-                "config": dataclasses.asdict(tc), "data": data}, tmp)
+    torch.save(
+        {
+            "draft": draft.state_dict(),
+            "opt": opt.state_dict(),
+            "state": dataclasses.asdict(state),
+            "config": dataclasses.asdict(tc),
+            "data": data,
+        },
+        tmp,
+    )
     os.replace(tmp, path)
 
 
-def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckpt: pathlib.Path | None = None,
-          resume: bool = False, out: pathlib.Path | None = None, time_budget: float = float("inf"),
-          max_steps: int | None = None, save_every: int = 500,
-          init: pathlib.Path | None = None, step_ends: list[float] | None = None,
-          paced: bool = False, schedule_seconds: float | None = None) -> tuple[DFlashDraft, dict, State]:
+def train(
+    target,
+    seqs: list[dict],
+    tc: TrainConfig,
+    device: str,
+    log=print,
+    ckpt: pathlib.Path | None = None,
+    resume: bool = False,
+    out: pathlib.Path | None = None,
+    time_budget: float = float("inf"),
+    max_steps: int | None = None,
+    save_every: int = 500,
+    init: pathlib.Path | None = None,
+    step_ends: list[float] | None = None,
+    paced: bool = False,
+    schedule_seconds: float | None = None,
+) -> tuple[DFlashDraft, dict, State]:
     """Train (or continue, with `resume` and an existing `ckpt`) until the epochs are done, `time_budget`
     seconds have passed, or `max_steps` steps were taken in this call; saves `ckpt` and `out` at the end.
     `paced`: the schedule follows the clock instead of the steps: warm-up and cosine over `schedule_seconds` of
@@ -287,8 +337,9 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
     if init is not None and not (resume and ckpt is not None and ckpt.exists()):
         load_weights(draft, config, init)
         log(f"weights from {init}")
-    opt = torch.optim.AdamW(draft.parameters(), lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0,
-                            fused=device.startswith("cuda"))
+    opt = torch.optim.AdamW(
+        draft.parameters(), lr=tc.lr, betas=(0.9, 0.95), weight_decay=0.0, fused=device.startswith("cuda")
+    )
     plans = {e: epoch_batches(seqs, tc, e) for e in range(tc.epochs)}
     total = sum(map(len, plans.values()))  # the steps of tc.epochs (a paced run takes what its budget allows)
     data = fingerprint(seqs)
@@ -338,14 +389,19 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
                 return draft, config, state
             index = batches[state.batch]
             batch = [seqs[i] for i in index]
-            anchors = [sample_anchors(seqs[i], tc.anchors, tc.max_len, tc.seed, state.epoch, i, tc.loop_repeats)
-                       for i in index]
+            anchors = [
+                sample_anchors(seqs[i], tc.anchors, tc.max_len, tc.seed, state.epoch, i, tc.loop_repeats) for i in index
+            ]
             for group in opt.param_groups:
-                group["lr"] = tc.lr * (paced_factor(state.seconds / schedule, tc.warmup) if paced
-                                       else lr_factor(state.step, total, tc.warmup))
+                group["lr"] = tc.lr * (
+                    paced_factor(state.seconds / schedule, tc.warmup)
+                    if paced
+                    else lr_factor(state.step, total, tc.warmup)
+                )
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
-                loss, predictions, weights = block_loss(draft, target, batch, anchors, tc, device,
-                                                        fixed_shapes=device.startswith("cuda"))
+                loss, predictions, weights = block_loss(
+                    draft, target, batch, anchors, tc, device, fixed_shapes=device.startswith("cuda")
+                )
             with record_function("train.backward"):
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -362,8 +418,10 @@ def train(target, seqs: list[dict], tc: TrainConfig, device: str, log=print, ckp
                 settle()
                 accept = accept_length(predictions, batch, anchors, tc.block, weights)
                 at = f" ({state.seconds / schedule:.0%} of the time)" if paced else f"/{total}"
-                log(f"step {state.step}{at} epoch {state.epoch}: loss {state.losses[-1]:.4f} "
-                    f"batch accept {accept:.2f} lr {opt.param_groups[0]['lr']:.2e} ({time.monotonic() - begin:.0f} s)")
+                log(
+                    f"step {state.step}{at} epoch {state.epoch}: loss {state.losses[-1]:.4f} "
+                    f"batch accept {accept:.2f} lr {opt.param_groups[0]['lr']:.2e} ({time.monotonic() - begin:.0f} s)"
+                )
             if save_every and state.step % save_every == 0:
                 save()
         state.epoch += 1
@@ -381,14 +439,24 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="the draft's folder (bf16, z-lab format), written at every save")
     p.add_argument("--ckpt", required=True, help="the training checkpoint (draft, optimiser, step, data position)")
     p.add_argument("--resume", action="store_true", help="continue from --ckpt if it exists")
-    p.add_argument("--init", help="start from this saved draft's weights (a fresh optimiser and schedule); "
-                                  "ignored when --resume finds --ckpt")
+    p.add_argument(
+        "--init",
+        help="start from this saved draft's weights (a fresh optimiser and schedule); "
+        "ignored when --resume finds --ckpt",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--time-budget", type=float, default=float("inf"), help="seconds; then save and stop")
-    p.add_argument("--paced", action="store_true", help="the schedule follows the clock over --time-budget (train.fit_budget's runs)")
-    p.add_argument("--schedule-seconds", type=float,
-                   help="with --paced: the schedule's training seconds over every call of the run (default, or 0: "
-                        "the earlier calls' plus this call's --time-budget: this call ends it, annealed)")
+    p.add_argument(
+        "--paced",
+        action="store_true",
+        help="the schedule follows the clock over --time-budget (train.fit_budget's runs)",
+    )
+    p.add_argument(
+        "--schedule-seconds",
+        type=float,
+        help="with --paced: the schedule's training seconds over every call of the run (default, or 0: "
+        "the earlier calls' plus this call's --time-budget: this call ends it, annealed)",
+    )
     p.add_argument("--log-json", help="write the settings, the steps and every step's loss so far here at the end")
     p.add_argument("--save-every", type=int, default=500)
     for field in dataclasses.fields(TrainConfig):
@@ -409,13 +477,26 @@ def main(argv=None) -> int:
         args.target = str(ensure_default_model())
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     tokenizer = AutoTokenizer.from_pretrained(args.target)
-    seqs = load_sequences(pathlib.Path(args.prompts), [pathlib.Path(d) for d in args.responses.split(",")], tokenizer, log)
+    seqs = load_sequences(
+        pathlib.Path(args.prompts), [pathlib.Path(d) for d in args.responses.split(",")], tokenizer, log
+    )
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(args.device).eval().requires_grad_(False)
-    _, _, state = train(target, seqs, tc, args.device, log, pathlib.Path(args.ckpt), args.resume,
-                        pathlib.Path(args.out), args.time_budget, save_every=args.save_every,
-                        init=pathlib.Path(args.init) if args.init else None, paced=args.paced,
-                        schedule_seconds=args.schedule_seconds)
+    _, _, state = train(
+        target,
+        seqs,
+        tc,
+        args.device,
+        log,
+        pathlib.Path(args.ckpt),
+        args.resume,
+        pathlib.Path(args.out),
+        args.time_budget,
+        save_every=args.save_every,
+        init=pathlib.Path(args.init) if args.init else None,
+        paced=args.paced,
+        schedule_seconds=args.schedule_seconds,
+    )
     if args.log_json:
         write_log(pathlib.Path(args.log_json), tc, state, sequences=len(seqs))
     log(f"draft in {args.out}")

@@ -12,8 +12,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _accept_kernel(drafts, target, live, out, block, d_row, t_row, live_row, HAS_LIVE: tl.constexpr,
-                   BLOCK_B: tl.constexpr):
+def _accept_kernel(
+    drafts, target, live, out, block, d_row, t_row, live_row, HAS_LIVE: tl.constexpr, BLOCK_B: tl.constexpr
+):
     """Program (block n): the first position where draft and target differ (B - 1 if none), plus one; 0 where the
     request is padding (live < 0)."""
     n = tl.program_id(0).to(tl.int64)
@@ -42,9 +43,18 @@ def accept_lengths_triton(drafts: torch.Tensor, target: torch.Tensor, live: torc
         raise ValueError("drafts and target must be contiguous along the block")
     out = torch.empty(n, dtype=torch.int64, device=target.device)
     if n:
-        _accept_kernel[(n,)](drafts, target, out if live is None else live, out, block, drafts.stride(0),
-                             target.stride(0), 0 if live is None else live.stride(0), HAS_LIVE=live is not None,
-                             BLOCK_B=max(16, triton.next_power_of_2(block)))
+        _accept_kernel[(n,)](
+            drafts,
+            target,
+            out if live is None else live,
+            out,
+            block,
+            drafts.stride(0),
+            target.stride(0),
+            0 if live is None else live.stride(0),
+            HAS_LIVE=live is not None,
+            BLOCK_B=max(16, triton.next_power_of_2(block)),
+        )
     return out
 
 

@@ -3,7 +3,7 @@ block of a row and its first index, then one program per row picks the largest o
 among equals).
 
 Why: torch's argmax over the 8B geometry's 128,256 logits of one row took 36 µs of a 4.7 ms step (BENCHMARKS.md, the
-twelfth session's profile), far above the time to read them; greedy decode, DFLASH verify and the draft's proposals
+8B step profile), far above the time to read them; greedy decode, DFLASH verify and the draft's proposals
 each take one a step. Here the first launch spreads a row over vocab / BLOCK programs: 4-9x torch's at one row
 on an H100 (bench.fused_kernels, BENCHMARKS.md).
 
@@ -56,10 +56,12 @@ def argmax_triton(logits: torch.Tensor) -> torch.Tensor:
     blocks = triton.cdiv(vocab, BLOCK)
     part_value = torch.empty(rows, blocks, dtype=torch.float32, device=logits.device)
     part_index = torch.empty(rows, blocks, dtype=torch.int32, device=logits.device)
-    _block_argmax_kernel[(rows, blocks)](logits, part_value, part_index, vocab, logits.stride(0), blocks, BLOCK=BLOCK,
-                                         num_warps=8)
-    _row_argmax_kernel[(rows,)](part_value, part_index, out, vocab, blocks,
-                                BLOCK_P=max(16, triton.next_power_of_2(blocks)))
+    _block_argmax_kernel[(rows, blocks)](
+        logits, part_value, part_index, vocab, logits.stride(0), blocks, BLOCK=BLOCK, num_warps=8
+    )
+    _row_argmax_kernel[(rows,)](
+        part_value, part_index, out, vocab, blocks, BLOCK_P=max(16, triton.next_power_of_2(blocks))
+    )
     return out
 
 

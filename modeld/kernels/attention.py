@@ -11,8 +11,21 @@ import triton
 import triton.language as tl
 
 
-def paged_attention_torch(q, k_cache, v_cache, req_to_token, rows, q_starts, q_lens, kv_lens, sm_scale,
-                          window=None, mapping=None, out=None, qo_indptr=None):
+def paged_attention_torch(
+    q,
+    k_cache,
+    v_cache,
+    req_to_token,
+    rows,
+    q_starts,
+    q_lens,
+    kv_lens,
+    sm_scale,
+    window=None,
+    mapping=None,
+    out=None,
+    qo_indptr=None,
+):
     """Reference for `paged_attention`: per request, gather the keys the queries may see and softmax in fp32."""
     out = torch.empty_like(q) if out is None else out
     group = q.shape[1] // k_cache.shape[1]
@@ -26,12 +39,12 @@ def paged_attention_torch(q, k_cache, v_cache, req_to_token, rows, q_starts, q_l
             slots = mapping[slots].long()
         k = k_cache[slots].float().repeat_interleave(group, dim=1)  # [keys, q_heads, head_dim]
         v = v_cache[slots].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q[qo:qo + q_len].float(), k) * sm_scale
+        scores = torch.einsum("qhd,khd->hqk", q[qo : qo + q_len].float(), k) * sm_scale
         visible = key_pos[None, :] <= query_pos[:, None]
         if window is not None:
             visible &= key_pos[None, :] > query_pos[:, None] - window
         probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
-        out[qo:qo + q_len] = torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype)
+        out[qo : qo + q_len] = torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype)
         qo += q_len
     return out
 
@@ -39,8 +52,9 @@ def paged_attention_torch(q, k_cache, v_cache, req_to_token, rows, q_starts, q_l
 DECODE_GATHER_LIMIT = 1 << 24  # elements of the gathered keys a batched CPU decode may hold (64 MiB in fp32)
 
 
-def decode_attention_torch(q, k_cache, v_cache, req_to_token, rows, q_starts, kv_lens, sm_scale, window=None,
-                           mapping=None, out=None):
+def decode_attention_torch(
+    q, k_cache, v_cache, req_to_token, rows, q_starts, kv_lens, sm_scale, window=None, mapping=None, out=None
+):
     """`paged_attention_torch` for a step whose every request has one query, batched over the requests: keys
     0 .. max(kv_lens)-1 of every request gathered at once, the ones a query may not see masked out of the scores
     and zeroed in the values (so rows never written, NaN, read nothing)."""
@@ -67,13 +81,41 @@ def decode_attention_torch(q, k_cache, v_cache, req_to_token, rows, q_starts, kv
 
 @triton.jit
 def _paged_attention_kernel(
-    q, k_cache, v_cache, out, req_to_token, mapping,
-    rows, q_starts, q_lens, kv_lens, qo_indptr,
-    sm_scale, window, head_dim,
-    q_tok, q_head, q_dim, o_tok, o_head, o_dim,
-    k_tok, k_head, k_dim, v_tok, v_head, v_dim, r2t_row,
-    GROUP: tl.constexpr, QUERIES_PER_BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr, TRANSLATE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    q,
+    k_cache,
+    v_cache,
+    out,
+    req_to_token,
+    mapping,
+    rows,
+    q_starts,
+    q_lens,
+    kv_lens,
+    qo_indptr,
+    sm_scale,
+    window,
+    head_dim,
+    q_tok,
+    q_head,
+    q_dim,
+    o_tok,
+    o_head,
+    o_dim,
+    k_tok,
+    k_head,
+    k_dim,
+    v_tok,
+    v_head,
+    v_dim,
+    r2t_row,
+    GROUP: tl.constexpr,
+    QUERIES_PER_BLOCK: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    TRANSLATE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """Program (request b, query block, kv head): the tile's BLOCK_M rows are (query i, head g of the kv head's
     group) pairs, row = i * GROUP + g, so K/V are loaded once per group. Online softmax over key blocks that cover
@@ -138,8 +180,23 @@ def _paged_attention_kernel(
     tl.store(o_ptrs, acc / l_i[:, None], mask=row_ok[:, None] & dim_ok[None, :])
 
 
-def paged_attention_triton(q, k_cache, v_cache, req_to_token, rows, q_starts, q_lens, kv_lens, sm_scale,
-                           window=None, mapping=None, out=None, qo_indptr=None, block_m=64, block_n=64):
+def paged_attention_triton(
+    q,
+    k_cache,
+    v_cache,
+    req_to_token,
+    rows,
+    q_starts,
+    q_lens,
+    kv_lens,
+    sm_scale,
+    window=None,
+    mapping=None,
+    out=None,
+    qo_indptr=None,
+    block_m=64,
+    block_n=64,
+):
     """Triton version of `paged_attention`; block_m (tile rows = queries x group heads) and block_n (keys per
     step) are powers of two >= 16."""
     out = torch.empty_like(q) if out is None else out
@@ -154,19 +211,52 @@ def paged_attention_triton(q, k_cache, v_cache, req_to_token, rows, q_starts, q_
     queries_per_block = block_m // group
     grid = (rows.shape[0], triton.cdiv(total_q, queries_per_block), kv_heads)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, req_to_token, req_to_token if mapping is None else mapping,
-        rows, q_starts, q_lens, kv_lens, qo_indptr,
-        sm_scale, 0 if window is None else window, head_dim,
-        *q.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(), req_to_token.stride(0),
-        GROUP=group, QUERIES_PER_BLOCK=queries_per_block, HAS_WINDOW=window is not None,
-        TRANSLATE=mapping is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,  # no tf32 for fp32
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        q,
+        k_cache,
+        v_cache,
+        out,
+        req_to_token,
+        req_to_token if mapping is None else mapping,
+        rows,
+        q_starts,
+        q_lens,
+        kv_lens,
+        qo_indptr,
+        sm_scale,
+        0 if window is None else window,
+        head_dim,
+        *q.stride(),
+        *out.stride(),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        req_to_token.stride(0),
+        GROUP=group,
+        QUERIES_PER_BLOCK=queries_per_block,
+        HAS_WINDOW=window is not None,
+        TRANSLATE=mapping is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,  # no tf32 for fp32
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
     )
     return out
 
 
-def paged_attention(q, k_cache, v_cache, req_to_token, rows, q_starts, q_lens, kv_lens, sm_scale,
-                    window=None, mapping=None, out=None, qo_indptr=None):
+def paged_attention(
+    q,
+    k_cache,
+    v_cache,
+    req_to_token,
+    rows,
+    q_starts,
+    q_lens,
+    kv_lens,
+    sm_scale,
+    window=None,
+    mapping=None,
+    out=None,
+    qo_indptr=None,
+):
     """Causal GQA attention of B requests' packed queries over their keys in a paged KV pool.
 
     q: [total_q, q_heads, head_dim], request b's q_lens[b] queries back to back (in request order);
@@ -185,9 +275,33 @@ def paged_attention(q, k_cache, v_cache, req_to_token, rows, q_starts, q_lens, k
     if q.is_cuda:
         fn = paged_attention_triton
     elif bool((q_lens == 1).all()) and q.shape[0] * int(kv_lens.max()) * k_cache[0].numel() <= DECODE_GATHER_LIMIT:
-        return decode_attention_torch(q, k_cache, v_cache, req_to_token, rows, q_starts, kv_lens, sm_scale,
-                                      window=window, mapping=mapping, out=out)  # every q_len is 1: a decode step
+        return decode_attention_torch(
+            q,
+            k_cache,
+            v_cache,
+            req_to_token,
+            rows,
+            q_starts,
+            kv_lens,
+            sm_scale,
+            window=window,
+            mapping=mapping,
+            out=out,
+        )  # every q_len is 1: a decode step
     else:
         fn = paged_attention_torch
-    return fn(q, k_cache, v_cache, req_to_token, rows, q_starts, q_lens, kv_lens, sm_scale,
-              window=window, mapping=mapping, out=out, qo_indptr=qo_indptr)
+    return fn(
+        q,
+        k_cache,
+        v_cache,
+        req_to_token,
+        rows,
+        q_starts,
+        q_lens,
+        kv_lens,
+        sm_scale,
+        window=window,
+        mapping=mapping,
+        out=out,
+        qo_indptr=qo_indptr,
+    )

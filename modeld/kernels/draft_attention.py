@@ -23,7 +23,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 DRAFT_ATTENTION_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
+def masked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Scaled dot-product attention of q [N, heads, Q, d] over k, v [N, heads, K, d] where visible [N, 1, Q, K]."""
     with sdpa_kernel(DRAFT_ATTENTION_BACKENDS):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
@@ -66,7 +68,8 @@ def draft_attention(q, k, v, ctx_k, ctx_v, ctx_visible, causal: bool, scale: flo
 
 @triton.jit
 def _attend(q_tile, k_tile, v_tile, visible, m_i, l_i, acc, scale, DOT_PRECISION: tl.constexpr):
-    """One online-softmax step of a tile of queries over a tile of keys ([BLOCK_D, keys]) and values ([keys, BLOCK_D])."""
+    """One online-softmax step of a tile of queries over a tile of keys ([BLOCK_D, keys]) and values ([keys,
+    BLOCK_D])."""
     scores = tl.dot(q_tile, k_tile, input_precision=DOT_PRECISION) * scale
     scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -79,11 +82,45 @@ def _attend(q_tile, k_tile, v_tile, visible, m_i, l_i, acc, scale, DOT_PRECISION
 
 @triton.jit
 def _draft_attention_paged_kernel(
-    q, k, v, pool_k, pool_v, req_to_token, mapping, rows, starts, out, block, window, head_dim, scale,
-    q_n, q_tok, q_head, k_n, k_tok, k_head, v_n, v_tok, v_head, pk_tok, pk_head, pv_tok, pv_head, r2t_row,
-    o_n, o_tok, o_head,
-    GROUP: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr,
+    q,
+    k,
+    v,
+    pool_k,
+    pool_v,
+    req_to_token,
+    mapping,
+    rows,
+    starts,
+    out,
+    block,
+    window,
+    head_dim,
+    scale,
+    q_n,
+    q_tok,
+    q_head,
+    k_n,
+    k_tok,
+    k_head,
+    v_n,
+    v_tok,
+    v_head,
+    pk_tok,
+    pk_head,
+    pv_tok,
+    pv_head,
+    r2t_row,
+    o_n,
+    o_tok,
+    o_head,
+    GROUP: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_B: tl.constexpr,
 ):
     """Program (request n, kv head): the tile's rows are (query i, head g of the kv head's group) pairs, row =
     i * GROUP + g, so each K/V tile is loaded once per group. Online softmax over the context positions
@@ -103,8 +140,11 @@ def _draft_attention_paged_kernel(
     query_pos = start + query
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
-    q_tile = tl.load(q + n * q_n + query[:, None] * q_tok + head[:, None] * q_head + dims[None, :],
-                     mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    q_tile = tl.load(
+        q + n * q_n + query[:, None] * q_tok + head[:, None] * q_head + dims[None, :],
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -118,18 +158,30 @@ def _draft_attention_paged_kernel(
         seen = row_ok[:, None] & there[None, :]
         if HAS_WINDOW:
             seen = seen & (query_pos[:, None] - pos[None, :] < window)
-        k_tile = tl.load(pool_k + slot[None, :] * pk_tok + kv_head * pk_head + dims[:, None],
-                         mask=there[None, :] & dim_ok[:, None], other=0.0)
-        v_tile = tl.load(pool_v + slot[:, None] * pv_tok + kv_head * pv_head + dims[None, :],
-                         mask=there[:, None] & dim_ok[None, :], other=0.0)
+        k_tile = tl.load(
+            pool_k + slot[None, :] * pk_tok + kv_head * pk_head + dims[:, None],
+            mask=there[None, :] & dim_ok[:, None],
+            other=0.0,
+        )
+        v_tile = tl.load(
+            pool_v + slot[:, None] * pv_tok + kv_head * pv_head + dims[None, :],
+            mask=there[:, None] & dim_ok[None, :],
+            other=0.0,
+        )
         m_i, l_i, acc = _attend(q_tile, k_tile, v_tile, seen, m_i, l_i, acc, scale, DOT_PRECISION)
 
     keys = tl.arange(0, BLOCK_B)
     key_ok = keys < block
-    k_tile = tl.load(k + n * k_n + keys[None, :] * k_tok + kv_head * k_head + dims[:, None],
-                     mask=key_ok[None, :] & dim_ok[:, None], other=0.0)
-    v_tile = tl.load(v + n * v_n + keys[:, None] * v_tok + kv_head * v_head + dims[None, :],
-                     mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+    k_tile = tl.load(
+        k + n * k_n + keys[None, :] * k_tok + kv_head * k_head + dims[:, None],
+        mask=key_ok[None, :] & dim_ok[:, None],
+        other=0.0,
+    )
+    v_tile = tl.load(
+        v + n * v_n + keys[:, None] * v_tok + kv_head * v_head + dims[None, :],
+        mask=key_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
     seen = row_ok[:, None] & key_ok[None, :]
     if CAUSAL:
         seen = seen & (keys[None, :] <= query[:, None])
@@ -157,8 +209,9 @@ class PagedContext:
 
     def gathered(self, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ctx_k, ctx_v, visible) for `draft_attention`: the context copied out of the pool, rows not there zeroed."""
-        slots, valid, visible = context_slots(self.req_to_token, self.mapping, self.rows, self.starts, self.window,
-                                              self.width, block)
+        slots, valid, visible = context_slots(
+            self.req_to_token, self.mapping, self.rows, self.starts, self.window, self.width, block
+        )
         ctx_k, ctx_v = (torch.where(valid[:, :, None, None], pool[slots], 0) for pool in (self.pool_k, self.pool_v))
         return ctx_k, ctx_v, visible
 
@@ -180,14 +233,44 @@ def draft_attention_paged_triton(q, k, v, ctx: PagedContext, causal: bool, scale
     group = heads // kv_heads
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _draft_attention_paged_kernel[(n, kv_heads)](
-        q, k, v, ctx.pool_k, ctx.pool_v, ctx.req_to_token, ctx.mapping, ctx.rows, ctx.starts, out,
-        b, ctx.window or 0, head_dim, scale,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        ctx.pool_k.stride(0), ctx.pool_k.stride(1), ctx.pool_v.stride(0), ctx.pool_v.stride(1), ctx.req_to_token.stride(0),
-        out.stride(0), out.stride(1), out.stride(2),
-        GROUP=group, CAUSAL=causal, HAS_WINDOW=ctx.window is not None,
+        q,
+        k,
+        v,
+        ctx.pool_k,
+        ctx.pool_v,
+        ctx.req_to_token,
+        ctx.mapping,
+        ctx.rows,
+        ctx.starts,
+        out,
+        b,
+        ctx.window or 0,
+        head_dim,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        ctx.pool_k.stride(0),
+        ctx.pool_k.stride(1),
+        ctx.pool_v.stride(0),
+        ctx.pool_v.stride(1),
+        ctx.req_to_token.stride(0),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        GROUP=group,
+        CAUSAL=causal,
+        HAS_WINDOW=ctx.window is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,  # no tf32 for fp32
-        BLOCK_M=max(16, triton.next_power_of_2(b * group)), BLOCK_N=block_n,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_B=max(16, triton.next_power_of_2(b)),
+        BLOCK_M=max(16, triton.next_power_of_2(b * group)),
+        BLOCK_N=block_n,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_B=max(16, triton.next_power_of_2(b)),
     )
     return out

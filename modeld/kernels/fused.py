@@ -27,8 +27,17 @@ def _require_unit_last_stride(*tensors):
 
 @triton.jit
 def _rms_norm_kernel(
-    x, residual, weight, out, residual_out, cols, eps, x_row, r_row,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x,
+    residual,
+    weight,
+    out,
+    residual_out,
+    cols,
+    eps,
+    x_row,
+    r_row,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Program (row): v = x [+ residual, rounded, stored to residual_out]; out = weight * round(v * rstd(v))."""
     row = tl.program_id(0).to(tl.int64)
@@ -64,9 +73,17 @@ def rms_norm_triton(x, weight, eps, residual=None):
         return out, residual_out
     block = triton.next_power_of_2(cols)
     _rms_norm_kernel[(rows,)](
-        x, x if residual is None else residual, weight, out, residual_out, cols, eps,
-        x.stride(0), 0 if residual is None else residual.stride(0),
-        HAS_RESIDUAL=residual is not None, BLOCK=block,
+        x,
+        x if residual is None else residual,
+        weight,
+        out,
+        residual_out,
+        cols,
+        eps,
+        x.stride(0),
+        0 if residual is None else residual.stride(0),
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=block,
         num_warps=min(16, max(1, block // 256)),  # about 8 columns per thread
     )
     return out, residual_out
@@ -133,8 +150,21 @@ def silu_mul(gate_up):
 
 @triton.jit
 def _rotary_kernel(
-    q, k, cos, sin, q_out, k_out, q_heads, k_heads, half,
-    q_tok, q_head, k_tok, k_head, cos_tok, sin_tok,
+    q,
+    k,
+    cos,
+    sin,
+    q_out,
+    k_out,
+    q_heads,
+    k_heads,
+    half,
+    q_tok,
+    q_head,
+    k_tok,
+    k_head,
+    cos_tok,
+    sin_tok,
     BLOCK_HALF: tl.constexpr,
 ):
     """Program (token, head), heads numbered q's first, then k's. With halves x = [x1, x2], cos = [c1, c2] and
@@ -209,8 +239,21 @@ def rotary_triton(q, k, cos, sin):
     if tokens == 0:
         return q_out, k_out
     _rotary_kernel[(tokens, q_heads + k_heads)](
-        q, k, cos, sin, q_out, k_out, q_heads, k_heads, head_dim // 2,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
+        q,
+        k,
+        cos,
+        sin,
+        q_out,
+        k_out,
+        q_heads,
+        k_heads,
+        head_dim // 2,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        cos.stride(0),
+        sin.stride(0),
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
     )
     return q_out, k_out
@@ -224,4 +267,3 @@ def rotary(q, k, cos, sin):
     contiguous [T, H, D] tensors.
     """
     return (rotary_triton if q.is_cuda else rotary_torch)(q, k, cos, sin)
-

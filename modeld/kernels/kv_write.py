@@ -19,11 +19,35 @@ _MAX_TILE = 1024  # elements of one token's row copied by one program
 
 @triton.jit
 def _store_kv_kernel(
-    k_cache, v_cache, slots, mapping, commit_lens, k, v,
-    cols, head_dim, row_elems,
-    kc_layer, kc_tok, kc_head, kc_dim, vc_layer, vc_tok, vc_head, vc_dim,
-    k_layer, k_tok, k_head, k_dim, v_layer, v_tok, v_head, v_dim,
-    TRANSLATE: tl.constexpr, PREFIX_ONLY: tl.constexpr, TILE: tl.constexpr,
+    k_cache,
+    v_cache,
+    slots,
+    mapping,
+    commit_lens,
+    k,
+    v,
+    cols,
+    head_dim,
+    row_elems,
+    kc_layer,
+    kc_tok,
+    kc_head,
+    kc_dim,
+    vc_layer,
+    vc_tok,
+    vc_head,
+    vc_dim,
+    k_layer,
+    k_tok,
+    k_head,
+    k_dim,
+    v_layer,
+    v_tok,
+    v_head,
+    v_dim,
+    TRANSLATE: tl.constexpr,
+    PREFIX_ONLY: tl.constexpr,
+    TILE: tl.constexpr,
 ):
     """Program (token, tile, layer): copy one tile of token's [kv_heads * head_dim] row of that layer into the
     layer's caches, or do nothing."""
@@ -50,12 +74,14 @@ def _store_kv_kernel(
 
 
 def _layered(k_cache, v_cache, k, v):
-    """Caches [layers, rows, H, D] and k/v [N, layers, H, D]; one layer's ([rows, H, D], [N, H, D]) as a layer of one."""
+    """Caches [layers, rows, H, D] and k/v [N, layers, H, D]; one layer's ([rows, H, D], [N, H, D]) as a layer of
+    one."""
     if k_cache.dim() == 3:
         return k_cache[None], v_cache[None], k[:, None], v[:, None]
     if k.dim() != 4 or k.shape[1] != k_cache.shape[0] or v.shape[1] != v_cache.shape[0]:
-        raise ValueError(f"caches of {k_cache.shape[0]} layers take k/v [N, layers, kv_heads, head_dim], "
-                         f"not {tuple(k.shape)}")
+        raise ValueError(
+            f"caches of {k_cache.shape[0]} layers take k/v [N, layers, kv_heads, head_dim], not {tuple(k.shape)}"
+        )
     return k_cache, v_cache, k, v
 
 
@@ -69,14 +95,23 @@ def _launch_store(k_cache, v_cache, slots, k, v, mapping=None, commit_lens=None,
     tile = min(triton.next_power_of_2(row_elems), _MAX_TILE)
     grid = (n, triton.cdiv(row_elems, tile), layers)
     _store_kv_kernel[grid](
-        k_cache, v_cache, slots,
+        k_cache,
+        v_cache,
+        slots,
         slots if mapping is None else mapping,  # unused placeholder pointers when the flag is off
         slots if commit_lens is None else commit_lens,
-        k, v,
-        cols, head_dim, row_elems,
-        *k_cache.stride(), *v_cache.stride(),
-        *(k.stride(i) for i in (1, 0, 2, 3)), *(v.stride(i) for i in (1, 0, 2, 3)),  # k/v [N, layers, ...]
-        TRANSLATE=mapping is not None, PREFIX_ONLY=commit_lens is not None, TILE=tile,
+        k,
+        v,
+        cols,
+        head_dim,
+        row_elems,
+        *k_cache.stride(),
+        *v_cache.stride(),
+        *(k.stride(i) for i in (1, 0, 2, 3)),
+        *(v.stride(i) for i in (1, 0, 2, 3)),  # k/v [N, layers, ...]
+        TRANSLATE=mapping is not None,
+        PREFIX_ONLY=commit_lens is not None,
+        TILE=tile,
     )
 
 
@@ -87,7 +122,8 @@ def store_kv_torch(k_cache, v_cache, slots, k, v):
     """Write k[i], v[i] into row slots[i] of k_cache, v_cache (cast to the cache dtype); rows with slots[i] < 0 are
     skipped. k_cache, v_cache: [rows, kv_heads, head_dim]; slots: int [N], distinct where >= 0; k, v: [N, kv_heads,
     head_dim] (or caches [layers, rows, ...] and k, v [N, layers, ...]: every layer's row). In place; the CPU's
-    write and the torch references' (on CUDA the target writes K/V in its rotary launch, modeld.kernels.rotary_store)."""
+    write and the torch references' (on CUDA the target writes K/V in its rotary launch,
+    modeld.kernels.rotary_store)."""
     k_cache, v_cache, k, v = _layered(k_cache, v_cache, k, v)
     keep = slots >= 0
     rows = slots[keep].long()
@@ -154,7 +190,8 @@ def store_kv_prefix_valid(k_cache, v_cache, slots_2d, commit_lens, k, v, mapping
 
     slots_2d: int32/int64 [B, L] target slots; commit_lens: int [B]; k, v: [B, L, kv_heads, head_dim] or
     [B*L, kv_heads, head_dim] (or, with caches of several layers, [B, L, layers, kv_heads, head_dim] or
-    [B*L, layers, kv_heads, head_dim]: one launch for all). Token (b, col) is written iff col < commit_lens[b] and slots_2d[b, col] >= 0, at row
+    [B*L, layers, kv_heads, head_dim]: one launch for all). Token (b, col) is written iff col < commit_lens[b] and
+    slots_2d[b, col] >= 0, at row
     slots_2d[b, col], or with `mapping` (int32 [target_rows]) at draft row mapping[slots_2d[b, col]], skipped if
     that is <= 0. In place; returns None.
     """

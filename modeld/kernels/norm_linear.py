@@ -3,7 +3,7 @@ input norm, gate|up after the post-attention norm), and for gate|up also the SiL
 where a few-row step ran two or three.
 
 Why: a batch-1 decode step of the 8B geometry ran 297 kernels, nine a layer, and the two RMSNorms and the SiLU-mul
-are each a few microseconds of latency for a few kilobytes of work (BENCHMARKS.md, the thirteenth session's profile).
+are each a few microseconds of latency for a few kilobytes of work (BENCHMARKS.md, the 8B step profile).
 Here every program of the skinny projection (modeld/kernels/skinny_linear.py) first sums the squares of its rows of
 v = x + residual (a few kilobytes from L2), then normalises each K chunk as it goes and multiplies it into its columns
 of W. The programs of the first column block also store their rows of v, the residual stream the next layer adds to.
@@ -29,7 +29,7 @@ from modeld.kernels.tile_fitting import launch_fitting
 # SiLU-mul) launches it replaces, at the rows modeld sends it (BENCHMARKS.md, H100): the default model's and its
 # draft's gate|up, 1.17x at one row and 1.13x at 16. q|k|v alone is not here: the target's attention input takes
 # the norm, q|k|v and rotary in one launch (norm_qkv_rotary), so this kernel's q|k|v served only the draft's block of
-# 16 rows, where every tile of the sweep ran at best 0.90x the launches apart (seventeenth session). The 8B geometry
+# 16 rows, where every tile of the sweep ran at best 0.90x the launches apart. The 8B geometry
 # is not here: its fused tiles ran at best 0.82x (q|k|v) and 0.90x (gate|up) of the launches apart, and the 8B step
 # took 7.7 ms of device time fused against 5.8 ms apart, so its norms run apart.
 FUSED_TILES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {(3072, 576, True): (32, 256, 4, 3)}
@@ -47,20 +47,46 @@ def _residual_sum(x, residual, rows, ks, row_in, K, x_row, r_row, HAS_RESIDUAL: 
 
 
 @triton.jit
-def _row_rstd(x, residual, rows, row_in, K, x_row, r_row, eps,
-             HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+def _row_rstd(
+    x,
+    residual,
+    rows,
+    row_in,
+    K,
+    x_row,
+    r_row,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """1 / RMS of each of the 16 rows of v = x (+ residual): fp32 statistics, summed by K chunk."""
     sumsq = tl.zeros((16,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        v32 = _residual_sum(x, residual, rows, k0 + tl.arange(0, BLOCK_K), row_in, K, x_row, r_row,
-                            HAS_RESIDUAL, EVEN_K).to(tl.float32)
+        v32 = _residual_sum(
+            x, residual, rows, k0 + tl.arange(0, BLOCK_K), row_in, K, x_row, r_row, HAS_RESIDUAL, EVEN_K
+        ).to(tl.float32)
         sumsq += tl.sum(v32 * v32, axis=1)
     return tl.math.rsqrt(sumsq / K + eps)
 
 
 @triton.jit
-def _normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x_row, r_row, store_residual,
-                HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
+def _normed_tile(
+    x,
+    residual,
+    norm_w,
+    residual_out,
+    rows,
+    ks,
+    row_in,
+    rstd,
+    K,
+    x_row,
+    r_row,
+    store_residual,
+    HAS_RESIDUAL: tl.constexpr,
+    EVEN_K: tl.constexpr,
+):
     """The [16, BLOCK_K] tile at columns ks of h = norm_w * round(v * rstd), rounded to v's dtype; with
     store_residual (one program of a launch) also stores v to residual_out [M, K]."""
     k_in = ks < K
@@ -72,9 +98,28 @@ def _normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x
 
 
 @triton.jit
-def normed_dot_pair(x, residual, norm_w, residual_out, w, rows, first, second, n_in, M, K, x_row, r_row, eps,
-                    store_residual, PAIR: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def normed_dot_pair(
+    x,
+    residual,
+    norm_w,
+    residual_out,
+    w,
+    rows,
+    first,
+    second,
+    n_in,
+    M,
+    K,
+    x_row,
+    r_row,
+    eps,
+    store_residual,
+    PAIR: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """The product of 16 normed rows h (x's rows `rows`, zeros past M) with W's rows `first` and, with PAIR, `second`
     ([BLOCK_N] row indices each, n_in where they exist): two [16, BLOCK_N] fp32 accumulators (the second zero
     without PAIR). The program with store_residual also stores those rows of v = x (+ residual) to residual_out."""
@@ -86,8 +131,22 @@ def normed_dot_pair(x, residual, norm_w, residual_out, w, rows, first, second, n
     acc2 = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        h = _normed_tile(x, residual, norm_w, residual_out, rows, ks, row_in, rstd, K, x_row, r_row, store_residual,
-                        HAS_RESIDUAL, EVEN_K)
+        h = _normed_tile(
+            x,
+            residual,
+            norm_w,
+            residual_out,
+            rows,
+            ks,
+            row_in,
+            rstd,
+            K,
+            x_row,
+            r_row,
+            store_residual,
+            HAS_RESIDUAL,
+            EVEN_K,
+        )
         w_mask = n_in[:, None] if EVEN_K else n_in[:, None] & (ks < K)[None, :]
         acc1 += tl.dot(h, tl.trans(tl.load(first_rows + ks[None, :], mask=w_mask, other=0.0)))
         if PAIR:
@@ -97,9 +156,25 @@ def normed_dot_pair(x, residual, norm_w, residual_out, w, rows, first, second, n
 
 @triton.jit
 def _norm_linear_kernel(
-    x, residual, norm_w, w, b, y, residual_out, M, N, K, x_row, r_row, eps,
-    HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_PAIR: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x,
+    residual,
+    norm_w,
+    w,
+    b,
+    y,
+    residual_out,
+    M,
+    N,
+    K,
+    x_row,
+    r_row,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU_PAIR: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """Program (column block, block of 16 rows): h = norm_w * round(v * rstd(v)) rounded; y[:, n] = h @ W[n, :]^T
     (+ b[n]) for BLOCK_N columns n. With SILU_PAIR, W is gate|up [2N, K] and y[:, n] = silu(gate_n) * up_n, up_n from
@@ -108,8 +183,28 @@ def _norm_linear_kernel(
     rows = tl.program_id(1) * 16 + tl.arange(0, 16)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_in = cols < N
-    acc, acc_up = normed_dot_pair(x, residual, norm_w, residual_out, w, rows, cols, cols + N, col_in, M, K, x_row,
-                                  r_row, eps, pid == 0, SILU_PAIR, HAS_RESIDUAL, EVEN_K, BLOCK_N, BLOCK_K)
+    acc, acc_up = normed_dot_pair(
+        x,
+        residual,
+        norm_w,
+        residual_out,
+        w,
+        rows,
+        cols,
+        cols + N,
+        col_in,
+        M,
+        K,
+        x_row,
+        r_row,
+        eps,
+        pid == 0,
+        SILU_PAIR,
+        HAS_RESIDUAL,
+        EVEN_K,
+        BLOCK_N,
+        BLOCK_K,
+    )
     if HAS_BIAS:
         acc += tl.load(b + cols, mask=col_in, other=0.0).to(tl.float32)[None, :]
         if SILU_PAIR:
@@ -126,9 +221,16 @@ def fits_inputs(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor
     """Whether the fused kernels (this one and norm_qkv_rotary) take x [rows, K] with this norm weight and
     projection weight: a few rows on a GPU, half precision, one dtype for all three, contiguous rows. Each kernel
     also needs the weight's shape in its table of measured tiles."""
-    return (x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
-            and weight.dtype == x.dtype and norm_weight.dtype == x.dtype and weight.is_contiguous()
-            and x.stride(-1) == 1)
+    return (
+        x.is_cuda
+        and x.dim() == 2
+        and 0 < x.shape[0] <= MAX_ROWS
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == x.dtype
+        and norm_weight.dtype == x.dtype
+        and weight.is_contiguous()
+        and x.stride(-1) == 1
+    )
 
 
 def fits(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, silu_pair: bool = False) -> bool:
@@ -143,8 +245,9 @@ def norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_p
     number of rows, in blocks of 16 (each block streams W again: modeld sends at most MAX_ROWS, `fits`)."""
     rows, k = x.shape
     if weight.shape[1] != k or norm_weight.shape != (k,):
-        raise ValueError(f"input of {k} columns for a norm of {tuple(norm_weight.shape)} and a weight of "
-                         f"{weight.shape[1]}")
+        raise ValueError(
+            f"input of {k} columns for a norm of {tuple(norm_weight.shape)} and a weight of {weight.shape[1]}"
+        )
     if residual is not None and (residual.shape != x.shape or residual.stride(-1) != 1):
         raise ValueError(f"residual of shape {tuple(residual.shape)} for an input of {tuple(x.shape)}")
     n = weight.shape[0] // 2 if silu_pair else weight.shape[0]
@@ -155,10 +258,28 @@ def norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_p
     if rows == 0:
         return y, residual_out
     _norm_linear_kernel[(triton.cdiv(n, block_n), triton.cdiv(rows, 16))](
-        x, x if residual is None else residual, norm_weight, weight, weight if bias is None else bias, y, residual_out,
-        rows, n, k, x.stride(0), 0 if residual is None else residual.stride(0), eps,
-        HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, SILU_PAIR=silu_pair, EVEN_K=k % block_k == 0,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+        x,
+        x if residual is None else residual,
+        norm_weight,
+        weight,
+        weight if bias is None else bias,
+        y,
+        residual_out,
+        rows,
+        n,
+        k,
+        x.stride(0),
+        0 if residual is None else residual.stride(0),
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        HAS_BIAS=bias is not None,
+        SILU_PAIR=silu_pair,
+        EVEN_K=k % block_k == 0,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=warps,
+        num_stages=stages,
+    )
     return y, residual_out
 
 
@@ -171,8 +292,10 @@ def norm_linear(x, residual, norm_weight, eps, weight, bias, silu_pair=False):
     """(y, v) as `norm_linear_launch` computes them, with the shape's tile from FUSED_TILES (fewer stages where the
     card needs), or None where no tile fits (launch_fitting). Callers check `fits`."""
     return launch_fitting(
-        fitting_key(weight, silu_pair, residual is not None), FUSED_TILES[(*weight.shape, silu_pair)],
-        lambda tile: norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_pair))
+        fitting_key(weight, silu_pair, residual is not None),
+        FUSED_TILES[(*weight.shape, silu_pair)],
+        lambda tile: norm_linear_launch(x, residual, norm_weight, eps, weight, bias, tile, silu_pair),
+    )
 
 
 def norm_project(x, residual, norm_weight, eps, weight, bias, silu=False, skinny=True, fuse=True):

@@ -28,11 +28,39 @@ ATTENTION_TILES: dict[tuple[int, int], tuple[int, int, int, int]] = {(960, 576):
 
 @triton.jit
 def _norm_qkv_rotary_kernel(
-    x, residual, norm_w, w, b, cos, sin, q_out, k_cache, v_cache, slots, residual_out,
-    M, K, eps, x_row, r_row, cos_row, sin_row, q_heads, kv_heads,
-    kc_tok, kc_head, kc_dim, vc_tok, vc_head, vc_dim,
-    HALF: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr,
+    x,
+    residual,
+    norm_w,
+    w,
+    b,
+    cos,
+    sin,
+    q_out,
+    k_cache,
+    v_cache,
+    slots,
+    residual_out,
+    M,
+    K,
+    eps,
+    x_row,
+    r_row,
+    cos_row,
+    sin_row,
+    q_heads,
+    kv_heads,
+    kc_tok,
+    kc_head,
+    kc_dim,
+    vc_tok,
+    vc_head,
+    vc_dim,
+    HALF: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """Program (head, j block, block of 16 rows), heads numbered q's, then k's, then v's, as W's rows are."""
     head = tl.program_id(0)
@@ -41,9 +69,28 @@ def _norm_qkv_rotary_kernel(
     j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
     j_in = j < HALF
     first = head * (2 * HALF) + j  # W's rows of the head's first half; the second half's are HALF further
-    acc1, acc2 = normed_dot_pair(x, residual, norm_w, residual_out, w, rows, first, first + HALF, j_in, M, K, x_row,
-                                 r_row, eps, (head == 0) & (tl.program_id(1) == 0), True, HAS_RESIDUAL, EVEN_K,
-                                 BLOCK_J, BLOCK_K)
+    acc1, acc2 = normed_dot_pair(
+        x,
+        residual,
+        norm_w,
+        residual_out,
+        w,
+        rows,
+        first,
+        first + HALF,
+        j_in,
+        M,
+        K,
+        x_row,
+        r_row,
+        eps,
+        (head == 0) & (tl.program_id(1) == 0),
+        True,
+        HAS_RESIDUAL,
+        EVEN_K,
+        BLOCK_J,
+        BLOCK_K,
+    )
     if HAS_BIAS:
         acc1 += tl.load(b + first, mask=j_in, other=0.0).to(tl.float32)[None, :]
         acc2 += tl.load(b + first + HALF, mask=j_in, other=0.0).to(tl.float32)[None, :]
@@ -53,8 +100,14 @@ def _norm_qkv_rotary_kernel(
     if head < q_heads + kv_heads:
         c_at = cos + rows[:, None] * cos_row + j[None, :]
         s_at = sin + rows[:, None] * sin_row + j[None, :]
-        x1, x2 = rotate_pair(x1, x2, tl.load(c_at, mask=mask, other=0.0), tl.load(c_at + HALF, mask=mask, other=0.0),
-                             tl.load(s_at, mask=mask, other=0.0), tl.load(s_at + HALF, mask=mask, other=0.0))
+        x1, x2 = rotate_pair(
+            x1,
+            x2,
+            tl.load(c_at, mask=mask, other=0.0),
+            tl.load(c_at + HALF, mask=mask, other=0.0),
+            tl.load(s_at, mask=mask, other=0.0),
+            tl.load(s_at + HALF, mask=mask, other=0.0),
+        )
     if head < q_heads:
         q_at = q_out + (rows[:, None] * q_heads + head) * (2 * HALF) + j[None, :]
         tl.store(q_at, x1, mask=mask)
@@ -72,8 +125,9 @@ def _norm_qkv_rotary_kernel(
             tl.store(v_at + HALF * vc_dim, x2, mask=written)
 
 
-def norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache, slots,
-                           q_heads: int, kv_heads: int, tile):
+def norm_qkv_rotary_launch(
+    x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache, slots, q_heads: int, kv_heads: int, tile
+):
     """The kernel: (q, v) with v = x (+ residual), q [rows, q_heads, D] the rotated q of
     linear(rms_norm(v) * norm_weight, weight, bias), and the rotated k and v of the same projection written to
     k_cache, v_cache [pool rows, kv_heads, D] at slots (rows with a slot < 0 write nothing). v is x itself without
@@ -82,11 +136,15 @@ def norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin
     rows, k = x.shape
     head_dim = weight.shape[0] // (q_heads + 2 * kv_heads)
     if weight.shape != ((q_heads + 2 * kv_heads) * head_dim, k) or norm_weight.shape != (k,):
-        raise ValueError(f"a q|k|v weight of {tuple(weight.shape)} and a norm of {tuple(norm_weight.shape)} for "
-                         f"{q_heads} + 2 x {kv_heads} heads and an input of {k} columns")
+        raise ValueError(
+            f"a q|k|v weight of {tuple(weight.shape)} and a norm of {tuple(norm_weight.shape)} for "
+            f"{q_heads} + 2 x {kv_heads} heads and an input of {k} columns"
+        )
     if head_dim % 2 or cos.shape != (rows, head_dim) or sin.shape != cos.shape:
-        raise ValueError(f"head_dim {head_dim}, cos / sin {tuple(cos.shape)} / {tuple(sin.shape)} for {rows} rows: "
-                         f"the fused attention input takes even heads and a cos row per row")
+        raise ValueError(
+            f"head_dim {head_dim}, cos / sin {tuple(cos.shape)} / {tuple(sin.shape)} for {rows} rows: "
+            f"the fused attention input takes even heads and a cos row per row"
+        )
     if residual is not None and (residual.shape != x.shape or residual.stride(-1) != 1):
         raise ValueError(f"residual of shape {tuple(residual.shape)} for an input of {tuple(x.shape)}")
     if cos.stride(-1) != 1 or sin.stride(-1) != 1:
@@ -98,24 +156,59 @@ def norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin
     if rows == 0:
         return q, residual_out
     _norm_qkv_rotary_kernel[(q_heads + 2 * kv_heads, triton.cdiv(head_dim // 2, block_j), triton.cdiv(rows, 16))](
-        x, x if residual is None else residual, norm_weight, weight, weight if bias is None else bias, cos, sin, q,
-        k_cache, v_cache, slots, residual_out, rows, k, eps, x.stride(0), 0 if residual is None else residual.stride(0),
-        cos.stride(0), sin.stride(0), q_heads, kv_heads, *k_cache.stride(), *v_cache.stride(),
-        HALF=head_dim // 2, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0,
-        BLOCK_J=block_j, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+        x,
+        x if residual is None else residual,
+        norm_weight,
+        weight,
+        weight if bias is None else bias,
+        cos,
+        sin,
+        q,
+        k_cache,
+        v_cache,
+        slots,
+        residual_out,
+        rows,
+        k,
+        eps,
+        x.stride(0),
+        0 if residual is None else residual.stride(0),
+        cos.stride(0),
+        sin.stride(0),
+        q_heads,
+        kv_heads,
+        *k_cache.stride(),
+        *v_cache.stride(),
+        HALF=head_dim // 2,
+        HAS_RESIDUAL=residual is not None,
+        HAS_BIAS=bias is not None,
+        EVEN_K=k % block_k == 0,
+        BLOCK_J=block_j,
+        BLOCK_K=block_k,
+        num_warps=warps,
+        num_stages=stages,
+    )
     return q, residual_out
 
 
-def norm_qkv_rotary(x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache, slots,
-                    q_heads: int, kv_heads: int):
+def norm_qkv_rotary(
+    x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache, slots, q_heads: int, kv_heads: int
+):
     """(q, v) as `norm_qkv_rotary_launch` computes them where the fused kernels take x and the weight
     (`norm_linear.fits_inputs`, a shape in ATTENTION_TILES) and a tile fits the card; else None, and the caller runs
     the norm + projection and rotary_store apart."""
     tile = ATTENTION_TILES.get(tuple(weight.shape))
-    if (tile is None or not fused_norm.fits_inputs(x, norm_weight, weight) or cos.dtype != x.dtype
-            or sin.dtype != x.dtype):
+    if (
+        tile is None
+        or not fused_norm.fits_inputs(x, norm_weight, weight)
+        or cos.dtype != x.dtype
+        or sin.dtype != x.dtype
+    ):
         return None
     return launch_fitting(
-        ("norm_qkv_rotary", *weight.shape, residual is not None), tile,
-        lambda fitted: norm_qkv_rotary_launch(x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache,
-                                              v_cache, slots, q_heads, kv_heads, fitted))
+        ("norm_qkv_rotary", *weight.shape, residual is not None),
+        tile,
+        lambda fitted: norm_qkv_rotary_launch(
+            x, residual, norm_weight, eps, weight, bias, cos, sin, k_cache, v_cache, slots, q_heads, kv_heads, fitted
+        ),
+    )

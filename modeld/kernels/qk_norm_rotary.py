@@ -17,8 +17,26 @@ from modeld.kernels.fused import _require_unit_last_stride, rms_norm_torch, rota
 
 @triton.jit
 def _qk_norm_rotary_kernel(
-    q, k, q_weight, k_weight, cos, sin, q_out, k_out, q_heads, k_heads, half, eps,
-    q_tok, q_head, k_tok, k_head, cos_tok, sin_tok, k_weight_row, k_heads_a_weight,
+    q,
+    k,
+    q_weight,
+    k_weight,
+    cos,
+    sin,
+    q_out,
+    k_out,
+    q_heads,
+    k_heads,
+    half,
+    eps,
+    q_tok,
+    q_head,
+    k_tok,
+    k_head,
+    cos_tok,
+    sin_tok,
+    k_weight_row,
+    k_heads_a_weight,
     BLOCK_HALF: tl.constexpr,
 ):
     """Program (token, head), heads numbered q's first, then k's: the head's row normed with its weight (q's, or
@@ -42,10 +60,14 @@ def _qk_norm_rotary_kernel(
     n1 = scaled_normed(x1, rstd, tl.load(weight + d, mask=in_half, other=0.0))
     n2 = scaled_normed(x2, rstd, tl.load(weight + half + d, mask=in_half, other=0.0))
     cos_row, sin_row = cos + token * cos_tok, sin + token * sin_tok
-    out1, out2 = rotate_pair(n1, n2, tl.load(cos_row + d, mask=in_half, other=0.0),
-                             tl.load(cos_row + half + d, mask=in_half, other=0.0),
-                             tl.load(sin_row + d, mask=in_half, other=0.0),
-                             tl.load(sin_row + half + d, mask=in_half, other=0.0))
+    out1, out2 = rotate_pair(
+        n1,
+        n2,
+        tl.load(cos_row + d, mask=in_half, other=0.0),
+        tl.load(cos_row + half + d, mask=in_half, other=0.0),
+        tl.load(sin_row + d, mask=in_half, other=0.0),
+        tl.load(sin_row + half + d, mask=in_half, other=0.0),
+    )
     tl.store(dst + d, out1, mask=in_half)
     tl.store(dst + half + d, out2, mask=in_half)
 
@@ -78,9 +100,26 @@ def qk_norm_rotary_triton(q, k, q_weight, k_weight, eps, cos, sin):
     if tokens == 0:
         return q_out, k_out
     _qk_norm_rotary_kernel[(tokens, q_heads + k_heads)](
-        q, k, q_weight, k_weight, cos, sin, q_out, k_out, q_heads, k_heads, head_dim // 2, eps,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
-        k_weight.stride(0) if groups > 1 else 0, k_heads // groups,
+        q,
+        k,
+        q_weight,
+        k_weight,
+        cos,
+        sin,
+        q_out,
+        k_out,
+        q_heads,
+        k_heads,
+        head_dim // 2,
+        eps,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        cos.stride(0),
+        sin.stride(0),
+        k_weight.stride(0) if groups > 1 else 0,
+        k_heads // groups,
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
     )
     return q_out, k_out

@@ -23,8 +23,13 @@ def test_the_served_variants_have_modelds_defaults():
     served = {v.name: v for v in VARIANTS}
     for kind, name in SERVED.items():
         cfg = variant_config(served[name], "unix:///nowhere", ARGS)
-        default = ModeldConfig(device="cuda", memd="unix:///nowhere", target_model="target", draft_model="draft" if
-                               kind == "dflash" else None, speculative_algorithm=kind if kind == "dflash" else "none")
+        default = ModeldConfig(
+            device="cuda",
+            memd="unix:///nowhere",
+            target_model="target",
+            draft_model="draft" if kind == "dflash" else None,
+            speculative_algorithm=kind if kind == "dflash" else "none",
+        )
         fields = ["decode_lookahead", "steps_per_replay", "disable_cuda_graph", "overlaps_decode"]
         if kind == "dflash":
             fields += ["speculative_disable_by_batch_size", "speculative_disable_sampled_by_batch_size"]

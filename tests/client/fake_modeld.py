@@ -78,16 +78,19 @@ class FakeModeld(modeld_pb2_grpc.ModeldServicer):
             yield modeld_pb2.GenerateResponse(request_id=request_id, chunk=chunk)
         verify_ct = (len(output) + 1) // 2
         completed.set()
-        yield modeld_pb2.GenerateResponse(request_id=request_id, complete=modeld_pb2.GenerateComplete(
-            output_ids=output,
-            text="".join(map(chr, output)),
-            finish_reason=modeld_pb2.LENGTH if len(output) < len(prompt) else modeld_pb2.STOP,
-            prompt_tokens=len(prompt),
-            completion_tokens=len(output),
-            cached_tokens=1,
-            spec_verify_ct=verify_ct,
-            spec_accept_length=len(output) / verify_ct if verify_ct else 0.0,
-        ))
+        yield modeld_pb2.GenerateResponse(
+            request_id=request_id,
+            complete=modeld_pb2.GenerateComplete(
+                output_ids=output,
+                text="".join(map(chr, output)),
+                finish_reason=modeld_pb2.LENGTH if len(output) < len(prompt) else modeld_pb2.STOP,
+                prompt_tokens=len(prompt),
+                completion_tokens=len(output),
+                cached_tokens=1,
+                spec_verify_ct=verify_ct,
+                spec_accept_length=len(output) / verify_ct if verify_ct else 0.0,
+            ),
+        )
 
     def Abort(self, request, context):
         self._begin("Abort", context)
@@ -97,8 +100,9 @@ class FakeModeld(modeld_pb2_grpc.ModeldServicer):
 
     def GetInfo(self, request, context):
         self._begin("GetInfo", context)
-        return modeld_pb2.GetInfoResponse(target_model="fake-target", page_size=1, target_tokens=1 << 40,
-                                          max_open_streams=self.max_open_streams)
+        return modeld_pb2.GetInfoResponse(
+            target_model="fake-target", page_size=1, target_tokens=1 << 40, max_open_streams=self.max_open_streams
+        )
 
     def Capacity(self, request, context):
         self._begin("Capacity", context)
@@ -133,12 +137,21 @@ class FakeMemd(memd_pb2_grpc.MemdServicer):
 
 
 def fake_memd_capacity() -> memd_pb2.CapacityResponse:
-    target = memd_pb2.PoolCapacity(total=1000, free=900, used=100, held_by_requests=70, evictable=20, protected=10,
-                                   bytes=1 << 33)
-    holding = memd_pb2.SessionHolding(label="session 1", client_name="modeld", model_digest="0123456789abcdef",
-                                      target_held=70)
-    return memd_pb2.CapacityResponse(target=target, page_size=1, request_cap=1000, max_running_requests=8,
-                                     running_requests=2, sessions=1, session_holdings=[holding])
+    target = memd_pb2.PoolCapacity(
+        total=1000, free=900, used=100, held_by_requests=70, evictable=20, protected=10, bytes=1 << 33
+    )
+    holding = memd_pb2.SessionHolding(
+        label="session 1", client_name="modeld", model_digest="0123456789abcdef", target_held=70
+    )
+    return memd_pb2.CapacityResponse(
+        target=target,
+        page_size=1,
+        request_cap=1000,
+        max_running_requests=8,
+        running_requests=2,
+        sessions=1,
+        session_holdings=[holding],
+    )
 
 
 @contextlib.contextmanager

@@ -116,8 +116,13 @@ def test_abort_info_capacity_health(fake_modeld):
     async def scenario():
         async with AsyncClient(fake_modeld.address) as client:
             await client.generate("x", request_id="mine")
-            return (await client.abort("mine"), await client.abort("other"), await client.info(),
-                    await client.capacity(), await client.health())
+            return (
+                await client.abort("mine"),
+                await client.abort("other"),
+                await client.info(),
+                await client.capacity(),
+                await client.health(),
+            )
 
     found, not_found, info, capacity, health = run(scenario)
     assert (found, not_found, fake_modeld.aborted) == (True, False, ["mine", "other"])

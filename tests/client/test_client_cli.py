@@ -7,8 +7,28 @@ from tests.client.fake_modeld import INVALID_TEMPERATURE
 
 
 def test_generate_prints_text_then_meta(fake_modeld, capsys):
-    code = main(["--addr", fake_modeld.address, "generate", "hello", "--max-new-tokens", "4", "--temperature", "0",
-                 "--top-p", "0.9", "--top-k", "3", "--seed", "1", "--stop", "a", "b", "--chat"])
+    code = main(
+        [
+            "--addr",
+            fake_modeld.address,
+            "generate",
+            "hello",
+            "--max-new-tokens",
+            "4",
+            "--temperature",
+            "0",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "3",
+            "--seed",
+            "1",
+            "--stop",
+            "a",
+            "b",
+            "--chat",
+        ]
+    )
     assert code == 0
     text, meta = capsys.readouterr().out.splitlines()
     assert text == "hell"
@@ -44,8 +64,10 @@ def test_server_error_exits_non_zero_with_the_status(fake_modeld, capsys):
 
 def test_health_reports_both_daemons(fake_modeld, memd_address, capsys):
     assert main(["--addr", fake_modeld.address, "--memd", memd_address, "health"]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"modeld {fake_modeld.address}: SERVING",
-                                                    f"memd {memd_address}: SERVING"]
+    assert capsys.readouterr().out.splitlines() == [
+        f"modeld {fake_modeld.address}: SERVING",
+        f"memd {memd_address}: SERVING",
+    ]
 
 
 def test_health_fails_when_a_daemon_is_down(fake_modeld, nowhere, capsys):
@@ -82,8 +104,10 @@ def test_capacity_table_shows_the_prefix_cache(memd_address, capsys):
 
 def test_capacity_table_lists_sessions_by_label(memd_address, capsys):
     assert main(["--memd", memd_address, "capacity"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == \
-        "  session 1 (modeld, model 0123456789abcdef): target 70 draft 0 tokens held"
+    assert (
+        capsys.readouterr().out.splitlines()[-1]
+        == "  session 1 (modeld, model 0123456789abcdef): target 70 draft 0 tokens held"
+    )
 
 
 def test_flush_cache_asks_memd(memd_address, capsys):

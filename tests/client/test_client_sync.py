@@ -12,17 +12,36 @@ from tests.client.fake_modeld import INVALID_TEMPERATURE
 def test_generate_returns_the_complete_message(fake_modeld):
     with Client(fake_modeld.address) as client:
         result = client.generate("hello", max_new_tokens=3)
-    assert result == GenerateResult(text="hel", output_ids=(104, 101, 108), finish_reason="length", matched_stop="",
-                                    prompt_tokens=5, completion_tokens=3, cached_tokens=1, spec_verify_ct=2,
-                                    spec_accept_length=1.5, request_id="fake-1")
+    assert result == GenerateResult(
+        text="hel",
+        output_ids=(104, 101, 108),
+        finish_reason="length",
+        matched_stop="",
+        prompt_tokens=5,
+        completion_tokens=3,
+        cached_tokens=1,
+        spec_verify_ct=2,
+        spec_accept_length=1.5,
+        request_id="fake-1",
+    )
     sampling = fake_modeld.requests[0].sampling
     assert sampling.max_new_tokens == 3 and not sampling.HasField("temperature")
 
 
 def test_generate_sends_token_ids_and_every_sampling_field(fake_modeld):
     with Client(fake_modeld.address) as client:
-        result = client.generate(input_ids=[72, 105], max_tokens=9, temperature=0.0, top_p=0.5, top_k=5, seed=7,
-                                 stop="x", stop_token_ids=[2], ignore_eos=True, request_id="r1")
+        result = client.generate(
+            input_ids=[72, 105],
+            max_tokens=9,
+            temperature=0.0,
+            top_p=0.5,
+            top_k=5,
+            seed=7,
+            stop="x",
+            stop_token_ids=[2],
+            ignore_eos=True,
+            request_id="r1",
+        )
     assert (result.text, result.finish_reason, result.request_id) == ("Hi", "stop", "r1")
     request = fake_modeld.requests[0]
     assert list(request.input_ids.ids) == [72, 105] and request.request_id == "r1"
@@ -32,12 +51,15 @@ def test_generate_sends_token_ids_and_every_sampling_field(fake_modeld):
     assert not s.HasField("max_new_tokens")
 
 
-@pytest.mark.parametrize("kwargs", [
-    {},
-    {"prompt": "a", "input_ids": [1]},
-    {"prompt": "a", "max_new_tokens": 1, "max_tokens": 1},
-    {"input_ids": [1], "chat": True},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"prompt": "a", "input_ids": [1]},
+        {"prompt": "a", "max_new_tokens": 1, "max_tokens": 1},
+        {"input_ids": [1], "chat": True},
+    ],
+)
 def test_impossible_arguments_raise_value_error_before_sending(fake_modeld, kwargs):
     with Client(fake_modeld.address) as client, pytest.raises(ValueError):
         client.generate(**kwargs)
@@ -91,13 +113,16 @@ def test_half_streamed_generate_is_never_retried(fake_modeld):
     assert fake_modeld.attempts["Generate"] == 2
 
 
-@pytest.mark.parametrize("code, error_class", [
-    (grpc.StatusCode.NOT_FOUND, errors.NotFound),
-    (grpc.StatusCode.ALREADY_EXISTS, errors.AlreadyExists),
-    (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.ResourceExhausted),
-    (grpc.StatusCode.FAILED_PRECONDITION, errors.FailedPrecondition),
-    (grpc.StatusCode.PERMISSION_DENIED, errors.ClientError),
-])
+@pytest.mark.parametrize(
+    "code, error_class",
+    [
+        (grpc.StatusCode.NOT_FOUND, errors.NotFound),
+        (grpc.StatusCode.ALREADY_EXISTS, errors.AlreadyExists),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.ResourceExhausted),
+        (grpc.StatusCode.FAILED_PRECONDITION, errors.FailedPrecondition),
+        (grpc.StatusCode.PERMISSION_DENIED, errors.ClientError),
+    ],
+)
 def test_status_codes_map_to_error_classes(fake_modeld, code, error_class):
     fake_modeld.fail_with = (code, "no")
     with Client(fake_modeld.address) as client, pytest.raises(error_class) as caught:

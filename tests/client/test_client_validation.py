@@ -57,14 +57,17 @@ def test_the_async_client_refuses_the_same_way(fake_modeld):
     assert fake_modeld.attempts["Generate"] == fake_modeld.attempts["Abort"] == 0
 
 
-@pytest.mark.parametrize("settings,message", [
-    (dict(timeout=-1), "timeout must be > 0, got -1"),
-    (dict(timeout=0), "timeout must be > 0, got 0"),
-    (dict(timeout=float("nan")), "timeout must be > 0, got nan"),
-    (dict(connect_timeout="5"), "connect_timeout must be a number, got str"),
-    (dict(max_retries=-1), "max_retries must be in [0, 2147483647], got -1"),
-    (dict(max_retries=2.0), "max_retries must be an integer, got float"),
-])
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (dict(timeout=-1), "timeout must be > 0, got -1"),
+        (dict(timeout=0), "timeout must be > 0, got 0"),
+        (dict(timeout=float("nan")), "timeout must be > 0, got nan"),
+        (dict(connect_timeout="5"), "connect_timeout must be a number, got str"),
+        (dict(max_retries=-1), "max_retries must be in [0, 2147483647], got -1"),
+        (dict(max_retries=2.0), "max_retries must be an integer, got float"),
+    ],
+)
 @pytest.mark.parametrize("client_class", [Client, AsyncClient])
 def test_bad_client_settings_raise_bad_argument(client_class, settings, message):
     with pytest.raises(BadArgument) as refused:
@@ -83,8 +86,13 @@ def test_a_bad_per_call_timeout_or_abort_id_is_refused_before_sending(fake_model
 
 def test_numpy_values_and_generators_are_taken(fake_modeld):
     with Client(fake_modeld.address) as client:
-        client.generate(input_ids=np.array([72, 105]), max_new_tokens=np.int64(2), temperature=np.float32(0.5),
-                        stop_token_ids=np.array([3], np.int32), seed=np.uint64(7))
+        client.generate(
+            input_ids=np.array([72, 105]),
+            max_new_tokens=np.int64(2),
+            temperature=np.float32(0.5),
+            stop_token_ids=np.array([3], np.int32),
+            seed=np.uint64(7),
+        )
         client.generate(input_ids=(i for i in [72, 105]), stop=(s for s in ["a"]), stop_token_ids=iter([3]))
     first, second = fake_modeld.requests
     assert list(first.input_ids.ids) == [72, 105] and first.sampling.max_new_tokens == 2
@@ -95,6 +103,7 @@ def test_numpy_values_and_generators_are_taken(fake_modeld):
 
 def test_the_cli_prints_the_refusal_like_a_server_error(fake_modeld, capsys):
     assert main(["--addr", fake_modeld.address, "generate", "hi", "--max-new-tokens", str(2**31)]) == 1
-    assert capsys.readouterr().err == ("error: INVALID_ARGUMENT: max_new_tokens must be in [-2147483648, 2147483647], "
-                                       "got 2147483648\n")
+    assert capsys.readouterr().err == (
+        "error: INVALID_ARGUMENT: max_new_tokens must be in [-2147483648, 2147483647], got 2147483648\n"
+    )
     assert fake_modeld.attempts["Generate"] == 0

@@ -15,9 +15,17 @@ BLOCK, LONG = 8, 40
 
 
 def test_tokens_of_plain_steps_are_not_in_the_accept_length(default_model, chat_ids):
-    with run_memd(default_model, *shipped_draft_memd_args(400_000_000, 2, 256)) as memd, \
-            run_modeld(memd, "--target-model", str(default_model), *shipped_draft_flags(BLOCK),
-                       "--speculative-disable-by-batch-size", "2") as modeld:
+    with (
+        run_memd(default_model, *shipped_draft_memd_args(400_000_000, 2, 256)) as memd,
+        run_modeld(
+            memd,
+            "--target-model",
+            str(default_model),
+            *shipped_draft_flags(BLOCK),
+            "--speculative-disable-by-batch-size",
+            "2",
+        ) as modeld,
+    ):
         with client.Client(modeld.address, timeout=300) as c:
             go = lambda n: c.generate(input_ids=chat_ids[0], max_new_tokens=n, temperature=0, ignore_eos=True)  # noqa: E731
             with concurrent.futures.ThreadPoolExecutor(2) as pool:

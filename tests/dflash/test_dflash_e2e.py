@@ -77,10 +77,20 @@ def models(tmp_path_factory) -> dict[str, pathlib.Path]:
     return {
         "random": random_target,
         "friendly": friendly_target,
-        "random-w64-b4": tm.write_draft(root / "random-w64-b4", random_target, layers=2, block_size=4, sliding_window=64),
-        "random-w32-b8": tm.write_draft(root / "random-w32-b8", random_target, layers=2, block_size=8, sliding_window=32),
-        "friendly-w32-b4": tm.write_draft(root / "friendly-w32-b4", friendly_target, layers=2, block_size=4,
-                                          sliding_window=32, mask_token_id=tm.FRIENDLY_MASK),
+        "random-w64-b4": tm.write_draft(
+            root / "random-w64-b4", random_target, layers=2, block_size=4, sliding_window=64
+        ),
+        "random-w32-b8": tm.write_draft(
+            root / "random-w32-b8", random_target, layers=2, block_size=8, sliding_window=32
+        ),
+        "friendly-w32-b4": tm.write_draft(
+            root / "friendly-w32-b4",
+            friendly_target,
+            layers=2,
+            block_size=4,
+            sliding_window=32,
+            mask_token_id=tm.FRIENDLY_MASK,
+        ),
     }
 
 
@@ -88,12 +98,30 @@ def vocab_of(target: str) -> int:
     return tm.FRIENDLY_VOCAB if target == "friendly" else 512
 
 
-def memd_cli(draft: pathlib.Path | None, *, page: int = 1, ratio: float = 1.0, window: int | None = None,
-             tokens: int = 8192) -> list[str]:
-    args = ["--draft-model", str(draft) if draft else "none", "--draft-kv-ratio", str(ratio),
-            "--page-size", str(page), "--max-running-requests", str(MAX_RUNNING), "--max-total-tokens", str(tokens),
-            "--kv-cache-dtype", "float32", "--chunked-prefill-size", str(CHUNK),
-            "--draft-eviction-interval", str(EVICTION_INTERVAL), "--decode-lookahead", str(LOOKAHEAD), "--strict"]
+def memd_cli(
+    draft: pathlib.Path | None, *, page: int = 1, ratio: float = 1.0, window: int | None = None, tokens: int = 8192
+) -> list[str]:
+    args = [
+        "--draft-model",
+        str(draft) if draft else "none",
+        "--draft-kv-ratio",
+        str(ratio),
+        "--page-size",
+        str(page),
+        "--max-running-requests",
+        str(MAX_RUNNING),
+        "--max-total-tokens",
+        str(tokens),
+        "--kv-cache-dtype",
+        "float32",
+        "--chunked-prefill-size",
+        str(CHUNK),
+        "--draft-eviction-interval",
+        str(EVICTION_INTERVAL),
+        "--decode-lookahead",
+        str(LOOKAHEAD),
+        "--strict",
+    ]
     if window is not None:
         args += ["--draft-window", str(window)]
     return args
@@ -114,8 +142,10 @@ class Pair:
     client: client.Client
 
     def logs(self, lines: int = 40) -> str:
-        return (f"--- {self.name}: modeld log (last {lines} lines) ---\n{tail(self.modeld.log_path, lines)}\n"
-                f"--- {self.name}: memd log (last {lines} lines) ---\n{tail(self.memd.log_path, lines)}")
+        return (
+            f"--- {self.name}: modeld log (last {lines} lines) ---\n{tail(self.modeld.log_path, lines)}\n"
+            f"--- {self.name}: memd log (last {lines} lines) ---\n{tail(self.memd.log_path, lines)}"
+        )
 
 
 class Daemons:
@@ -134,8 +164,11 @@ class Daemons:
         stack = contextlib.ExitStack()
         try:
             memd = stack.enter_context(run_memd(self.models[target], *memd_args))
-            modeld = stack.enter_context(run_modeld(memd, "--target-model", str(self.models[target]),
-                                                    "--chunked-prefill-size", str(CHUNK), *modeld_args))
+            modeld = stack.enter_context(
+                run_modeld(
+                    memd, "--target-model", str(self.models[target]), "--chunked-prefill-size", str(CHUNK), *modeld_args
+                )
+            )
             c = stack.enter_context(client.Client(modeld.address, timeout=TIMEOUT))
         except BaseException:
             stack.close()
@@ -158,11 +191,23 @@ class Daemons:
         """The pair of setup `name`, DFLASH on."""
         s = SETUPS[name]
         draft = self.models[s.draft]
-        return self._cached(name, lambda: self._start(
-            name, s.target, memd_cli(draft, page=s.page, ratio=s.ratio, window=s.window, tokens=s.tokens),
-            # sampled requests verify blocks at every batch size (modeld's default: only alone)
-            ["--draft-model", str(draft), "--speculative-algorithm", "dflash",
-             "--speculative-disable-sampled-by-batch-size", "0"]))
+        return self._cached(
+            name,
+            lambda: self._start(
+                name,
+                s.target,
+                memd_cli(draft, page=s.page, ratio=s.ratio, window=s.window, tokens=s.tokens),
+                # sampled requests verify blocks at every batch size (modeld's default: only alone)
+                [
+                    "--draft-model",
+                    str(draft),
+                    "--speculative-algorithm",
+                    "dflash",
+                    "--speculative-disable-sampled-by-batch-size",
+                    "0",
+                ],
+            ),
+        )
 
     def plain(self, target: str) -> Pair:
         """DFLASH off: memd with a draft pool (ratio 1, page 1), modeld with --draft-model and
@@ -173,8 +218,9 @@ class Daemons:
         def start() -> Pair:
             margs = memd_cli(draft)
             try:
-                pair = self._start(f"plain-{target}", target, margs,
-                                   ["--draft-model", str(draft), "--speculative-algorithm", "none"])
+                pair = self._start(
+                    f"plain-{target}", target, margs, ["--draft-model", str(draft), "--speculative-algorithm", "none"]
+                )
                 self.plain_mode[target] = "draft given"
             except RuntimeError as exc:
                 self.plain_mode[target] = f"without --draft-model (with it: {str(exc)[:2000]})"
@@ -238,8 +284,10 @@ def assert_same_tokens(got, want, what: str, pair: Pair) -> None:
     if got == want:
         return
     first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    pytest.fail(f"{what}: {len(got)} tokens with DFLASH, {len(want)} without; they part at token {first}: "
-                f"DFLASH {got[first:first + 8]}, plain {want[first:first + 8]}\n{pair.logs()}")
+    pytest.fail(
+        f"{what}: {len(got)} tokens with DFLASH, {len(want)} without; they part at token {first}: "
+        f"DFLASH {got[first : first + 8]}, plain {want[first : first + 8]}\n{pair.logs()}"
+    )
 
 
 SPEC_COUNTERS = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
@@ -334,8 +382,10 @@ def test_long_generation_holds_a_bounded_draft_window(setup, daemons):
     assert [t for chunk in chunks for t in chunk.token_ids] == list(result.output_ids)
     # memd's request cap also holds the decode slots a request may take ahead of need (memd's lookahead)
     bound = s.window + EVICTION_INTERVAL * block + 2 * s.page + block + LOOKAHEAD
-    report = (f"{monitor.samples} Capacity samples: max draft slots held {monitor.max_draft} (bound {bound}), "
-              f"max target slots held {monitor.max_target}")
+    report = (
+        f"{monitor.samples} Capacity samples: max draft slots held {monitor.max_draft} (bound {bound}), "
+        f"max target slots held {monitor.max_target}"
+    )
     print(report)
     assert monitor.samples >= 20, report
     assert 0 < monitor.max_draft <= bound, f"{report}\n{pair.logs()}"
@@ -421,8 +471,10 @@ def goodness_of_fit(sample: Counter, probs: dict) -> tuple[float, int, float]:
     if unexpected:
         return math.inf, 0, 0.0
     bins = pool_rare(expected, expected.keys(), 5)
-    stat = sum((sum(sample[k] for k in cats) - sum(expected[k] for k in cats)) ** 2 / sum(expected[k] for k in cats)
-               for cats in bins)
+    stat = sum(
+        (sum(sample[k] for k in cats) - sum(expected[k] for k in cats)) ** 2 / sum(expected[k] for k in cats)
+        for cats in bins
+    )
     df = len(bins) - 1
     return stat, df, chi2_sf(stat, df) if df > 0 else 1.0
 
@@ -433,15 +485,21 @@ def exact_joint(target: pathlib.Path, prompt: list[int], temperature: float) -> 
     V = model.config.vocab_size
     with torch.no_grad():
         p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double() / temperature, -1)
-        p2 = torch.softmax(model(torch.tensor([prompt + [a] for a in range(V)])).logits[:, -1].double() / temperature, -1)
+        p2 = torch.softmax(
+            model(torch.tensor([prompt + [a] for a in range(V)])).logits[:, -1].double() / temperature, -1
+        )
         prefixes = torch.tensor([prompt + [a, b] for a in range(V) for b in range(V)])
         p3 = torch.softmax(model(prefixes).logits[:, -1].double() / temperature, -1).view(V, V, V)
     return p1[:, None, None] * p2[:, :, None] * p3
 
 
 VIEWS = {  # what of the 3 sampled tokens each comparison looks at
-    "t1": lambda s: s[0], "t2": lambda s: s[1], "t3": lambda s: s[2],
-    "(t1,t2)": lambda s: s[:2], "(t2,t3)": lambda s: s[1:], "(t1,t2,t3)": lambda s: s,
+    "t1": lambda s: s[0],
+    "t2": lambda s: s[1],
+    "t3": lambda s: s[2],
+    "(t1,t2)": lambda s: s[:2],
+    "(t2,t3)": lambda s: s[1:],
+    "(t1,t2,t3)": lambda s: s,
 }
 GOF_VIEWS = ("t2", "t3", "(t1,t2)")
 
@@ -459,8 +517,15 @@ def view_probs(joint: torch.Tensor, view: str) -> dict:
 
 def sample_many(c: client.Client, seeds: range, temperature: float) -> list[tuple[int, ...]]:
     def one(seed: int) -> tuple[int, ...]:
-        r = c.generate(input_ids=SAMPLING_PROMPT, max_new_tokens=SAMPLED_TOKENS, temperature=temperature, top_p=1.0,
-                       top_k=0, seed=seed, ignore_eos=True)
+        r = c.generate(
+            input_ids=SAMPLING_PROMPT,
+            max_new_tokens=SAMPLED_TOKENS,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,
+            seed=seed,
+            ignore_eos=True,
+        )
         return tuple(r.output_ids)
 
     with concurrent.futures.ThreadPoolExecutor(MAX_RUNNING) as pool:
@@ -501,8 +566,10 @@ def test_sampling_distribution_is_unchanged(temperature, daemons, models):
                 failures.append(rows[-1])
     table = "\n".join(rows)
     accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
-    print(f"T={temperature}: {N_SAMPLES} requests with DFLASH in {dflash_seconds:.1f} s, "
-          f"{accepted} draft tokens accepted\n{table}")
+    print(
+        f"T={temperature}: {N_SAMPLES} requests with DFLASH in {dflash_seconds:.1f} s, "
+        f"{accepted} draft tokens accepted\n{table}"
+    )
     assert not failures, f"distributions differ at significance {ALPHA}:\n" + "\n".join(failures) + f"\n\nall:\n{table}"
     assert after["spec_drafts"] > before["spec_drafts"], (before, after)
     assert accepted > 0, f"no draft token was accepted: the test did not exercise acceptance ({before} -> {after})"
@@ -535,7 +602,8 @@ def test_plain_decoding_reports_no_speculation(target, daemons):
     pair = daemons.plain(target)
     assert daemons.plain_mode[target] == "draft given", (
         f"modeld refused --draft-model with --speculative-algorithm none; the baseline runs without it: "
-        f"{daemons.plain_mode[target]}")
+        f"{daemons.plain_mode[target]}"
+    )
     info = pair.client.info()
     assert info["speculative_algorithm"] == "none", info
     result = greedy(pair.client, prompts_for(target)[0])
@@ -574,7 +642,9 @@ def test_friendly_draft_is_accepted_where_the_target_agrees(setup, daemons):
         result = greedy(pair.client, ids)
         assert_same_tokens(result.output_ids, want, setup, pair)
         got.append(result.spec_verify_ct)
-    assert got == steps, f"verify steps {got}, expected {steps} (block {block}) if every draft were {tm.SINK}\n{pair.logs()}"
+    assert got == steps, (
+        f"verify steps {got}, expected {steps} (block {block}) if every draft were {tm.SINK}\n{pair.logs()}"
+    )
 
 
 @pytest.mark.parametrize("setup", FRIENDLY)
@@ -590,7 +660,10 @@ def test_stop_token_inside_an_accepted_block(setup, daemons):
         want, got = ask(plain.client, ids), ask(pair.client, ids)
         assert_same_tokens(got.output_ids, want.output_ids, f"{setup}, prompt {n}, stop token {tm.SINK}", pair)
         assert (got.finish_reason, got.matched_stop, got.completion_tokens) == (
-            want.finish_reason, want.matched_stop, want.completion_tokens)
+            want.finish_reason,
+            want.matched_stop,
+            want.completion_tokens,
+        )
         if tm.SINK in want.output_ids:
             assert got.output_ids[-1] == tm.SINK and got.finish_reason == "stop"
 
@@ -614,8 +687,16 @@ def test_modeld_refuses_a_draft_that_does_not_fit(case, models, tmp_path):
     draft = tm.write_draft(tmp_path / case, target, block_size=4, sliding_window=64, **kwargs)
     with run_memd(target, *memd_cli(draft)) as memd:
         with pytest.raises(RuntimeError, match="modeld exited") as failure:
-            with run_modeld(memd, "--target-model", str(target), "--draft-model", str(draft),
-                            "--speculative-algorithm", "dflash", ready_timeout=120):
+            with run_modeld(
+                memd,
+                "--target-model",
+                str(target),
+                "--draft-model",
+                str(draft),
+                "--speculative-algorithm",
+                "dflash",
+                ready_timeout=120,
+            ):
                 pass
     text = str(failure.value)
     code = int(re.match(r"modeld exited with (-?\d+)", text).group(1))
@@ -623,4 +704,5 @@ def test_modeld_refuses_a_draft_that_does_not_fit(case, models, tmp_path):
     error_lines = [line for line in text.splitlines() if re.search(r"error", line, re.I)]
     print("\n".join(error_lines))
     assert any(re.search(pattern, line, re.I) for line in error_lines), (
-        f"no error line names the problem ({pattern!r}):\n{text}")
+        f"no error line names the problem ({pattern!r}):\n{text}"
+    )

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import client
-from tests.daemons import cuda_available, memd_args, run_memd, run_modeld
-from tests.dflash.tiny_models import write_draft
 from tests.conftest import NEAR_TIE
+from tests.daemons import memd_args, run_memd, run_modeld
+from tests.dflash.tiny_models import write_draft
 
-pytestmark = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu
 MAX_NEW = 64
 BLOCK = 8  # the random draft's
 
@@ -48,26 +48,37 @@ def first_difference_is_a_near_tie(hf, prompt, a, b) -> tuple[bool, float]:
 
 @pytest.mark.parametrize("page, ratio", [(1, 1.0), (64, 0.25)])
 def test_bf16_greedy_lossless_and_throughput(tmp_path, default_model, chat_ids, hf_models, page, ratio):
-    draft = write_draft(tmp_path / "draft", default_model, layers=2, block_size=BLOCK, target_layer_ids=(1, 15, 27),
-                        sliding_window=128)
+    draft = write_draft(
+        tmp_path / "draft", default_model, layers=2, block_size=BLOCK, target_layer_ids=(1, 15, 27), sliding_window=128
+    )
     # and a prompt exactly one block long: it has the verify graph's shape, yet runs as a prompt (one step)
     prompts = chat_ids + [chat_ids[0][:BLOCK]]
-    args = memd_args(draft=draft, ratio=ratio, window=128 if ratio < 1 else None, page=page, budget=2_000_000_000,
-                     max_running=8, chunk=512) + ["--kv-cache-dtype", "bfloat16"]
+    args = memd_args(
+        draft=draft,
+        ratio=ratio,
+        window=128 if ratio < 1 else None,
+        page=page,
+        budget=2_000_000_000,
+        max_running=8,
+        chunk=512,
+    ) + ["--kv-cache-dtype", "bfloat16"]
     report = []
     with run_memd(default_model, *args, device="cuda") as memd:
         outputs = {}
         for algorithm in ("dflash", "none"):
             extra = ["--draft-model", str(draft)] if algorithm == "dflash" else []
-            with run_modeld(memd, "--target-model", str(default_model), "--speculative-algorithm", algorithm, *extra,
-                            device="cuda") as modeld:
+            with run_modeld(
+                memd, "--target-model", str(default_model), "--speculative-algorithm", algorithm, *extra, device="cuda"
+            ) as modeld:
                 run_all(modeld.address, chat_ids[:2], at_once=False)  # warm-up
                 for at_once in (False, True):
                     out, seconds, verifies = run_all(modeld.address, prompts, at_once)
                     outputs[algorithm, at_once] = out
                     tokens = sum(len(o) for o in out)
-                    report.append(f"{algorithm:6s} batch {'8' if at_once else '1'}: {tokens / seconds:8.1f} tok/s "
-                                  f"({tokens} tokens, {seconds:.2f} s, {verifies} verify steps)")
+                    report.append(
+                        f"{algorithm:6s} batch {'8' if at_once else '1'}: {tokens / seconds:8.1f} tok/s "
+                        f"({tokens} tokens, {seconds:.2f} s, {verifies} verify steps)"
+                    )
     print(f"\npage {page}, ratio {ratio}:\n" + "\n".join(report))
     hf = hf_models("cuda")
     for at_once in (False, True):

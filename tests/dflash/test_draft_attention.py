@@ -18,12 +18,16 @@ def draft_shapes(n: int, device: str, dtype: torch.dtype, context: int = 255, bl
     """q [n, heads, block, 64] over `context` context positions then the block, as a verify step's propose
     sees them: each row sees a different prefix of the context (one row sees none of it), and the whole block."""
     gen = torch.Generator().manual_seed(n)
-    q, k, v = (torch.randn(n, heads, length, 64, generator=gen).to(device, dtype)
-               for length in (block, context + block, context + block))
+    q, k, v = (
+        torch.randn(n, heads, length, 64, generator=gen).to(device, dtype)
+        for length in (block, context + block, context + block)
+    )
     seen = torch.randint(0, context + 1, (n,), generator=gen)
     seen[0] = 0
     ctx_visible = torch.arange(context)[None, :] < seen[:, None]  # [n, context]
-    visible = torch.cat([ctx_visible[:, None, :].expand(n, block, context), torch.ones(n, block, block, dtype=torch.bool)], -1)
+    visible = torch.cat(
+        [ctx_visible[:, None, :].expand(n, block, context), torch.ones(n, block, block, dtype=torch.bool)], -1
+    )
     return q, k, v, visible[:, None].to(device)
 
 
@@ -39,14 +43,18 @@ def test_a_hidden_position_has_no_influence():
     hidden = (~visible[0, 0, 0]).nonzero()[0, 0]  # a context position row 0 does not see
     v2 = v.clone()
     v2[0, :, hidden] += 100.0
-    torch.testing.assert_close(masked_attention(q, k, v2, visible, 0.125)[0], masked_attention(q, k, v, visible, 0.125)[0])
+    torch.testing.assert_close(
+        masked_attention(q, k, v2, visible, 0.125)[0], masked_attention(q, k, v, visible, 0.125)[0]
+    )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the backend choice is the GPU's")
+@pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 5, 16])
 def test_gpu_draft_attention_runs_the_memory_efficient_kernel_not_cudnn(n):
     q, k, v, visible = draft_shapes(n, "cuda", torch.bfloat16)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    ) as prof:
         got = masked_attention(q, k, v, visible, 0.125)
         torch.cuda.synchronize()
     names = [e.name.lower() for e in prof.events()]

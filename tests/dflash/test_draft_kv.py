@@ -39,7 +39,7 @@ def expected_kv(target_dir, draft_dir, ids: list[int], positions: list[int]):
     for layer in range(cfg["num_hidden_layers"]):
         p = f"layers.{layer}.self_attn."
         k = rms((ctx @ w[p + "k_proj.weight"].T).unflatten(-1, (-1, d)), w[p + "k_norm.weight"], eps)
-        k = k * cos + torch.cat([-k[..., d // 2:], k[..., : d // 2]], -1) * sin
+        k = k * cos + torch.cat([-k[..., d // 2 :], k[..., : d // 2]], -1) * sin
         out.append((k, (ctx @ w[p + "v_proj.weight"].T).unflatten(-1, (-1, d))))
     return out
 
@@ -47,8 +47,16 @@ def expected_kv(target_dir, draft_dir, ids: list[int], positions: list[int]):
 def forward(model, pools, row, ids, start, slots, worker):
     t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
     n = len(ids)
-    batch = ForwardBatch(t(ids), t(range(start, start + n)), t(slots), t([row]), t([start]), t([n]), t([start + n]),
-                         pools["req_to_token"])
+    batch = ForwardBatch(
+        t(ids),
+        t(range(start, start + n)),
+        t(slots),
+        t([row]),
+        t([start]),
+        t([n]),
+        t([start + n]),
+        pools["req_to_token"],
+    )
     return model(batch, pools["target_kv"], capture_layers=worker.taps)
 
 
@@ -81,8 +89,9 @@ def test_committed_draft_kv_equals_direct_computation(tmp_path):
             block = [prompt[-1] + 1, 7, 9, 11]
             grown = session.alloc(grows=[("r", 4)]).requests[0]
             _, captured = forward(model, pools, got.row, block, 21, list(grown.target_slots), worker)
-            worker.write_committed(captured, torch.arange(21, 25), torch.tensor([list(grown.target_slots)]),
-                                   torch.tensor([2]))
+            worker.write_committed(
+                captured, torch.arange(21, 25), torch.tensor([list(grown.target_slots)]), torch.tensor([2])
+            )
             for layer, (k, v) in enumerate(expected_kv(target, draft, prompt + block, [21, 22])):
                 rk, rv = read_back(pools, got.row, [21, 22], layer)
                 torch.testing.assert_close(rk, k, atol=1e-5, rtol=1e-5)

@@ -14,11 +14,22 @@ HIDDEN, TARGET_HIDDEN, TAPS = 64, 64, 3
 
 def make_draft(causal: bool, dtype: torch.dtype, device: str, mlp_bias: bool = False) -> DFlashDraft:
     raw = {
-        "hidden_size": HIDDEN, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "max_position_embeddings": 512, "vocab_size": 100, "hidden_act": "silu", "mlp_bias": mlp_bias,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "sliding_window": 8,
-        "is_causal": causal, "dflash_config": {"block_size": 4, "target_layer_ids": [0, 1, 2], "mask_token_id": 3},
+        "hidden_size": HIDDEN,
+        "intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 512,
+        "vocab_size": 100,
+        "hidden_act": "silu",
+        "mlp_bias": mlp_bias,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "sliding_window": 8,
+        "is_causal": causal,
+        "dflash_config": {"block_size": 4, "target_layer_ids": [0, 1, 2], "mask_token_id": 3},
     }
     cfg = Qwen3Config(**raw)
     torch.manual_seed(0)
@@ -103,7 +114,7 @@ def test_positions_beyond_the_table_are_refused_by_indexing():
         serving.context_kv_layers(torch.zeros(1, TAPS * TARGET_HIDDEN), torch.tensor([512]))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (Triton kernels)")
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_serving_draft_equals_the_module_in_bf16_on_the_gpu(causal):
     compare("cuda", torch.bfloat16, causal, atol=3e-2, loose=0.1)

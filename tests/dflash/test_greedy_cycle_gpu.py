@@ -20,7 +20,7 @@ from modeld.sampling_params import SamplingParams
 from modeld.scheduler import StepItem
 from tests.modeld.paged import PagedPools
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TARGET = ROOT / "bench" / "configs" / "smollm2-135m"
@@ -36,9 +36,13 @@ def setup(tmp_path_factory):
     pools = PagedPools(cfg, pages=64, page_size=16, max_requests=8, dtype=torch.bfloat16)
     rows = pools.kv.shape[2]
     bound = {
-        "target_kv": pools.kv.cuda().nan_to_num_(0.0), "req_to_token": pools.req_to_token.cuda(),
-        "draft_kv": torch.zeros((draft.config.num_hidden_layers, 2, rows, draft.config.num_key_value_heads,
-                                 draft.config.head_dim), dtype=torch.bfloat16, device="cuda"),
+        "target_kv": pools.kv.cuda().nan_to_num_(0.0),
+        "req_to_token": pools.req_to_token.cuda(),
+        "draft_kv": torch.zeros(
+            (draft.config.num_hidden_layers, 2, rows, draft.config.num_key_value_heads, draft.config.head_dim),
+            dtype=torch.bfloat16,
+            device="cuda",
+        ),
         "target_to_draft": torch.arange(rows, dtype=torch.int32, device="cuda"),  # slot s <-> draft slot s (0: none)
     }
     pools.kv, pools.req_to_token = bound["target_kv"], bound["req_to_token"]
@@ -132,8 +136,10 @@ def test_cycles_in_one_replay_equal_single_cycles(setup):
         r.held = r.computed + 4 * b
 
     def items():
-        return [StepItem(r, b, r.row, pools.req_to_token[r.row, r.computed : r.computed + b].tolist(), verify=True)
-                for r in reqs]
+        return [
+            StepItem(r, b, r.row, pools.req_to_token[r.row, r.computed : r.computed + b].tolist(), verify=True)
+            for r in reqs
+        ]
 
     before = {k: bound[k].clone() for k in ("target_kv", "draft_kv")}
     state = [(r.computed, list(r.output_ids)) for r in reqs]

@@ -25,9 +25,19 @@ TARGET_LAYERS = 4
 
 def _target_config(vocab: int, context: int) -> Qwen3Config:
     cfg = Qwen3Config(
-        vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=TARGET_LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, max_position_embeddings=context,
-        rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
+        vocab_size=vocab,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=TARGET_LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=context,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        attention_bias=False,
     )
     cfg.torch_dtype = "float32"
     cfg.dtype = "float32"
@@ -46,8 +56,16 @@ def _save_target(model: Qwen3ForCausalLM, folder: pathlib.Path) -> pathlib.Path:
 
 
 @torch.no_grad()
-def write_random_target(folder: pathlib.Path, *, vocab: int = 512, context: int = 4096, seed: int = 0,
-                        std: float = 0.15, embed_std: float = 1.0, head_std: float = 2.0) -> pathlib.Path:
+def write_random_target(
+    folder: pathlib.Path,
+    *,
+    vocab: int = 512,
+    context: int = 4096,
+    seed: int = 0,
+    std: float = 0.15,
+    embed_std: float = 1.0,
+    head_std: float = 2.0,
+) -> pathlib.Path:
     """A random Qwen3 (4 layers, hidden 64, 4 heads, 2 KV heads, head_dim 16). The weights are larger than
     an initialiser's so that logits are well apart (greedy never hangs on a float near-tie) and attention
     moves the output (a wrong KV row changes the continuation)."""
@@ -84,8 +102,15 @@ def friendly_next_token(vocab: int = FRIENDLY_VOCAB, seed: int = 0) -> list[int]
 
 
 @torch.no_grad()
-def write_friendly_target(folder: pathlib.Path, *, vocab: int = FRIENDLY_VOCAB, context: int = 4096, seed: int = 0,
-                          bigram: float = 0.8, layer_std: float = 0.16) -> pathlib.Path:
+def write_friendly_target(
+    folder: pathlib.Path,
+    *,
+    vocab: int = FRIENDLY_VOCAB,
+    context: int = 4096,
+    seed: int = 0,
+    bigram: float = 0.8,
+    layer_std: float = 0.16,
+) -> pathlib.Path:
     """See the module docstring. `bigram` scales the bigram logits (the final hidden state of token t is
     about 8 * e_t, so the bigram logit is about 8 * bigram); `layer_std` scales the random layers that
     make the output depend on the context."""
@@ -111,10 +136,21 @@ def write_friendly_target(folder: pathlib.Path, *, vocab: int = FRIENDLY_VOCAB, 
     return _save_target(model, folder)
 
 
-def write_draft(folder: pathlib.Path, target: pathlib.Path, *, layers: int = 1, block_size: int = 4,
-                target_layer_ids: tuple[int, ...] = (1, 2), mask_token_id: int | None = None,
-                sliding_window: int = 64, layer_types: list[str] | None = None, seed: int = 1, std: float = 0.02,
-                hidden_size: int | None = None, fc_in: int | None = None) -> pathlib.Path:
+def write_draft(
+    folder: pathlib.Path,
+    target: pathlib.Path,
+    *,
+    layers: int = 1,
+    block_size: int = 4,
+    target_layer_ids: tuple[int, ...] = (1, 2),
+    mask_token_id: int | None = None,
+    sliding_window: int = 64,
+    layer_types: list[str] | None = None,
+    seed: int = 1,
+    std: float = 0.02,
+    hidden_size: int | None = None,
+    fc_in: int | None = None,
+) -> pathlib.Path:
     """A DFLASH draft for `target` in the z-lab format, random weights (seeded; matrices N(0, std^2),
     norms 1 + small noise). mask_token_id defaults to the target's last token id. hidden_size and fc_in
     override the (correct) defaults to build broken drafts for the loader-error tests."""
@@ -162,23 +198,27 @@ def write_draft(folder: pathlib.Path, target: pathlib.Path, *, layers: int = 1, 
     state = {"fc.weight": mat(H, fc_in), "hidden_norm.weight": norm(H), "norm.weight": norm(H)}
     for i in range(layers):
         p = f"layers.{i}."
-        state.update({
-            p + "input_layernorm.weight": norm(H),
-            p + "post_attention_layernorm.weight": norm(H),
-            p + "self_attn.q_proj.weight": mat(q, H),
-            p + "self_attn.k_proj.weight": mat(kv, H),
-            p + "self_attn.v_proj.weight": mat(kv, H),
-            p + "self_attn.o_proj.weight": mat(H, q),
-            p + "self_attn.q_norm.weight": norm(HEAD_DIM),
-            p + "self_attn.k_norm.weight": norm(HEAD_DIM),
-            p + "mlp.gate_proj.weight": mat(INTERMEDIATE, H),
-            p + "mlp.up_proj.weight": mat(INTERMEDIATE, H),
-            p + "mlp.down_proj.weight": mat(H, INTERMEDIATE),
-        })
+        state.update(
+            {
+                p + "input_layernorm.weight": norm(H),
+                p + "post_attention_layernorm.weight": norm(H),
+                p + "self_attn.q_proj.weight": mat(q, H),
+                p + "self_attn.k_proj.weight": mat(kv, H),
+                p + "self_attn.v_proj.weight": mat(kv, H),
+                p + "self_attn.o_proj.weight": mat(H, q),
+                p + "self_attn.q_norm.weight": norm(HEAD_DIM),
+                p + "self_attn.k_norm.weight": norm(HEAD_DIM),
+                p + "mlp.gate_proj.weight": mat(INTERMEDIATE, H),
+                p + "mlp.up_proj.weight": mat(INTERMEDIATE, H),
+                p + "mlp.down_proj.weight": mat(H, INTERMEDIATE),
+            }
+        )
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"}
+    )
     return folder
 
 

@@ -29,8 +29,21 @@ from tests.gateway.stack import run_gateway
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "bad-input.md"
 CONTEXT, MAX_RUNNING, VOCAB = 1024, 4, 49152
-MEMD_ARGS = ["--page-size", "1", "--max-running-requests", str(MAX_RUNNING), "--max-total-tokens", "8192",
-             "--context-length", str(CONTEXT), "--draft-model", "none", "--kv-cache-dtype", "float32", "--strict"]
+MEMD_ARGS = [
+    "--page-size",
+    "1",
+    "--max-running-requests",
+    str(MAX_RUNNING),
+    "--max-total-tokens",
+    "8192",
+    "--context-length",
+    str(CONTEXT),
+    "--draft-model",
+    "none",
+    "--kv-cache-dtype",
+    "float32",
+    "--strict",
+]
 NOT_UTF8 = b"\xff\xfe"
 GATEWAY_BODY_TIMEOUT = 1.0
 BROKEN_JSON = b'{"model": "m",, "messages": []}'
@@ -76,8 +89,13 @@ class Daemons:
 
     def gateway(self, parts, headers: dict[str, str], pause: float = 0.0) -> tuple[str, str]:
         """The gateway's answer to a chat request of `parts`: "HTTP <status>" and its error message."""
-        answer = post(self.gateway_url, "/v1/chat/completions", parts,
-                      {"Content-Type": "application/json", **headers}, pause=pause)
+        answer = post(
+            self.gateway_url,
+            "/v1/chat/completions",
+            parts,
+            {"Content-Type": "application/json", **headers},
+            pause=pause,
+        )
         return f"HTTP {answer.status}", (answer.body or {}).get("error", {}).get("message", "")
 
     def close(self) -> None:
@@ -87,10 +105,12 @@ class Daemons:
 
 @pytest.fixture(scope="module")
 def daemons(default_model):
-    with run_memd(default_model, *MEMD_ARGS) as memd_process, \
-            run_modeld(memd_process, "--target-model", str(default_model)) as modeld_process, \
-            run_gateway(modeld_process.address, args=("--body-timeout", str(GATEWAY_BODY_TIMEOUT))) as gateway_url, \
-            MemdSession(memd_process.address, "bad-input") as session:
+    with (
+        run_memd(default_model, *MEMD_ARGS) as memd_process,
+        run_modeld(memd_process, "--target-model", str(default_model)) as modeld_process,
+        run_gateway(modeld_process.address, args=("--body-timeout", str(GATEWAY_BODY_TIMEOUT))) as gateway_url,
+        MemdSession(memd_process.address, "bad-input") as session,
+    ):
         env = Daemons(memd_process, modeld_process, session, gateway_url)
         yield env
         env.close()
@@ -105,8 +125,11 @@ def rid(n: int) -> str:
 
 
 def alloc(session_id: str = "nope", extends=(), **release) -> memd_pb2.AllocRequest:
-    return memd_pb2.AllocRequest(session_id=session_id, release=memd_pb2.FreeRequest(**release),
-                                 extends=[memd_pb2.ExtendOp(rid=r, num_tokens=n) for r, n in extends])
+    return memd_pb2.AllocRequest(
+        session_id=session_id,
+        release=memd_pb2.FreeRequest(**release),
+        extends=[memd_pb2.ExtendOp(rid=r, num_tokens=n) for r, n in extends],
+    )
 
 
 def modeld_exit(*flags: str) -> tuple[str, str]:
@@ -120,8 +143,14 @@ def modeld_exit(*flags: str) -> tuple[str, str]:
 
 def memd_exit(*flags: str) -> tuple[str, str]:
     """memd started with these flags (a process of its own: memd starts in a fraction of a second)."""
-    proc = subprocess.run([sys.executable, "-m", "memd", "--device", "cpu", "--listen", "127.0.0.1:0", *flags],
-                          capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "memd", "--device", "cpu", "--listen", "127.0.0.1:0", *flags],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=REPO,
+        timeout=30,
+    )
     return f"exit {proc.returncode}", proc.stderr.strip().splitlines()[-1]
 
 
@@ -189,8 +218,11 @@ CASES = {
     "input-id-negative": lambda env: env.generate(gen(prompt=None, input_ids=[1, -1])),
     "input-id-outside-vocabulary": lambda env: env.generate(gen(prompt=None, input_ids=[1, VOCAB])),
     "prompt-missing": lambda env: env.generate(modeld_pb2.GenerateRequest()),
-    "messages-too-many": lambda env: env.generate(modeld_pb2.GenerateRequest(messages=modeld_pb2.ChatMessages(
-        messages=[modeld_pb2.ChatMessage(role="user")] * 100_000))),
+    "messages-too-many": lambda env: env.generate(
+        modeld_pb2.GenerateRequest(
+            messages=modeld_pb2.ChatMessages(messages=[modeld_pb2.ChatMessage(role="user")] * 100_000)
+        )
+    ),
     "prompt-empty": lambda env: env.generate(gen(prompt="")),
     "prompt-and-output-beyond-context": lambda env: env.generate(gen(max_new_tokens=CONTEXT)),
     "request-id-too-long": lambda env: env.generate(gen(request_id=rid(257))),
@@ -203,42 +235,72 @@ CASES = {
     "stop-token-id-outside-vocabulary": lambda env: env.generate(gen(stop_token_ids=[VOCAB])),
     "max-new-tokens-zero": lambda env: env.generate(gen(max_new_tokens=0)),
     "max-tokens-and-max-new-tokens": lambda env: env.generate(
-        modeld_pb2.GenerateRequest(text="hi", sampling=modeld_pb2.SamplingParams(max_new_tokens=4, max_tokens=4))),
+        modeld_pb2.GenerateRequest(text="hi", sampling=modeld_pb2.SamplingParams(max_new_tokens=4, max_tokens=4))
+    ),
     "temperature-negative": lambda env: env.generate(gen(temperature=-1.0)),
     "temperature-nan": lambda env: env.generate(gen(temperature=math.nan)),
     "temperature-infinite": lambda env: env.generate(gen(temperature=math.inf)),
     "top-p-zero": lambda env: env.generate(gen(top_p=0.0)),
     "top-k-negative": lambda env: env.generate(gen(top_k=-1)),
     "generate-too-large": lambda env: env.generate(gen(prompt="x" * (65 << 20))),
-    "abort-id-too-long": lambda env: env.raw(env.modeld_channel, "/modeld.v1.Modeld/Abort",
-                                             modeld_pb2.AbortRequest(request_id=rid(257)).SerializeToString(), False),
+    "abort-id-too-long": lambda env: env.raw(
+        env.modeld_channel,
+        "/modeld.v1.Modeld/Abort",
+        modeld_pb2.AbortRequest(request_id=rid(257)).SerializeToString(),
+        False,
+    ),
     # memd
     "memd-client-name-too-long": lambda env: env.memd_call("Attach", memd_pb2.AttachRequest(client_name="n" * 257)),
     "memd-client-name-not-utf8": lambda env: env.memd_call("Attach", b"\x0a\x02" + NOT_UTF8),
     "memd-session-id-too-long": lambda env: env.memd_call("Alloc", alloc(session_id="s" * 257)),
-    "memd-model-fingerprint-too-long": lambda env: env.memd_call("Attach", memd_pb2.AttachRequest(
-        model_fingerprint="f" * 257)),
+    "memd-model-fingerprint-too-long": lambda env: env.memd_call(
+        "Attach", memd_pb2.AttachRequest(model_fingerprint="f" * 257)
+    ),
     "memd-session-unknown": lambda env: env.memd_call("Alloc", alloc(extends=[("a", 1)])),
     "memd-request-id-too-long": lambda env: env.memd_call("Alloc", alloc(extends=[(rid(257), 1)])),
     "memd-too-many-extends": lambda env: env.memd_call("Alloc", alloc(extends=[(f"r{i}", 1) for i in range(5)])),
-    "memd-too-many-finishes": lambda env: env.memd_call("Free", memd_pb2.FreeRequest(
-        session_id="nope", finish=[f"r{i}" for i in range(5)])),
+    "memd-too-many-finishes": lambda env: env.memd_call(
+        "Free", memd_pb2.FreeRequest(session_id="nope", finish=[f"r{i}" for i in range(5)])
+    ),
     "memd-num-tokens-negative": lambda env: env.memd_call("Alloc", alloc(env.session.session_id, extends=[("a", -3)])),
-    "memd-beyond-context": lambda env: env.memd_call("Alloc", alloc(env.session.session_id,
-                                                                    extends=[("a", CONTEXT + 1)])),
-    "memd-match-beyond-context": lambda env: env.memd_call("MatchPrefix", memd_pb2.MatchPrefixRequest(
-        session_id=env.session.session_id, rid="m", token_ids=[1] * (CONTEXT + 1))),
-    "memd-match-extend-beyond-context": lambda env: env.memd_call("MatchPrefix", memd_pb2.MatchPrefixRequest(
-        session_id=env.session.session_id, rid="m", token_ids=[1, 2, 3], extend_to=CONTEXT + 1)),
-    "memd-match-batch-too-many": lambda env: env.memd_call("MatchPrefixBatch", memd_pb2.MatchPrefixBatchRequest(
-        session_id=env.session.session_id, items=[memd_pb2.MatchItem(rid=f"m{i}", token_ids=[1]) for i in range(5)])),
-    "memd-match-batch-repeated-rid": lambda env: env.memd_call("MatchPrefixBatch", memd_pb2.MatchPrefixBatchRequest(
-        session_id=env.session.session_id, items=[memd_pb2.MatchItem(rid="m", token_ids=[1, 2])] * 2)),
-    "memd-match-batch-extend-beyond-context": lambda env: env.memd_call("MatchPrefixBatch", memd_pb2.MatchPrefixBatchRequest(
-        session_id=env.session.session_id, items=[memd_pb2.MatchItem(rid="m", token_ids=[1, 2]),
-                                                  memd_pb2.MatchItem(rid="n", token_ids=[1], extend_to=CONTEXT + 1)])),
-    "memd-translate-too-many": lambda env: env.memd_call("Translate", memd_pb2.TranslateRequest(
-        target_slots=[1] * (MAX_RUNNING * CONTEXT + 1))),
+    "memd-beyond-context": lambda env: env.memd_call(
+        "Alloc", alloc(env.session.session_id, extends=[("a", CONTEXT + 1)])
+    ),
+    "memd-match-beyond-context": lambda env: env.memd_call(
+        "MatchPrefix",
+        memd_pb2.MatchPrefixRequest(session_id=env.session.session_id, rid="m", token_ids=[1] * (CONTEXT + 1)),
+    ),
+    "memd-match-extend-beyond-context": lambda env: env.memd_call(
+        "MatchPrefix",
+        memd_pb2.MatchPrefixRequest(
+            session_id=env.session.session_id, rid="m", token_ids=[1, 2, 3], extend_to=CONTEXT + 1
+        ),
+    ),
+    "memd-match-batch-too-many": lambda env: env.memd_call(
+        "MatchPrefixBatch",
+        memd_pb2.MatchPrefixBatchRequest(
+            session_id=env.session.session_id, items=[memd_pb2.MatchItem(rid=f"m{i}", token_ids=[1]) for i in range(5)]
+        ),
+    ),
+    "memd-match-batch-repeated-rid": lambda env: env.memd_call(
+        "MatchPrefixBatch",
+        memd_pb2.MatchPrefixBatchRequest(
+            session_id=env.session.session_id, items=[memd_pb2.MatchItem(rid="m", token_ids=[1, 2])] * 2
+        ),
+    ),
+    "memd-match-batch-extend-beyond-context": lambda env: env.memd_call(
+        "MatchPrefixBatch",
+        memd_pb2.MatchPrefixBatchRequest(
+            session_id=env.session.session_id,
+            items=[
+                memd_pb2.MatchItem(rid="m", token_ids=[1, 2]),
+                memd_pb2.MatchItem(rid="n", token_ids=[1], extend_to=CONTEXT + 1),
+            ],
+        ),
+    ),
+    "memd-translate-too-many": lambda env: env.memd_call(
+        "Translate", memd_pb2.TranslateRequest(target_slots=[1] * (MAX_RUNNING * CONTEXT + 1))
+    ),
     "memd-translate-without-draft": lambda env: env.memd_call("Translate", memd_pb2.TranslateRequest(target_slots=[1])),
     "memd-message-too-large": lambda env: env.memd_call("Alloc", alloc(extends=[(rid(5 << 20), 1)])),
     # start-up
@@ -259,22 +321,24 @@ CASES = {
     "modeld-memd-port-zero": lambda env: modeld_exit("--memd", "127.0.0.1:0"),
     "modeld-connect-timeout-zero": lambda env: modeld_exit("--connect-timeout", "0"),
     # the gateway
-    "gateway-body-declared-too-large": lambda env: env.gateway(chat_body(100_000_000),
-                                                               {"Content-Length": "100000000"}),
-    "gateway-body-chunked-too-large": lambda env: env.gateway(chunked(chat_body(100_000_000)),
-                                                              {"Transfer-Encoding": "chunked"}),
+    "gateway-body-declared-too-large": lambda env: env.gateway(chat_body(100_000_000), {"Content-Length": "100000000"}),
+    "gateway-body-chunked-too-large": lambda env: env.gateway(
+        chunked(chat_body(100_000_000)), {"Transfer-Encoding": "chunked"}
+    ),
     "gateway-top-p-below-float32": lambda env: env.gateway([TINY_TOP_P], {"Content-Length": str(len(TINY_TOP_P))}),
     "gateway-json-syntax-error": lambda env: env.gateway([BROKEN_JSON], {"Content-Length": str(len(BROKEN_JSON))}),
-    "gateway-body-too-slow": lambda env: env.gateway(chunked(b" " for _ in range(1000)),
-                                                     {"Transfer-Encoding": "chunked"}, pause=0.05),
+    "gateway-body-too-slow": lambda env: env.gateway(
+        chunked(b" " for _ in range(1000)), {"Transfer-Encoding": "chunked"}, pause=0.05
+    ),
     "gateway-max-body-bytes-zero": lambda env: gateway_exit("--max-body-bytes", "0"),
     "gateway-body-timeout-zero": lambda env: gateway_exit("--body-timeout", "0"),
     "gateway-max-queued-negative": lambda env: gateway_exit("--max-queued", "-1"),
     "gateway-queue-timeout-zero": lambda env: gateway_exit("--queue-timeout", "0"),
     # the client library
     "client-prompt-and-input-ids": lambda env: client_refusal(lambda: build_generate_request("hi", input_ids=[1])),
-    "client-max-new-tokens-overflow": lambda env: client_refusal(lambda: nowhere().generate("hi",
-                                                                                           max_new_tokens=2**31)),
+    "client-max-new-tokens-overflow": lambda env: client_refusal(
+        lambda: nowhere().generate("hi", max_new_tokens=2**31)
+    ),
     "client-seed-negative": lambda env: client_refusal(lambda: nowhere().generate("hi", seed=-1)),
     "client-temperature-not-a-number": lambda env: client_refusal(lambda: nowhere().generate("hi", temperature="hot")),
     "client-input-id-overflow": lambda env: client_refusal(lambda: nowhere().stream(input_ids=[1, 2**31])),
@@ -306,8 +370,12 @@ def test_a_long_prompt_is_refused_before_it_is_tokenized(daemons):
 
 def test_a_json_syntax_error_names_no_field(daemons):
     """The offset of a JSON syntax error is in the message, not in `param` (which names a request field)."""
-    answer = post(daemons.gateway_url, "/v1/chat/completions", [BROKEN_JSON],
-                  {"Content-Type": "application/json", "Content-Length": str(len(BROKEN_JSON))})
+    answer = post(
+        daemons.gateway_url,
+        "/v1/chat/completions",
+        [BROKEN_JSON],
+        {"Content-Type": "application/json", "Content-Length": str(len(BROKEN_JSON))},
+    )
     assert answer.status == 400 and answer.body["error"]["param"] is None, answer.body
 
 

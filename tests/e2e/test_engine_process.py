@@ -23,10 +23,16 @@ def engine_pid(front_pid: int) -> int:
     """The engine process: the front's one child that is a Python interpreter (multiprocessing's spawn also starts
     a resource tracker, which is not it). Children are listed by the thread that started them: a restarted engine is
     started from a worker thread."""
-    children = [pid for task in pathlib.Path(f"/proc/{front_pid}/task").iterdir()
-                for pid in (task / "children").read_text().split()]
-    engines = [int(pid) for pid in children
-               if "resource_tracker" not in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")]
+    children = [
+        pid
+        for task in pathlib.Path(f"/proc/{front_pid}/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    ]
+    engines = [
+        int(pid)
+        for pid in children
+        if "resource_tracker" not in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    ]
     assert len(engines) == 1, engines
     return engines[0]
 
@@ -53,9 +59,11 @@ def restarts_metric(log_text: str) -> float:
 
 
 def test_an_engine_that_dies_fails_open_streams_and_is_restarted(default_model):
-    with run_memd(default_model, *MEMD_ARGS) as memd, \
-            run_modeld(memd, "--target-model", str(default_model), "--metrics-port", "0") as modeld, \
-            client.Client(modeld.address, timeout=30, max_retries=0) as c:
+    with (
+        run_memd(default_model, *MEMD_ARGS) as memd,
+        run_modeld(memd, "--target-model", str(default_model), "--metrics-port", "0") as modeld,
+        client.Client(modeld.address, timeout=30, max_retries=0) as c,
+    ):
         assert c.health() == "SERVING" and restarts_metric(modeld.log_path.read_text()) == 0
         handle = c.stream("Tell me a long story.", max_new_tokens=600, temperature=0, ignore_eos=True)
         chunks = iter(handle)
@@ -82,9 +90,11 @@ def test_an_engine_that_dies_fails_open_streams_and_is_restarted(default_model):
 
 
 def test_an_engine_that_keeps_dying_makes_the_front_exit_1(default_model):
-    with run_memd(default_model, *MEMD_ARGS) as memd, \
-            run_modeld(memd, "--target-model", str(default_model)) as modeld, \
-            client.Client(modeld.address, timeout=30, max_retries=0) as c:
+    with (
+        run_memd(default_model, *MEMD_ARGS) as memd,
+        run_modeld(memd, "--target-model", str(default_model)) as modeld,
+        client.Client(modeld.address, timeout=30, max_retries=0) as c,
+    ):
         for restart in range(1, MAX_RESTARTS + 1):
             os.kill(engine_pid(modeld.pid), signal.SIGKILL)
             assert wait_until(lambda: f"serves again (restart {restart})" in modeld.log_path.read_text(), 120)

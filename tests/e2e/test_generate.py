@@ -4,27 +4,43 @@ same tokens; bad input gets INVALID_ARGUMENT; a cancelled stream frees its slots
 are fully free after every test."""
 
 import concurrent.futures
-import time
 
 import pytest
 
 import client
-from tests.daemons import cuda_available, is_idle, run_memd, run_modeld
+from tests.daemons import is_idle, run_memd, run_modeld
 
 MAX_NEW = 24
-GPU = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
-SETUPS = [pytest.param(("cpu", 1), id="cpu-page1"), pytest.param(("cpu", 64), id="cpu-page64"),
-          pytest.param(("cuda", 1), id="cuda-page1", marks=GPU), pytest.param(("cuda", 64), id="cuda-page64", marks=GPU)]
+GPU = pytest.mark.gpu
+SETUPS = [
+    pytest.param(("cpu", 1), id="cpu-page1"),
+    pytest.param(("cpu", 64), id="cpu-page64"),
+    pytest.param(("cuda", 1), id="cuda-page1", marks=GPU),
+    pytest.param(("cuda", 64), id="cuda-page64", marks=GPU),
+]
 
 
 @pytest.fixture(scope="module", params=SETUPS)
 def daemons(request, default_model):
     device, page = request.param
     dtype = "float32" if device == "cpu" else "bfloat16"
-    args = ["--page-size", str(page), "--max-running-requests", "8", "--max-total-tokens", "8192",
-            "--draft-model", "none", "--kv-cache-dtype", dtype, "--strict"]
-    with run_memd(default_model, *args, device=device) as memd, \
-            run_modeld(memd, "--target-model", str(default_model), device=device) as modeld:
+    args = [
+        "--page-size",
+        str(page),
+        "--max-running-requests",
+        "8",
+        "--max-total-tokens",
+        "8192",
+        "--draft-model",
+        "none",
+        "--kv-cache-dtype",
+        dtype,
+        "--strict",
+    ]
+    with (
+        run_memd(default_model, *args, device=device) as memd,
+        run_modeld(memd, "--target-model", str(default_model), device=device) as modeld,
+    ):
         with client.Client(modeld.address, timeout=300) as c:
             yield memd, modeld, c, device
 
@@ -84,18 +100,21 @@ def test_stop_string_cuts_the_text(daemons, chat_ids):
     assert result.text == full[: full.index(stop)]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(prompt=""), "empty"),
-    (dict(input_ids=[]), "empty"),
-    (dict(input_ids=[1, 2, 49152]), "outside the vocabulary"),
-    (dict(input_ids=[1, -1]), "outside the vocabulary"),
-    (dict(prompt="hi", max_new_tokens=0), "max_new_tokens"),
-    (dict(prompt="hi", max_new_tokens=8192), "exceeds the context"),
-    (dict(prompt="hi", temperature=-0.5), "temperature"),
-    (dict(prompt="hi", top_p=0.0), "top_p"),
-    (dict(prompt="hi", top_p=1.5), "top_p"),
-    (dict(prompt="hi", top_k=-2), "top_k"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(prompt=""), "empty"),
+        (dict(input_ids=[]), "empty"),
+        (dict(input_ids=[1, 2, 49152]), "outside the vocabulary"),
+        (dict(input_ids=[1, -1]), "outside the vocabulary"),
+        (dict(prompt="hi", max_new_tokens=0), "max_new_tokens"),
+        (dict(prompt="hi", max_new_tokens=8192), "exceeds the context"),
+        (dict(prompt="hi", temperature=-0.5), "temperature"),
+        (dict(prompt="hi", top_p=0.0), "top_p"),
+        (dict(prompt="hi", top_p=1.5), "top_p"),
+        (dict(prompt="hi", top_k=-2), "top_k"),
+    ],
+)
 def test_invalid_input_gets_invalid_argument(daemons, kwargs, message):
     c = daemons[2]
     kwargs = dict(kwargs)

@@ -57,14 +57,31 @@ def stream_all(c: client.Client, prompts: list[list[int]]) -> list[list[int]]:
 
 
 def test_64_streaming_clients_on_a_small_pool(default_model, chat_ids):
-    args = ["--page-size", "16", "--max-running-requests", "16", "--max-total-tokens", "768",
-            "--draft-model", "none", "--kv-cache-dtype", "float32", "--strict"]
+    args = [
+        "--page-size",
+        "16",
+        "--max-running-requests",
+        "16",
+        "--max-total-tokens",
+        "768",
+        "--draft-model",
+        "none",
+        "--kv-cache-dtype",
+        "float32",
+        "--strict",
+    ]
     prompts = [chat_ids[i % len(chat_ids)] for i in range(CLIENTS)]
-    with run_memd(default_model, *args) as memd, \
-            run_modeld(memd, "--target-model", str(default_model), "--max-open-streams", str(CLIENTS)) as modeld, \
-            client.Client(modeld.address, timeout=600) as c:
-        solo = {tuple(ids): list(c.generate(input_ids=ids, max_new_tokens=MAX_NEW, temperature=0,
-                                            ignore_eos=True).output_ids) for ids in chat_ids}
+    with (
+        run_memd(default_model, *args) as memd,
+        run_modeld(memd, "--target-model", str(default_model), "--max-open-streams", str(CLIENTS)) as modeld,
+        client.Client(modeld.address, timeout=600) as c,
+    ):
+        solo = {
+            tuple(ids): list(
+                c.generate(input_ids=ids, max_new_tokens=MAX_NEW, temperature=0, ignore_eos=True).output_ids
+            )
+            for ids in chat_ids
+        }
         memory = []
         for _ in range(ROUNDS):
             with HealthWatch(c) as watch:

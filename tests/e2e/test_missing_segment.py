@@ -13,8 +13,19 @@ from memd.segments import SHM_DIR
 from tests.daemons import link_to_a_stopped_memd, memd_args, run_memd
 from tests.models import tiny_target
 
-MEMD_ARGS = ["--page-size", "1", "--max-running-requests", "4", "--max-total-tokens", "4096",
-             "--draft-model", "none", "--kv-cache-dtype", "float32", "--strict"]
+MEMD_ARGS = [
+    "--page-size",
+    "1",
+    "--max-running-requests",
+    "4",
+    "--max-total-tokens",
+    "4096",
+    "--draft-model",
+    "none",
+    "--kv-cache-dtype",
+    "float32",
+    "--strict",
+]
 
 
 def remove_segment(memd, buffer: str):
@@ -27,12 +38,24 @@ def remove_segment(memd, buffer: str):
 def test_modeld_refuses_to_start_on_a_missing_segment(default_model):
     with run_memd(default_model, *MEMD_ARGS) as memd:
         gone = remove_segment(memd, "req_to_token")
-        argv = ["--device", "cpu", "--listen", "127.0.0.1:0", "--memd", memd.address, "--connect-timeout", "10",
-                "--target-model", str(default_model)]
+        argv = [
+            "--device",
+            "cpu",
+            "--listen",
+            "127.0.0.1:0",
+            "--memd",
+            memd.address,
+            "--connect-timeout",
+            "10",
+            "--target-model",
+            str(default_model),
+        ]
         with pytest.raises(SystemExit) as exited:
             modeld.server.main(argv)
-        assert exited.value.code == f"modeld: error: cannot map memd's pools: memd's shared segment {gone} is " \
-                                    "missing (removed while memd runs?)"
+        assert (
+            exited.value.code == f"modeld: error: cannot map memd's pools: memd's shared segment {gone} is "
+            "missing (removed while memd runs?)"
+        )
         assert not gone.exists()
         deadline = time.monotonic() + 5
         while memd.capacity().sessions:  # the session it opened is closed (its end reaches memd asynchronously)

@@ -50,10 +50,12 @@ def test_a_model_matches_only_its_own_models_cached_prefixes(targets):
     expected_first, expected_second = hf_greedy(first, PROMPT), hf_greedy(second, PROMPT)
     assert expected_first != expected_second, "the two models must disagree, or a served foreign prefix would not show"
     reusable = len(PROMPT) - 1  # at page 1, the whole prompt but its last token (always computed for its logits)
-    with run_memd(first, *memd_args(budget=4_000_000, max_running=4, chunk=64)) as memd, \
-            run_modeld(memd, "--target-model", str(first), name="first") as a, \
-            run_modeld(memd, "--target-model", str(second), name="second") as b, \
-            run_modeld(memd, "--target-model", str(copy), name="copy") as c:
+    with (
+        run_memd(first, *memd_args(budget=4_000_000, max_running=4, chunk=64)) as memd,
+        run_modeld(memd, "--target-model", str(first), name="first") as a,
+        run_modeld(memd, "--target-model", str(second), name="second") as b,
+        run_modeld(memd, "--target-model", str(copy), name="copy") as c,
+    ):
         digests = {h.client_name + h.label: h.model_digest for h in memd.capacity().session_holdings}
         assert len(digests) == 3 and all(digests.values()) and len(set(digests.values())) == 2
         second_digest = next(d for d in digests.values() if list(digests.values()).count(d) == 1)

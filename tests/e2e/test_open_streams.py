@@ -14,11 +14,14 @@ LIMIT = 3
 
 def test_streams_at_the_bound_leave_health_info_and_abort_responsive(default_model):
     args = memd_args(max_running=LIMIT, budget=40_000_000, chunk=64)
-    with run_memd(default_model, *args) as memd, \
-            run_modeld(memd, "--target-model", str(default_model), "--max-open-streams", str(LIMIT)) as modeld, \
-            client.Client(modeld.address, timeout=30) as c:
-        handles = [c.stream("Tell me a long story.", max_new_tokens=800, temperature=0, ignore_eos=True)
-                   for _ in range(LIMIT)]
+    with (
+        run_memd(default_model, *args) as memd,
+        run_modeld(memd, "--target-model", str(default_model), "--max-open-streams", str(LIMIT)) as modeld,
+        client.Client(modeld.address, timeout=30) as c,
+    ):
+        handles = [
+            c.stream("Tell me a long story.", max_new_tokens=800, temperature=0, ignore_eos=True) for _ in range(LIMIT)
+        ]
         chunks = [iter(h) for h in handles]
         for it in chunks:  # every stream open and running
             next(it)

@@ -80,10 +80,25 @@ def variant(i: int) -> str:
 
 
 def memd_flags(page: int) -> list[str]:
-    return ["--page-size", str(page), "--max-running-requests", str(MAX_RUNNING),
-            "--max-total-tokens", str(max_total_tokens(page)), "--chunked-prefill-size", str(CHUNK),
-            "--draft-model", str(default_draft_dir()), "--draft-kv-ratio", str(RATIO),
-            "--draft-window", str(WINDOW), "--kv-cache-dtype", "float32", "--strict"]
+    return [
+        "--page-size",
+        str(page),
+        "--max-running-requests",
+        str(MAX_RUNNING),
+        "--max-total-tokens",
+        str(max_total_tokens(page)),
+        "--chunked-prefill-size",
+        str(CHUNK),
+        "--draft-model",
+        str(default_draft_dir()),
+        "--draft-kv-ratio",
+        str(RATIO),
+        "--draft-window",
+        str(WINDOW),
+        "--kv-cache-dtype",
+        "float32",
+        "--strict",
+    ]
 
 
 @pytest.fixture(scope="module", params=[1, 64], ids=["page1", "page64"])
@@ -91,8 +106,10 @@ def daemons(request, default_model):
     """memd (bounded draft pool) and a DFLASH modeld, per page size; run_memd checks at the end
     that nothing is held but by the prefix cache and that FlushCache frees both pools."""
     page = request.param
-    with run_memd(default_model, *memd_flags(page)) as memd, \
-            run_modeld(memd, "--target-model", str(default_model), "--draft-model", str(default_draft_dir())) as modeld:
+    with (
+        run_memd(default_model, *memd_flags(page)) as memd,
+        run_modeld(memd, "--target-model", str(default_model), "--draft-model", str(default_draft_dir())) as modeld,
+    ):
         with client.Client(modeld.address, timeout=600) as c:
             yield memd, modeld, c, page
 
@@ -123,10 +140,12 @@ def generate(c, prompt: str, max_new_tokens: int):
 @contextlib.contextmanager
 def second_modeld(memd, *args: str, ready_timeout: float = 180):
     """Another modeld on the same memd, beside the module's (run_modeld's socket name is taken)."""
-    folder = pathlib.Path(memd.address[len("unix://"):]).parent
+    folder = pathlib.Path(memd.address[len("unix://") :]).parent
     address, log_path = f"unix://{folder / 'modeld-plain.sock'}", folder / "modeld-plain.log"
-    proc = start_daemon([sys.executable, "-m", "modeld", "--device", "cpu", "--memd", memd.address,
-                         "--listen", address, *args], log_path)
+    proc = start_daemon(
+        [sys.executable, "-m", "modeld", "--device", "cpu", "--memd", memd.address, "--listen", address, *args],
+        log_path,
+    )
     try:
         wait_ready(proc, log_path, "modeld ready", ready_timeout)
         yield address
@@ -146,8 +165,10 @@ def test_draft_pool_is_ratio_of_target(daemons):
     memd, _, _, page = daemons
     window, ratio, draft_tokens, cap, cached = pool_sizing(memd)
     target_tokens = int(re.search(r"target KV pool: tokens=(\d+)", memd.log()).group(1))
-    print(f"\n[page {page}] target tokens={target_tokens}, draft tokens={draft_tokens}, request cap={cap}, "
-          f"cached prefixes at max concurrency={cached}")
+    print(
+        f"\n[page {page}] target tokens={target_tokens}, draft tokens={draft_tokens}, request cap={cap}, "
+        f"cached prefixes at max concurrency={cached}"
+    )
     assert window == WINDOW
     assert ratio == RATIO
     assert target_tokens == max_total_tokens(page)
@@ -195,8 +216,10 @@ def test_greedy_determinism_across_hit(daemons, long_runs):
     _, modeld, c, page = daemons
     cold, warm = long_runs
     prompt_tokens = cold.prompt_tokens
-    print(f"\n[page {page}] {LONG_NEW} new tokens: prompt_tokens={prompt_tokens}, cold cached={cold.cached_tokens}, "
-          f"warm cached={warm.cached_tokens}, accept length {warm.spec_accept_length:.2f}")
+    print(
+        f"\n[page {page}] {LONG_NEW} new tokens: prompt_tokens={prompt_tokens}, cold cached={cold.cached_tokens}, "
+        f"warm cached={warm.cached_tokens}, accept length {warm.spec_accept_length:.2f}"
+    )
     assert prompt_tokens > 3 * WINDOW and cold.cached_tokens == 0 and len(cold.output_ids) == LONG_NEW
     # Upstream asserts a hit (> 0); the whole prompt but its last page is reused here.
     assert warm.cached_tokens >= prompt_tokens - page > prompt_tokens - WINDOW
@@ -231,10 +254,12 @@ def test_evicted_window_falls_back(daemons):
     assert before.target.evictable >= prompt_tokens - page
     assert before.target.evictable >= sum(r.prompt_tokens - page for r in [cold, *others])
     warm = generate(c, prompts[0], 64)
-    print(f"\n[page {page}] after {num_prompts} prefixes (upstream formula {upstream}; draft tokens={draft_tokens}, "
-          f"request cap={cap}): prompt_tokens={prompt_tokens}, cached_tokens={warm.cached_tokens}; "
-          f"before the repeat target evictable={before.target.evictable}/{before.target.total}, "
-          f"draft evictable={before.draft.evictable}/{before.draft.total}")
+    print(
+        f"\n[page {page}] after {num_prompts} prefixes (upstream formula {upstream}; draft tokens={draft_tokens}, "
+        f"request cap={cap}): prompt_tokens={prompt_tokens}, cached_tokens={warm.cached_tokens}; "
+        f"before the repeat target evictable={before.target.evictable}/{before.target.total}, "
+        f"draft evictable={before.draft.evictable}/{before.draft.total}"
+    )
     assert warm.cached_tokens <= prompt_tokens - WINDOW
     assert warm.output_ids == cold.output_ids and warm.text == cold.text
     assert modeld.poll() is None and c.health() == "SERVING"
@@ -253,9 +278,11 @@ def test_plain_modeld_hits_without_draft_kv(daemons, default_model):
             cached = idle_capacity(memd)
             warm = generate(c, _LONG_PROMPT, 8)
     spec = generate(dflash, _LONG_PROMPT, 8)
-    print(f"\n[page {page}] plain modeld: prompt_tokens={cold.prompt_tokens}, cached_tokens={warm.cached_tokens}; "
-          f"after the first: target evictable={cached.target.evictable}, draft evictable={cached.draft.evictable}; "
-          f"then DFLASH cached_tokens={spec.cached_tokens}")
+    print(
+        f"\n[page {page}] plain modeld: prompt_tokens={cold.prompt_tokens}, cached_tokens={warm.cached_tokens}; "
+        f"after the first: target evictable={cached.target.evictable}, draft evictable={cached.draft.evictable}; "
+        f"then DFLASH cached_tokens={spec.cached_tokens}"
+    )
     assert cold.cached_tokens == 0 and cold.spec_verify_ct == 0
     assert cached.draft.evictable == 0 and cached.target.evictable >= cold.prompt_tokens - page
     assert warm.cached_tokens >= warm.prompt_tokens - page

@@ -24,14 +24,24 @@ from tests.daemons import REPO, child_env, is_idle, run_memd, run_modeld
 
 MAX_NEW = 16
 LONG = dict(max_new_tokens=2000, temperature=0, ignore_eos=True)  # runs until aborted or cancelled
-MEMD_ARGS = ["--page-size", "1", "--max-running-requests", "8", "--max-total-tokens", "8192",
-             "--draft-model", "none", "--kv-cache-dtype", "float32", "--strict"]
+MEMD_ARGS = [
+    "--page-size",
+    "1",
+    "--max-running-requests",
+    "8",
+    "--max-total-tokens",
+    "8192",
+    "--draft-model",
+    "none",
+    "--kv-cache-dtype",
+    "float32",
+    "--strict",
+]
 
 
 @pytest.fixture(scope="module")
 def daemons(default_model):
-    with run_memd(default_model, *MEMD_ARGS) as memd, \
-            run_modeld(memd, "--target-model", str(default_model)) as modeld:
+    with run_memd(default_model, *MEMD_ARGS) as memd, run_modeld(memd, "--target-model", str(default_model)) as modeld:
         with client.Client(modeld.address, timeout=60) as c:
             yield memd, modeld, c
 
@@ -67,6 +77,7 @@ def ids_of(chunks) -> list[int]:
 
 
 # ---- 1. Abort ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("aborter", ["same-client", "other-client"])
 def test_abort_ends_a_running_stream(daemons, aborter):
@@ -104,6 +115,7 @@ def test_abort_of_an_unknown_id_returns_false(daemons):
 
 # ---- 2. GetInfo --------------------------------------------------------------------------------
 
+
 def test_info_describes_model_and_geometry(daemons, default_model, tokenizer):
     memd, _, c = daemons
     info = c.info()
@@ -121,6 +133,7 @@ def test_info_describes_model_and_geometry(daemons, default_model, tokenizer):
 
 
 # ---- 3. Capacity through modeld ----------------------------------------------------------------
+
 
 def test_capacity_reports_memd_pools_and_modeld_queues(daemons, chat_ids):
     memd, _, c = daemons
@@ -157,6 +170,7 @@ def test_capacity_reports_memd_pools_and_modeld_queues(daemons, chat_ids):
 
 # ---- 4. Seeded sampling ------------------------------------------------------------------------
 
+
 def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(daemons, chat_ids):
     c = daemons[2]
     ids = chat_ids[1]  # a haiku: many plausible continuations
@@ -189,6 +203,7 @@ def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(daemons, chat_ids
 
 # ---- 5. asyncio client -------------------------------------------------------------------------
 
+
 def test_async_client_matches_the_sync_client(daemons, chat_ids):
     _, modeld, c = daemons
     ids = chat_ids[3]
@@ -207,7 +222,8 @@ def test_async_client_matches_the_sync_client(daemons, chat_ids):
                 return chunks, handle.result
 
             result, (chunks, stream_result) = await asyncio.gather(
-                ac.generate(input_ids=ids, max_new_tokens=MAX_NEW, temperature=0), streamed())
+                ac.generate(input_ids=ids, max_new_tokens=MAX_NEW, temperature=0), streamed()
+            )
             capacity = await ac.capacity()
             return result, chunks, stream_result, capacity
 
@@ -221,6 +237,7 @@ def test_async_client_matches_the_sync_client(daemons, chat_ids):
 
 
 # ---- 6. max_tokens alias -----------------------------------------------------------------------
+
 
 def test_max_tokens_is_an_alias_of_max_new_tokens(daemons, chat_ids):
     _, modeld, c = daemons
@@ -249,6 +266,7 @@ def test_max_tokens_is_an_alias_of_max_new_tokens(daemons, chat_ids):
 
 # ---- 7. Duplicate request id -------------------------------------------------------------------
 
+
 def test_duplicate_request_id_of_a_running_request_gets_already_exists(daemons, chat_ids):
     memd, _, c = daemons
     rid = new_rid("dup")
@@ -276,6 +294,7 @@ def test_duplicate_request_id_of_a_running_request_gets_already_exists(daemons, 
 
 # ---- 8. memd lost ------------------------------------------------------------------------------
 
+
 def test_back_to_back_duplicates_and_an_immediate_abort(daemons):
     """Ids are reserved when a call arrives, not when the engine picks it up: of two requests sent
     back to back with one id, one runs and the other gets ALREADY_EXISTS, and nothing else is
@@ -297,8 +316,12 @@ def test_back_to_back_duplicates_and_an_immediate_abort(daemons):
     assert [o for o in outcomes if o != grpc.StatusCode.ALREADY_EXISTS][0] in (1, 2)  # STOP or LENGTH: it ran
     for _ in range(3):
         rid = new_rid("abort-now")
-        call = stub.Generate(build_generate_request("Tell me a long story.", max_new_tokens=500, temperature=0,
-                                                    ignore_eos=True, request_id=rid), timeout=60)
+        call = stub.Generate(
+            build_generate_request(
+                "Tell me a long story.", max_new_tokens=500, temperature=0, ignore_eos=True, request_id=rid
+            ),
+            timeout=60,
+        )
         try:
             # The call may not have reached modeld yet; once it has, an Abort must find it.
             deadline = time.monotonic() + 5
@@ -310,16 +333,24 @@ def test_back_to_back_duplicates_and_an_immediate_abort(daemons):
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "client", *args], capture_output=True, text=True,
-                          env=child_env(), cwd=REPO, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "client", *args],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=REPO,
+        timeout=timeout,
+    )
 
 
 def test_memd_lost_makes_modeld_unavailable_then_it_reattaches(default_model):
     with run_memd(default_model, *MEMD_ARGS, check_free=False) as memd:
         shm = [pathlib.Path("/dev/shm", name) for name in memd.shm_entries()]
         try:
-            with run_modeld(memd, "--target-model", str(default_model)) as modeld, \
-                    client.Client(modeld.address, timeout=20, connect_timeout=5) as c:
+            with (
+                run_modeld(memd, "--target-model", str(default_model)) as modeld,
+                client.Client(modeld.address, timeout=20, connect_timeout=5) as c,
+            ):
                 assert c.health() == "SERVING"
                 in_flight = c.stream("Tell me a long story.", **LONG)
                 chunks = iter(in_flight)
@@ -380,11 +411,13 @@ def test_memd_lost_makes_modeld_unavailable_then_it_reattaches(default_model):
 
 # ---- 9. the command line -----------------------------------------------------------------------
 
+
 def test_cli_generate_json_and_health(daemons):
     memd, modeld, c = daemons
     prompt = "What is the capital of France?"
-    out = cli("--addr", modeld.address, "generate", prompt, "--chat", "--max-new-tokens", "16",
-              "--temperature", "0", "--json")
+    out = cli(
+        "--addr", modeld.address, "generate", prompt, "--chat", "--max-new-tokens", "16", "--temperature", "0", "--json"
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     expected = c.generate(prompt, chat=True, max_new_tokens=16, temperature=0)

@@ -13,20 +13,22 @@ import pytest
 
 import client
 from tests.conftest import NEAR_TIE
-from tests.daemons import cuda_available, memd_args, run_memd, run_modeld
+from tests.daemons import memd_args, run_memd, run_modeld
 from tests.dflash.test_dflash_gpu import first_difference_is_a_near_tie
 from tests.dflash.tiny_models import write_draft
 from tests.gateway.test_metrics_scrape import settled, total
 
-pytestmark = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu
 REQUESTS, MAX_NEW = 16, 48
 
 
 def generate_all(address: str, prompts: list[list[int]], sampled: bool) -> list[list[int]]:
     with client.Client(address, timeout=600) as c, concurrent.futures.ThreadPoolExecutor(REQUESTS) as pool:
+
         def go(i):
             sampling = dict(temperature=0.8, top_p=0.95, seed=i) if sampled else dict(temperature=0)
             return c.generate(input_ids=prompts[i], max_new_tokens=MAX_NEW, ignore_eos=True, **sampling)
+
         return [list(r.output_ids) for r in pool.map(go, range(len(prompts)))]
 
 
@@ -35,18 +37,40 @@ def test_several_steps_a_replay_give_the_output_of_one(tmp_path, default_model, 
     prompts = [chat_ids[i % len(chat_ids)] + [i] for i in range(REQUESTS)]  # distinct prompts
     extra, settings = ["--speculative-algorithm", "none"], {}
     if mode.startswith("dflash"):
-        draft = write_draft(tmp_path / "draft", default_model, layers=2, block_size=8, target_layer_ids=(1, 15, 27),
-                            sliding_window=128)
-        below = "0" if mode == "dflash" else str(REQUESTS)  # dflash-off-at-16: plain decodes writing the draft's context
-        extra = ["--speculative-algorithm", "dflash", "--draft-model", str(draft), "--speculative-disable-by-batch-size", below]
+        draft = write_draft(
+            tmp_path / "draft", default_model, layers=2, block_size=8, target_layer_ids=(1, 15, 27), sliding_window=128
+        )
+        below = (
+            "0" if mode == "dflash" else str(REQUESTS)
+        )  # dflash-off-at-16: plain decodes writing the draft's context
+        extra = [
+            "--speculative-algorithm",
+            "dflash",
+            "--draft-model",
+            str(draft),
+            "--speculative-disable-by-batch-size",
+            below,
+        ]
         settings = dict(draft=draft)
     args = memd_args(**settings, page=16, budget=2_000_000_000, max_running=REQUESTS, chunk=512) + [
-        "--kv-cache-dtype", "bfloat16"]
+        "--kv-cache-dtype",
+        "bfloat16",
+    ]
     outputs = {}
     with run_memd(default_model, *args, device="cuda") as memd:
         for steps in (1, 4):
-            with run_modeld(memd, "--target-model", str(default_model), "--steps-per-replay", str(steps),
-                            "--metrics-port", "0", *extra, device="cuda", name=f"modeld-{steps}") as modeld:
+            with run_modeld(
+                memd,
+                "--target-model",
+                str(default_model),
+                "--steps-per-replay",
+                str(steps),
+                "--metrics-port",
+                "0",
+                *extra,
+                device="cuda",
+                name=f"modeld-{steps}",
+            ) as modeld:
                 outputs[steps] = generate_all(modeld.address, prompts, sampled=mode == "sampled")
                 samples = settled(modeld.log_path.read_text())
                 replays = total(samples, "modeld:steps_per_replay_count")

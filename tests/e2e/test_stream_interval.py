@@ -10,15 +10,28 @@ import client
 from tests.daemons import is_idle, run_memd, run_modeld
 
 INTERVAL = 4
-MEMD_ARGS = ["--page-size", "1", "--max-running-requests", "4", "--max-total-tokens", "4096",
-             "--draft-model", "none", "--kv-cache-dtype", "float32", "--strict"]
+MEMD_ARGS = [
+    "--page-size",
+    "1",
+    "--max-running-requests",
+    "4",
+    "--max-total-tokens",
+    "4096",
+    "--draft-model",
+    "none",
+    "--kv-cache-dtype",
+    "float32",
+    "--strict",
+]
 
 
 @pytest.fixture(scope="module")
 def daemons(default_model):
-    with run_memd(default_model, *MEMD_ARGS) as memd, \
-            run_modeld(memd, "--target-model", str(default_model), "--stream-interval", str(INTERVAL)) as modeld, \
-            client.Client(modeld.address, timeout=60) as c:
+    with (
+        run_memd(default_model, *MEMD_ARGS) as memd,
+        run_modeld(memd, "--target-model", str(default_model), "--stream-interval", str(INTERVAL)) as modeld,
+        client.Client(modeld.address, timeout=60) as c,
+    ):
         yield memd, c
         deadline = time.monotonic() + 10
         while not is_idle(memd.capacity()) and time.monotonic() < deadline:

@@ -9,8 +9,21 @@ import client
 from tests.daemons import run_memd, run_modeld
 from tests.gateway.stack import run_gateway
 
-MEMD_ARGS = ["--page-size", "1", "--max-running-requests", "8", "--max-total-tokens", "8192", "--draft-model", "none",
-             "--kv-cache-dtype", "float32", "--strict", "--metrics-port", "0"]
+MEMD_ARGS = [
+    "--page-size",
+    "1",
+    "--max-running-requests",
+    "8",
+    "--max-total-tokens",
+    "8192",
+    "--draft-model",
+    "none",
+    "--kv-cache-dtype",
+    "float32",
+    "--strict",
+    "--metrics-port",
+    "0",
+]
 
 
 class Stack:
@@ -28,10 +41,12 @@ class Stack:
 
 @pytest.fixture(scope="session")
 def stack(default_model):
-    with run_memd(default_model, *MEMD_ARGS) as memd, \
-            run_modeld(memd, "--target-model", str(default_model), "--metrics-port", "0", name="modeld-a") as a, \
-            run_modeld(memd, "--target-model", str(default_model), "--metrics-port", "0", name="modeld-b") as b, \
-            run_gateway(a.address, b.address) as url:
+    with (
+        run_memd(default_model, *MEMD_ARGS) as memd,
+        run_modeld(memd, "--target-model", str(default_model), "--metrics-port", "0", name="modeld-a") as a,
+        run_modeld(memd, "--target-model", str(default_model), "--metrics-port", "0", name="modeld-b") as b,
+        run_gateway(a.address, b.address) as url,
+    ):
         s = Stack(memd, [a, b], url)
         yield s
         for c in s.clients:

@@ -20,8 +20,9 @@ class FakeBackend:
         self.address, self.servicer, self._health = address, servicer, health_servicer
 
     def set_serving(self, serving: bool) -> None:
-        self._health.set("", health_pb2.HealthCheckResponse.SERVING if serving
-                         else health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._health.set(
+            "", health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
 
 
 @contextlib.contextmanager

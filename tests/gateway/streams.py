@@ -11,7 +11,9 @@ class OpenStream:
     def __init__(self, base_url: str, path: str, body: dict):
         url = urllib.parse.urlsplit(base_url)
         self.connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
-        self.connection.request("POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
+        self.connection.request(
+            "POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"}
+        )
         self.reply = self.connection.getresponse()
         self.status = self.reply.status
         self.modeld = int(self.reply.headers.get("x-modeld-index", -1))
@@ -23,7 +25,7 @@ class OpenStream:
             line = self.reply.readline()
             assert line, "the stream ended early"
             if line.startswith(b"data: "):
-                events.append(json.loads(line[len(b"data: "):]))
+                events.append(json.loads(line[len(b"data: ") :]))
         return events
 
     def close(self) -> None:

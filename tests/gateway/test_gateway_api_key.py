@@ -18,10 +18,14 @@ KEY = "sk-test-0123456789"
 
 
 def post(url: str, headers: dict) -> tuple[int, dict, dict]:
-    request = urllib.request.Request(f"{url}/v1/chat/completions", method="POST",
-                                     headers={"Content-Type": "application/json", **headers},
-                                     data=json.dumps({"model": FAKE_MODEL, "max_tokens": 2,
-                                                      "messages": [{"role": "user", "content": "hi"}]}).encode())
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        method="POST",
+        headers={"Content-Type": "application/json", **headers},
+        data=json.dumps(
+            {"model": FAKE_MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        ).encode(),
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as reply:
             return reply.status, json.load(reply), dict(reply.headers)
@@ -42,8 +46,10 @@ def test_an_api_key_guards_the_openai_routes_and_not_the_probes(monkeypatch):
         assert post(url, {"Authorization": f"Bearer {KEY}"})[0] == 200
         with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0) as api:
             assert api.models.list().data[0].id == FAKE_MODEL
-        with openai.OpenAI(base_url=f"{url}/v1", api_key="not it", max_retries=0) as api, \
-                pytest.raises(openai.AuthenticationError):
+        with (
+            openai.OpenAI(base_url=f"{url}/v1", api_key="not it", max_retries=0) as api,
+            pytest.raises(openai.AuthenticationError),
+        ):
             api.models.list()
 
 

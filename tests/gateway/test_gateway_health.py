@@ -26,10 +26,14 @@ def get(url: str) -> tuple[int, dict]:
 
 def chat(url: str, model: str, text: str = "hi") -> tuple[int, dict, int]:
     """(status, body, x-modeld-index or -1) of one chat completion."""
-    request = urllib.request.Request(f"{url}/v1/chat/completions", method="POST",
-                                     headers={"Content-Type": "application/json"},
-                                     data=json.dumps({"model": model, "max_tokens": 4, "temperature": 0,
-                                                      "messages": [{"role": "user", "content": text}]}).encode())
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        method="POST",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps(
+            {"model": model, "max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": text}]}
+        ).encode(),
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as reply:
             return reply.status, json.load(reply), int(reply.headers["x-modeld-index"])
@@ -53,8 +57,10 @@ def test_health_is_readiness_by_grpc_health():
         wait_health(url, 200, ready=2)
         fakes[0].set_serving(False)
         body = wait_health(url, 200, ready=1)
-        assert body["backends"] == [{"index": 0, "health": "NOT_SERVING", "ready": False},
-                                                             {"index": 1, "health": "SERVING", "ready": True}]
+        assert body["backends"] == [
+            {"index": 0, "health": "NOT_SERVING", "ready": False},
+            {"index": 1, "health": "SERVING", "ready": True},
+        ]
         before = fakes[0].servicer.attempts["Generate"]
         assert {chat(url, FAKE_MODEL, f"prompt {i}")[2] for i in range(8)} == {1}  # all on the serving one
         assert fakes[0].servicer.attempts["Generate"] == before
@@ -86,9 +92,11 @@ def test_health_reads_the_last_poll_and_asks_no_modeld():
 
 def test_a_modeld_whose_memd_is_down_is_not_ready(default_model):
     memd_args = [a for a in MEMD_ARGS if a not in ("--metrics-port", "0")]
-    with run_memd(default_model, *memd_args) as memd, \
-            run_modeld(memd, "--target-model", str(default_model)) as modeld, \
-            run_gateway(modeld.address) as url:
+    with (
+        run_memd(default_model, *memd_args) as memd,
+        run_modeld(memd, "--target-model", str(default_model)) as modeld,
+        run_gateway(modeld.address) as url,
+    ):
         model = default_model.name
         wait_health(url, 200, ready=1)
         assert chat(url, model)[0] == 200

@@ -40,15 +40,18 @@ def assert_too_large(answer, size: int) -> None:
 
 @pytest.fixture(scope="module")
 def small_gateway():
-    with fake_modelds(1) as fakes, run_gateway(fakes[0].address, args=(
-            "--max-body-bytes", str(SMALL_LIMIT), "--body-timeout", str(TIMEOUT))) as url:
+    with (
+        fake_modelds(1) as fakes,
+        run_gateway(
+            fakes[0].address, args=("--max-body-bytes", str(SMALL_LIMIT), "--body-timeout", str(TIMEOUT))
+        ) as url,
+    ):
         yield url, fakes[0].servicer
 
 
 def test_a_declared_100_mb_body_is_413_not_429(stack, model_name):
     size = 100_000_000
-    answer = post(stack.url, "/v1/chat/completions", json_body(model_name, size),
-                  {**JSON, "Content-Length": str(size)})
+    answer = post(stack.url, "/v1/chat/completions", json_body(model_name, size), {**JSON, "Content-Length": str(size)})
     assert_too_large(answer, size)
     assert answer.body["error"]["message"] == f"the request body is {size} bytes: at most {DEFAULT_LIMIT}"
     assert all(c.info()["running_requests"] == 0 for c in stack.clients)
@@ -56,18 +59,24 @@ def test_a_declared_100_mb_body_is_413_not_429(stack, model_name):
 
 def test_a_chunked_100_mb_body_is_cut_at_the_limit(stack, model_name):
     size = 100_000_000
-    answer = post(stack.url, "/v1/chat/completions", chunked(json_body(model_name, size)),
-                  {**JSON, "Transfer-Encoding": "chunked"})
+    answer = post(
+        stack.url,
+        "/v1/chat/completions",
+        chunked(json_body(model_name, size)),
+        {**JSON, "Transfer-Encoding": "chunked"},
+    )
     assert_too_large(answer, size)
-    assert answer.body["error"]["message"] == \
-        f"the request body is larger than {DEFAULT_LIMIT} bytes, the gateway's limit"
+    assert (
+        answer.body["error"]["message"] == f"the request body is larger than {DEFAULT_LIMIT} bytes, the gateway's limit"
+    )
 
 
 def test_a_body_at_the_limit_is_served_and_one_byte_more_is_not(small_gateway):
     url, fake = small_gateway
     at_limit = b"".join(json_body(FAKE_MODEL, SMALL_LIMIT))
-    served = post(url, "/v1/chat/completions", [at_limit],
-                  {**JSON, "Content-Length": str(SMALL_LIMIT), "Connection": "close"})
+    served = post(
+        url, "/v1/chat/completions", [at_limit], {**JSON, "Content-Length": str(SMALL_LIMIT), "Connection": "close"}
+    )
     assert served.status == 200 and served.body["object"] == "chat.completion", served
     over = b"".join(json_body(FAKE_MODEL, SMALL_LIMIT + 1))
     generates = fake.attempts["Generate"]
@@ -83,8 +92,12 @@ def test_a_trickled_body_is_408_after_the_timeout(small_gateway):
     endless = chunked(b" " for _ in range(10_000))  # one byte every 50 ms: each read is quick, the body never ends
     answer = post(url, "/v1/chat/completions", endless, {**JSON, "Transfer-Encoding": "chunked"}, pause=0.05)
     assert answer.status == 408, answer
-    assert answer.body["error"] == {"message": f"the request body did not arrive within {TIMEOUT:g} s",
-                                    "type": "invalid_request_error", "param": None, "code": "request_timeout"}
+    assert answer.body["error"] == {
+        "message": f"the request body did not arrive within {TIMEOUT:g} s",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "request_timeout",
+    }
     assert TIMEOUT <= answer.seconds < TIMEOUT + 2
     short = post(url, "/v1/chat/completions", [b"{"], {**JSON, "Content-Length": "100"})  # declares more than it sends
     assert short.status == 408 and TIMEOUT <= short.seconds < TIMEOUT + 2, short
@@ -93,7 +106,8 @@ def test_a_trickled_body_is_408_after_the_timeout(small_gateway):
 def test_a_slow_body_within_the_timeout_is_served(small_gateway):
     url, _ = small_gateway
     body = b"".join(json_body(FAKE_MODEL, 1000))
-    parts = [body[i:i + 100] for i in range(0, len(body), 100)]  # 10 parts, 0.1 s apart: within the timeout
-    answer = post(url, "/v1/chat/completions", parts,
-                  {**JSON, "Content-Length": str(len(body)), "Connection": "close"}, pause=0.1)
+    parts = [body[i : i + 100] for i in range(0, len(body), 100)]  # 10 parts, 0.1 s apart: within the timeout
+    answer = post(
+        url, "/v1/chat/completions", parts, {**JSON, "Content-Length": str(len(body)), "Connection": "close"}, pause=0.1
+    )
     assert answer.status == 200 and answer.body["object"] == "chat.completion", answer

@@ -27,8 +27,11 @@ def test_chat_completion(openai_client, model_name):
 
 def test_streaming_equals_whole_answer(openai_client, model_name):
     whole = openai_client.chat.completions.create(model=model_name, messages=QUESTION, **GREEDY)
-    events = list(openai_client.chat.completions.create(model=model_name, messages=QUESTION, stream=True,
-                                                        stream_options={"include_usage": True}, **GREEDY))
+    events = list(
+        openai_client.chat.completions.create(
+            model=model_name, messages=QUESTION, stream=True, stream_options={"include_usage": True}, **GREEDY
+        )
+    )
     assert events[0].choices[0].delta.role == "assistant"
     text = "".join(e.choices[0].delta.content or "" for e in events if e.choices)
     assert text == whole.choices[0].message.content
@@ -43,8 +46,8 @@ def test_text_completion_with_stop_and_system_prompt(openai_client, model_name):
     stopped = openai_client.completions.create(model=model_name, prompt="1, 2, 3, 4,", stop=[stop], **GREEDY)
     assert stopped.choices[0].finish_reason == "stop" and stop not in stopped.choices[0].text
     chat = openai_client.chat.completions.create(
-        model=model_name, **GREEDY,
-        messages=[{"role": "system", "content": "Answer in one word."}, *QUESTION])
+        model=model_name, **GREEDY, messages=[{"role": "system", "content": "Answer in one word."}, *QUESTION]
+    )
     assert chat.choices[0].message.content
 
 
@@ -63,12 +66,15 @@ def test_models_and_health(openai_client, model_name, stack):
         assert health.status == 200 and json.load(health)["modelds"] == 2
 
 
-@pytest.mark.parametrize("change, status, param", [
-    (dict(model="no-such-model"), 404, "model"),
-    (dict(n=2), 400, "n"),
-    (dict(temperature=-1), 400, "temperature"),
-    (dict(max_tokens=100_000), 400, None),  # modeld: beyond the context
-])
+@pytest.mark.parametrize(
+    "change, status, param",
+    [
+        (dict(model="no-such-model"), 404, "model"),
+        (dict(n=2), 400, "n"),
+        (dict(temperature=-1), 400, "temperature"),
+        (dict(max_tokens=100_000), 400, None),  # modeld: beyond the context
+    ],
+)
 def test_errors_in_openai_shape(openai_client, model_name, change, status, param):
     request = dict(model=model_name, messages=QUESTION, **GREEDY) | change
     with pytest.raises(openai.APIStatusError) as caught:
@@ -79,8 +85,12 @@ def test_errors_in_openai_shape(openai_client, model_name, change, status, param
 
 
 def test_disconnect_mid_stream_aborts_the_request(stack, model_name):
-    body = dict(model=model_name, messages=[{"role": "user", "content": "Tell me a very long story."}],
-                max_tokens=2000, temperature=0)
+    body = dict(
+        model=model_name,
+        messages=[{"role": "user", "content": "Tell me a very long story."}],
+        max_tokens=2000,
+        temperature=0,
+    )
     stream = OpenStream(stack.url, "/v1/chat/completions", body)
     assert stream.status == 200
     assert stream.events(4)[0]["object"] == "chat.completion.chunk"

@@ -17,10 +17,14 @@ from tests.gateway.test_gateway_health import wait_health
 
 def chat(url: str, text: str) -> tuple[int, dict, str | None]:
     """(status, body, Retry-After) of one chat completion."""
-    request = urllib.request.Request(f"{url}/v1/chat/completions", method="POST",
-                                     headers={"Content-Type": "application/json"},
-                                     data=json.dumps({"model": FAKE_MODEL, "max_tokens": 4,
-                                                      "messages": [{"role": "user", "content": text}]}).encode())
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        method="POST",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps(
+            {"model": FAKE_MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": text}]}
+        ).encode(),
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as reply:
             return reply.status, json.load(reply), reply.headers.get("Retry-After")
@@ -40,8 +44,10 @@ def test_the_gateway_queues_up_to_its_bound_and_refuses_the_rest_with_retry_afte
         fake = fakes[0].servicer
         fake.max_open_streams = 2
         fake.proceed.clear()
-        with run_gateway(fakes[0].address, args=("--max-queued", "2", "--queue-timeout", "30")) as url, \
-                ThreadPoolExecutor(6) as pool:
+        with (
+            run_gateway(fakes[0].address, args=("--max-queued", "2", "--queue-timeout", "30")) as url,
+            ThreadPoolExecutor(6) as pool,
+        ):
             wait_health(url, 200, ready=1)
             answers = []
             done = threading.Lock()
@@ -67,8 +73,11 @@ def test_the_gateway_queues_up_to_its_bound_and_refuses_the_rest_with_retry_afte
 
 
 def test_a_request_that_waits_past_the_queue_timeout_is_refused_with_retry_after():
-    with fakes_held(open_streams=1) as (fake, address), \
-            run_gateway(address, args=("--queue-timeout", "0.5")) as url, ThreadPoolExecutor(1) as pool:
+    with (
+        fakes_held(open_streams=1) as (fake, address),
+        run_gateway(address, args=("--queue-timeout", "0.5")) as url,
+        ThreadPoolExecutor(1) as pool,
+    ):
         wait_health(url, 200, ready=1)
         held = pool.submit(chat, url, "holds the only place")
         wait_until(lambda: fake.open_streams == 1)

@@ -25,8 +25,9 @@ def test_least_loaded_spreads_concurrent_requests(stack, model_name):
 
 def test_repeated_prompt_returns_to_its_modeld(stack, model_name, openai_client):
     def served_by(text: str) -> int:
-        raw = openai_client.chat.completions.with_raw_response.create(**chat(model_name, text, max_tokens=4,
-                                                                               temperature=0))
+        raw = openai_client.chat.completions.with_raw_response.create(
+            **chat(model_name, text, max_tokens=4, temperature=0)
+        )
         return int(raw.headers["x-modeld-index"])
 
     prompt = "Affinity: name three colours of the rainbow, please, in order."

@@ -13,8 +13,10 @@ from gateway.errors import from_client_error
 from gateway.router import Router
 
 
-@pytest.mark.parametrize("code, status", [("INVALID_ARGUMENT", 400), ("RESOURCE_EXHAUSTED", 429),
-                                          ("UNAVAILABLE", 503), ("INTERNAL", 500), ("UNKNOWN", 500)])
+@pytest.mark.parametrize(
+    "code, status",
+    [("INVALID_ARGUMENT", 400), ("RESOURCE_EXHAUSTED", 429), ("UNAVAILABLE", 503), ("INTERNAL", 500), ("UNKNOWN", 500)],
+)
 def test_grpc_codes_become_http_statuses(code, status):
     error = from_client_error(error_for(code, "why"), retry_after=7)
     assert (error.status, error.message, error.code) == (status, "why", code.lower())
@@ -47,8 +49,9 @@ def test_affinity_map_is_bounded():
 
 def test_a_modeld_is_ready_only_while_serving_and_not_after_an_unavailable_refusal():
     async def states() -> list[bool]:
-        backend = Backend(0, "unix:///nonexistent/modeld.sock", request_timeout=1.0,
-                          admission=Admission(max_waiting=1, max_wait=1.0))
+        backend = Backend(
+            0, "unix:///nonexistent/modeld.sock", request_timeout=1.0, admission=Admission(max_waiting=1, max_wait=1.0)
+        )
         seen = [backend.ready]  # nothing polled yet
         backend.reachable, backend.health = True, "NOT_SERVING"  # answers GetInfo, but its engine or memd is gone
         seen.append(backend.ready)

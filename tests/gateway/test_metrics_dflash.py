@@ -10,24 +10,36 @@ from tests.daemons import run_memd, run_modeld, shipped_draft_flags, shipped_dra
 from tests.gateway.test_metrics_scrape import settled, total
 
 BLOCK = 8
-NAMES = ["modeld:spec_decode_num_drafts_total", "modeld:spec_decode_num_draft_tokens_total",
-         "modeld:spec_decode_num_accepted_tokens_total", "modeld:spec_decode_accept_length_count",
-         "modeld:spec_decode_accept_length_sum"]
+NAMES = [
+    "modeld:spec_decode_num_drafts_total",
+    "modeld:spec_decode_num_draft_tokens_total",
+    "modeld:spec_decode_num_accepted_tokens_total",
+    "modeld:spec_decode_accept_length_count",
+    "modeld:spec_decode_accept_length_sum",
+]
 
 
 def test_dflash_counters_follow_a_request(default_model, chat_ids):
-    with run_memd(default_model, *shipped_draft_memd_args(400_000_000, 2, 256)) as memd, \
-            run_modeld(memd, "--target-model", str(default_model), *shipped_draft_flags(BLOCK),
-                       "--metrics-port", "0") as modeld:
+    with (
+        run_memd(default_model, *shipped_draft_memd_args(400_000_000, 2, 256)) as memd,
+        run_modeld(
+            memd, "--target-model", str(default_model), *shipped_draft_flags(BLOCK), "--metrics-port", "0"
+        ) as modeld,
+    ):
         before = {name: total(settled(modeld.log_path.read_text()), name) for name in NAMES}
         with client.Client(modeld.address, timeout=300) as c:
             result = c.generate(input_ids=chat_ids[0], max_new_tokens=24, temperature=0, ignore_eos=True)
             samples = settled(modeld.log_path.read_text())
     after = {name: total(samples, name) for name in NAMES}
-    per_position = [total(samples, "modeld:spec_decode_num_accepted_tokens_per_pos_total", position=str(k))
-                    for k in range(BLOCK - 1)]
-    positions = {dict(labels)["position"] for (name, labels) in samples
-                 if name == "modeld:spec_decode_num_accepted_tokens_per_pos_total"}
+    per_position = [
+        total(samples, "modeld:spec_decode_num_accepted_tokens_per_pos_total", position=str(k))
+        for k in range(BLOCK - 1)
+    ]
+    positions = {
+        dict(labels)["position"]
+        for (name, labels) in samples
+        if name == "modeld:spec_decode_num_accepted_tokens_per_pos_total"
+    }
     moved = {name: after[name] - before[name] for name in NAMES}
     verifies, generated = result.spec_verify_ct, len(result.output_ids)
     assert verifies > 0

@@ -17,8 +17,11 @@ def scrape(log_text: str) -> dict[tuple, float]:
     """Every sample of the endpoint a daemon logged, by (name, sorted labels)."""
     with urllib.request.urlopen(ENDPOINT.search(log_text).group(1), timeout=10) as reply:
         text = reply.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def settled(log_text: str) -> dict[tuple, float]:
@@ -38,9 +41,14 @@ def modeld_totals(stack, names: list[str]) -> dict[str, float]:
 
 
 def test_counters_move_as_requests_run(stack, model_name, openai_client):
-    names = ["modeld:request_success_total", "modeld:generation_tokens_total", "modeld:prompt_tokens_total",
-             "modeld:time_to_first_token_seconds_count", "modeld:e2e_request_latency_seconds_count",
-             "modeld:prefix_cache_hit_tokens_total"]
+    names = [
+        "modeld:request_success_total",
+        "modeld:generation_tokens_total",
+        "modeld:prompt_tokens_total",
+        "modeld:time_to_first_token_seconds_count",
+        "modeld:e2e_request_latency_seconds_count",
+        "modeld:prefix_cache_hit_tokens_total",
+    ]
     before = modeld_totals(stack, names)
     memd_before = scrape(stack.memd.log())
     messages = [{"role": "user", "content": "Metrics: say hello twice, politely."}]
@@ -52,8 +60,11 @@ def test_counters_move_as_requests_run(stack, model_name, openai_client):
     assert after["modeld:prompt_tokens_total"] - before["modeld:prompt_tokens_total"] == 2 * reply.usage.prompt_tokens
     assert after["modeld:time_to_first_token_seconds_count"] - before["modeld:time_to_first_token_seconds_count"] == 2
     assert after["modeld:e2e_request_latency_seconds_count"] - before["modeld:e2e_request_latency_seconds_count"] == 2
-    assert after["modeld:prefix_cache_hit_tokens_total"] - before["modeld:prefix_cache_hit_tokens_total"] == \
-        reply.usage.prompt_tokens_details.cached_tokens > 0
+    assert (
+        after["modeld:prefix_cache_hit_tokens_total"] - before["modeld:prefix_cache_hit_tokens_total"]
+        == reply.usage.prompt_tokens_details.cached_tokens
+        > 0
+    )
 
     memd_after = scrape(stack.memd.log())
     for method in ("Alloc", "MatchPrefix"):
@@ -62,16 +73,23 @@ def test_counters_move_as_requests_run(stack, model_name, openai_client):
     assert modeld_totals(stack, ["modeld:step_duration_seconds_count"])["modeld:step_duration_seconds_count"] > 0
     for modeld in stack.modelds:
         samples = settled(modeld.log_path.read_text())
-        for name in ("modeld:num_requests_running", "modeld:num_requests_waiting", "modeld:num_preemptions_total",
-                     "modeld:spec_decode_num_drafts_total", "modeld:spec_decode_num_accepted_tokens_total"):
+        for name in (
+            "modeld:num_requests_running",
+            "modeld:num_requests_waiting",
+            "modeld:num_preemptions_total",
+            "modeld:spec_decode_num_drafts_total",
+            "modeld:spec_decode_num_accepted_tokens_total",
+        ):
             assert (name, ()) in samples, name
 
 
 def test_memd_pool_gauges_and_error_counts(stack):
     capacity = stack.memd.capacity()
     samples = scrape(stack.memd.log())
-    tokens = {state: samples[("memd:kv_cache_tokens", (("pool", "target"), ("state", state)))]
-              for state in ("total", "free", "held", "evictable", "protected")}
+    tokens = {
+        state: samples[("memd:kv_cache_tokens", (("pool", "target"), ("state", state)))]
+        for state in ("total", "free", "held", "evictable", "protected")
+    }
     assert tokens["total"] == capacity.target.total == 8192
     assert tokens["free"] + tokens["held"] + tokens["evictable"] + tokens["protected"] == tokens["total"]
     assert samples[("memd:kv_cache_usage_perc", (("pool", "target"),))] == (8192 - tokens["free"]) / 8192

@@ -25,8 +25,13 @@ def container_image():
         pytest.fail("DFLASH_CONTAINER_TESTS=1 but podman is not installed")
     if os.environ.get("DFLASH_IMAGE"):
         return os.environ["DFLASH_IMAGE"]
-    out = subprocess.run([str(REPO / "scripts" / "build-images"), "--variant", "cpu"], cwd=REPO,
-                         capture_output=True, text=True, timeout=1800)
+    out = subprocess.run(
+        [str(REPO / "scripts" / "build-images"), "--variant", "cpu"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if out.returncode != 0:
         pytest.fail(f"scripts/build-images failed ({out.returncode}):\n{out.stderr[-6000:]}")
     return out.stdout.split()[-1]  # the image id: this session's build, whatever the tag points to later

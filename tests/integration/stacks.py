@@ -29,8 +29,14 @@ def free_port() -> int:
 
 def probe(address: str) -> tuple[int, str]:
     """The image's health probe, run here: (exit status, its line)."""
-    out = subprocess.run([sys.executable, "-m", "client.probe", address], capture_output=True, text=True,
-                         env=child_env(), cwd=REPO, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "client.probe", address],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=REPO,
+        timeout=30,
+    )
     return out.returncode, out.stdout.strip()
 
 
@@ -47,6 +53,7 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
 
 class Stack:
     """memd + modeld (+ the gateway in front of modeld). Subclasses start, kill and stop them."""
+
     kind = ""
 
     def __init__(self):
@@ -93,20 +100,49 @@ class ProcessStack(Stack):
         log.close()
 
     def _start_memd(self) -> None:
-        self._spawn("memd", [sys.executable, "-m", "memd", "--device", "cpu", "--target-model", str(self.model),
-                             "--listen", self.memd_address, *MEMD_ARGS])
+        self._spawn(
+            "memd",
+            [
+                sys.executable,
+                "-m",
+                "memd",
+                "--device",
+                "cpu",
+                "--target-model",
+                str(self.model),
+                "--listen",
+                self.memd_address,
+                *MEMD_ARGS,
+            ],
+        )
 
     def start_modeld(self) -> None:
-        self._spawn("modeld", [sys.executable, "-m", "modeld", "--device", "cpu", "--target-model", str(self.model),
-                               "--memd", self.memd_address, "--listen", self.modeld_address])
+        self._spawn(
+            "modeld",
+            [
+                sys.executable,
+                "-m",
+                "modeld",
+                "--device",
+                "cpu",
+                "--target-model",
+                str(self.model),
+                "--memd",
+                self.memd_address,
+                "--listen",
+                self.modeld_address,
+            ],
+        )
         self.wait_serving()
 
     def start(self) -> None:
         self._start_memd()
         self.attach_memd_client(self.folder / "memd.log")
         self.start_modeld()
-        self._spawn("gateway", [sys.executable, "-m", "gateway", "--modeld", self.modeld_address,
-                                "--port", str(self.gateway_port)])
+        self._spawn(
+            "gateway",
+            [sys.executable, "-m", "gateway", "--modeld", self.modeld_address, "--port", str(self.gateway_port)],
+        )
 
     def kill_modeld(self) -> None:
         self.procs["modeld"].send_signal(signal.SIGKILL)
@@ -171,15 +207,22 @@ def podman_compose_command() -> list[str]:
 class ContainerStack(Stack):
     """compose.yaml + compose.cpu.yaml under podman-compose, the commands of the README's CPU section:
     `up model` converts the default model into the project's named volume (once), then `up -d --no-deps`."""
+
     kind = "containers"
 
     def __init__(self, image: str):
         super().__init__()
         self.project = f"dflash-it-{os.getpid()}-{self.memd_port}"
-        self.env = {**podman_env(), "DFLASH_PROJECT": self.project, "DFLASH_IMAGE": image,
-                    "MEMD_PORT": str(self.memd_port), "MODELD_PORT": str(self.modeld_port),
-                    "GATEWAY_PORT": str(self.gateway_port),
-                    "MEMD_ARGS": shlex.join(MEMD_ARGS), "MODELD_ARGS": ""}
+        self.env = {
+            **podman_env(),
+            "DFLASH_PROJECT": self.project,
+            "DFLASH_IMAGE": image,
+            "MEMD_PORT": str(self.memd_port),
+            "MODELD_PORT": str(self.modeld_port),
+            "GATEWAY_PORT": str(self.gateway_port),
+            "MEMD_ARGS": shlex.join(MEMD_ARGS),
+            "MODELD_ARGS": "",
+        }
         self.folder = pathlib.Path(tempfile.mkdtemp(prefix="dflash-it-"))
 
     def compose(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -188,7 +231,9 @@ class ContainerStack(Stack):
         with open(self.folder / "compose.log", "a") as log:
             log.write(f"$ {shlex.join(cmd)}\n{out.stdout}{out.stderr}\nexit {out.returncode}\n")
         if out.returncode != 0:
-            raise RuntimeError(f"{shlex.join(cmd)} exited with {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+            raise RuntimeError(
+                f"{shlex.join(cmd)} exited with {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+            )
         return out
 
     def container(self, service: str) -> str:

@@ -2,7 +2,8 @@
 (+ compose.cpu.yaml, podman-compose) and, with the same tests, as two plain processes. Over loopback TCP:
 greedy output equals Hugging Face's (the in-process reference of tests/e2e), streaming, capacity and health;
 the OpenAI-compatible gateway in front of modeld answers a chat
-completion with the client's greedy text; kill -9 of modeld mid-stream (the client gets UNAVAILABLE at once, memd frees the session within 2 s, a
+completion with the client's greedy text; kill -9 of modeld mid-stream (the client gets UNAVAILABLE at once, memd
+frees the session within 2 s, a
 restarted modeld answers the same greedy output); memd stopped and started again (modeld turns NOT_SERVING,
 then SERVING); a stop is a clean SIGTERM that leaves no segment in /dev/shm. Every test ends with memd's pools
 free (nothing held but by the prefix cache; fully free after FlushCache)."""
@@ -43,9 +44,27 @@ def test_greedy_equals_the_in_process_reference(stack, c, chat_ids, assert_greed
         assert_greedy_equal(list(result.output_ids), ids, MAX_NEW, "cpu")
         assert result.prompt_tokens == len(ids) and result.completion_tokens == len(result.output_ids)
     # The README's client call, as typed there (the CLI), against this stack.
-    out = subprocess.run([sys.executable, "-m", "client", "--addr", stack.modeld_address, "generate",
-                          "What is the capital of France?", "--chat", "--max-new-tokens", "32", "--temperature", "0"],
-                         capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "client",
+            "--addr",
+            stack.modeld_address,
+            "generate",
+            "What is the capital of France?",
+            "--chat",
+            "--max-new-tokens",
+            "32",
+            "--temperature",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=REPO,
+        timeout=120,
+    )
     assert out.returncode == 0 and "Paris" in out.stdout, out.stdout + out.stderr
 
 
@@ -87,10 +106,17 @@ def test_gateway_answers_as_the_client_does(stack, c):
     wait_until(lambda: gateway_healthy(stack.gateway_url), 120, "the gateway healthy", interval=0.5)
     if stack.kind == "containers":  # compose.yaml's health check of the gateway, run by podman
         assert stack.healthcheck("gateway") == 0
-    body = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": question}],
-            "max_tokens": MAX_NEW, "temperature": 0}
-    request = urllib.request.Request(f"{stack.gateway_url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    body = {
+        "model": "SmolLM2-135M-Instruct",
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": MAX_NEW,
+        "temperature": 0,
+    }
+    request = urllib.request.Request(
+        f"{stack.gateway_url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=120) as answer:
         reply = json.loads(answer.read())
     assert reply["choices"][0]["message"]["content"] == expected
@@ -121,8 +147,12 @@ def test_kill_9_of_modeld_mid_stream(stack, c, chat_ids):
         stack.kill_modeld()
         killed_at.append(time.monotonic())
         # memd frees the dead session's slots within 2 s of the kill.
-        cap = wait_until(lambda: (lambda cap: cap if is_idle(cap) else None)(stack.memd.capacity()), 2.0,
-                         "memd idle after kill -9 of modeld", interval=0.02)
+        cap = wait_until(
+            lambda: (lambda cap: cap if is_idle(cap) else None)(stack.memd.capacity()),
+            2.0,
+            "memd idle after kill -9 of modeld",
+            interval=0.02,
+        )
         assert cap.running_requests == 0
         reader.join(30)
     assert not reader.is_alive(), "the stream hung after modeld died"

@@ -4,16 +4,21 @@
 import os
 
 import pytest
-import torch
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@pytest.fixture(params=[
-    pytest.param("cpu", marks=pytest.mark.skipif(
-        not INTERPRETING, reason="Triton on CPU tensors needs TRITON_INTERPRET=1 (set here only without a GPU)")),
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
-])
+@pytest.fixture(
+    params=[
+        pytest.param(
+            "cpu",
+            marks=pytest.mark.skipif(
+                not INTERPRETING, reason="Triton on CPU tensors needs TRITON_INTERPRET=1 (set here only without a GPU)"
+            ),
+        ),
+        pytest.param("cuda", marks=pytest.mark.gpu),
+    ]
+)
 def device(request):
     """Devices on which Triton kernels can run in this process."""
     return request.param

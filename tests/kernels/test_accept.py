@@ -13,8 +13,11 @@ def blocks(n: int, block: int, seed: int, match: float = 0.8) -> tuple[torch.Ten
     long accepted prefixes happen, and so do chance matches after a miss)."""
     gen = torch.Generator().manual_seed(seed)
     target = torch.randint(0, 4, (n, block), generator=gen)
-    drafts = torch.where(torch.rand(n, block - 1, generator=gen) < match, target[:, :-1],
-                         torch.randint(0, 4, (n, block - 1), generator=gen))
+    drafts = torch.where(
+        torch.rand(n, block - 1, generator=gen) < match,
+        target[:, :-1],
+        torch.randint(0, 4, (n, block - 1), generator=gen),
+    )
     return drafts, target
 
 
@@ -55,8 +58,9 @@ def test_padding_requests_commit_nothing(device):
 
 
 def test_no_blocks(device):
-    got = accept_lengths_triton(torch.empty(0, 15, dtype=torch.int64, device=device),
-                                torch.empty(0, 16, dtype=torch.int64, device=device))
+    got = accept_lengths_triton(
+        torch.empty(0, 15, dtype=torch.int64, device=device), torch.empty(0, 16, dtype=torch.int64, device=device)
+    )
     assert got.shape == (0,) and got.dtype == torch.int64
 
 

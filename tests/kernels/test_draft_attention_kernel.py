@@ -42,8 +42,16 @@ def case(starts, block, heads, kv_heads, head_dim, window, dtype, device):
     pool[:, :, used[used > 0]] = torch.randn(2, 2, int((used > 0).sum()), kv_heads, head_dim, generator=gen)
     pool[:, :, 0] = float("nan")  # the sink row
     width = (window - 1) if window is not None else max(starts)
-    ctx = PagedContext(pool[1, 0].to(dtype).to(device), pool[1, 1].to(dtype).to(device), req_to_token.to(device),
-                       mapping.to(device), torch.arange(1, n + 1).to(device), torch.tensor(starts).to(device), window, width)
+    ctx = PagedContext(
+        pool[1, 0].to(dtype).to(device),
+        pool[1, 1].to(dtype).to(device),
+        req_to_token.to(device),
+        mapping.to(device),
+        torch.arange(1, n + 1).to(device),
+        torch.tensor(starts).to(device),
+        window,
+        width,
+    )
     qkv = torch.randn(n, block, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype).to(device)
     q = qkv[..., : heads * head_dim].unflatten(-1, (heads, head_dim)).contiguous()
     k = qkv[..., heads * head_dim : (heads + kv_heads) * head_dim].unflatten(-1, (kv_heads, head_dim))
@@ -78,7 +86,7 @@ def test_the_gathered_context_is_the_window_before_the_block():
     assert not ctx_k.isnan().any()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("shape", CASES, ids=str)
 def test_kernel_matches_the_gathered_torch_path_in_bf16_on_the_gpu(shape, causal):

@@ -9,16 +9,26 @@ import pytest
 import torch
 
 from modeld.kernels.fused import (
-    rms_norm, rms_norm_torch, rms_norm_triton, rotary, rotary_torch, rotary_triton, rotate_half, silu_mul,
-    silu_mul_torch, silu_mul_triton,
+    rms_norm,
+    rms_norm_torch,
+    rms_norm_triton,
+    rotary,
+    rotary_torch,
+    rotary_triton,
+    rotate_half,
+    silu_mul,
+    silu_mul_torch,
+    silu_mul_triton,
 )
 from modeld.model import RMSNorm
 
 EPS = 1e-6
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = ["fp32", "fp16", "bf16"]
-TORCH_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                       reason="needs a CUDA GPU"))]
+TORCH_DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.gpu),
+]
 
 
 def skip_interpreted_bf16(dtype, device):
@@ -28,7 +38,7 @@ def skip_interpreted_bf16(dtype, device):
 
 def strided(rows, cols, dtype, device, scale=1.0):
     """Random [rows, cols] whose rows are 48 elements apart beyond cols (a column slice of a wider tensor)."""
-    return (scale * torch.randn(rows, cols + 48))[:, 16:16 + cols].to(dtype).to(device)
+    return (scale * torch.randn(rows, cols + 48))[:, 16 : 16 + cols].to(dtype).to(device)
 
 
 def assert_matches(actual, expected):
@@ -58,8 +68,8 @@ def rope_cos_sin(tokens, head_dim, dtype, device):
 def qk_views(tokens, q_heads, k_heads, head_dim, dtype, device):
     """q [T, Hq, D], k [T, Hk, D]: non-contiguous views into one fused qkv projection output [T, (Hq + 2 Hk) D]."""
     qkv = torch.randn(tokens, (q_heads + 2 * k_heads) * head_dim).to(dtype).to(device)
-    q = qkv[:, :q_heads * head_dim].view(tokens, q_heads, head_dim)
-    k = qkv[:, q_heads * head_dim:(q_heads + k_heads) * head_dim].view(tokens, k_heads, head_dim)
+    q = qkv[:, : q_heads * head_dim].view(tokens, q_heads, head_dim)
+    k = qkv[:, q_heads * head_dim : (q_heads + k_heads) * head_dim].view(tokens, k_heads, head_dim)
     return q, k
 
 
@@ -136,7 +146,7 @@ def test_dispatch(device):
         assert torch.equal(a, b)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_cuda_graph_replay():
     """The three kernels captured in one CUDA graph give, on replay with new inputs, what they give eagerly."""
     torch.manual_seed(0)

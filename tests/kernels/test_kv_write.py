@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from modeld.kernels.kv_write import (
-    store_kv_prefix_valid, store_kv_prefix_valid_torch, store_kv_prefix_valid_triton, store_kv_torch,
-    store_kv_translated, store_kv_translated_torch, store_kv_translated_triton,
+    store_kv_prefix_valid,
+    store_kv_prefix_valid_torch,
+    store_kv_prefix_valid_triton,
+    store_kv_torch,
+    store_kv_translated,
+    store_kv_translated_torch,
+    store_kv_translated_triton,
 )
 
 SENTINEL = -7.0
@@ -88,8 +93,11 @@ def make_mapping(target_rows, mapped_targets, draft_slots):
     return mapping
 
 
-@pytest.mark.parametrize("impl", [store_kv_translated_torch, store_kv_translated_triton, store_kv_translated],
-                         ids=["torch", "triton", "public"])
+@pytest.mark.parametrize(
+    "impl",
+    [store_kv_translated_torch, store_kv_translated_triton, store_kv_translated],
+    ids=["torch", "triton", "public"],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("n,kv_heads,head_dim,page_size", SHAPES[:3])
 def test_store_kv_translated(impl, dtype, n, kv_heads, head_dim, page_size, device):
@@ -98,8 +106,9 @@ def test_store_kv_translated(impl, dtype, n, kv_heads, head_dim, page_size, devi
     pool, k_cache, v_cache = make_pool(draft_pages, page_size, kv_heads, head_dim, dtype, device)
     target_slots = random_slots(n, target_pages, page_size)
     in_window = torch.arange(n) % 3 != 0  # the rest are unmapped (mapping 0: outside the draft window)
-    mapping = make_mapping(target_pages * page_size, target_slots[in_window],
-                           random_slots(int(in_window.sum()), draft_pages, page_size))
+    mapping = make_mapping(
+        target_pages * page_size, target_slots[in_window], random_slots(int(in_window.sum()), draft_pages, page_size)
+    )
     target_slots[2::5] = -1  # padding tokens
     k, v = make_kv(n, kv_heads, head_dim, dtype, device)
     expected = expected_pool(pool, [int(mapping[t]) if t >= 0 else None for t in target_slots.tolist()], k, v)
@@ -109,8 +118,11 @@ def test_store_kv_translated(impl, dtype, n, kv_heads, head_dim, page_size, devi
     assert torch.equal(pool, expected)
 
 
-@pytest.mark.parametrize("impl", [store_kv_prefix_valid_torch, store_kv_prefix_valid_triton, store_kv_prefix_valid],
-                         ids=["torch", "triton", "public"])
+@pytest.mark.parametrize(
+    "impl",
+    [store_kv_prefix_valid_torch, store_kv_prefix_valid_triton, store_kv_prefix_valid],
+    ids=["torch", "triton", "public"],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("translated", [False, True], ids=["direct", "translated"])
 @pytest.mark.parametrize("flat_kv", [False, True], ids=["kv_BL", "kv_flat"])
@@ -119,15 +131,17 @@ def test_store_kv_prefix_valid(impl, dtype, translated, flat_kv, batch, cols, pa
     torch.manual_seed(batch * cols)
     kv_heads, head_dim, n = 3, 16, batch * cols
     target_pages, draft_pages = pages_for(n, page_size), pages_for(n // 2, page_size)
-    pool, k_cache, v_cache = make_pool(draft_pages if translated else target_pages, page_size, kv_heads, head_dim,
-                                       dtype, device)
+    pool, k_cache, v_cache = make_pool(
+        draft_pages if translated else target_pages, page_size, kv_heads, head_dim, dtype, device
+    )
     slots = random_slots(n, target_pages, page_size)
     commit_lens = torch.tensor([cols, 0, 2][:batch], dtype=torch.int32)  # all, none, some
     mapping = None
     if translated:
         mapped = torch.arange(n) != 1  # one committed token is outside the draft window
-        mapping = make_mapping(target_pages * page_size, slots[mapped],
-                               random_slots(int(mapped.sum()), draft_pages, page_size))
+        mapping = make_mapping(
+            target_pages * page_size, slots[mapped], random_slots(int(mapped.sum()), draft_pages, page_size)
+        )
     slots[n - 1] = -1  # a padding token (committed only if it lies in row 0)
     k, v = make_kv(n, kv_heads, head_dim, dtype, device)
     committed = [col < commit_lens[b] for b in range(batch) for col in range(cols)]
@@ -138,8 +152,15 @@ def test_store_kv_prefix_valid(impl, dtype, translated, flat_kv, batch, cols, pa
     if not flat_kv:
         k, v = k.unflatten(0, (batch, cols)), v.unflatten(0, (batch, cols))
 
-    impl(k_cache, v_cache, slots.reshape(batch, cols).to(device), commit_lens.to(device), k, v,
-         None if mapping is None else mapping.to(device))
+    impl(
+        k_cache,
+        v_cache,
+        slots.reshape(batch, cols).to(device),
+        commit_lens.to(device),
+        k,
+        v,
+        None if mapping is None else mapping.to(device),
+    )
 
     assert torch.equal(pool, expected)
 
@@ -156,8 +177,11 @@ def make_layered(n, layers, pages, page_size, kv_heads, head_dim, dtype, device)
     return pool, pool[LAYER:, 0], pool[LAYER:, 1], kv[:, 0], kv[:, 1]
 
 
-@pytest.mark.parametrize("impl", [store_kv_translated_torch, store_kv_translated_triton, store_kv_translated],
-                         ids=["torch", "triton", "public"])
+@pytest.mark.parametrize(
+    "impl",
+    [store_kv_translated_torch, store_kv_translated_triton, store_kv_translated],
+    ids=["torch", "triton", "public"],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_store_kv_translated_every_layer(impl, dtype, device):
     torch.manual_seed(5)
@@ -166,8 +190,9 @@ def test_store_kv_translated_every_layer(impl, dtype, device):
     pool, k_cache, v_cache, k, v = make_layered(n, layers, draft_pages, page_size, kv_heads, head_dim, dtype, device)
     target_slots = random_slots(n, target_pages, page_size)
     in_window = torch.arange(n) % 4 != 0
-    mapping = make_mapping(target_pages * page_size, target_slots[in_window],
-                           random_slots(int(in_window.sum()), draft_pages, page_size))
+    mapping = make_mapping(
+        target_pages * page_size, target_slots[in_window], random_slots(int(in_window.sum()), draft_pages, page_size)
+    )
     target_slots[5] = -1  # a padding token
     expected = expected_layered(pool, [int(mapping[t]) if t >= 0 else None for t in target_slots.tolist()], k, v)
 
@@ -176,22 +201,27 @@ def test_store_kv_translated_every_layer(impl, dtype, device):
     assert torch.equal(pool, expected)
 
 
-@pytest.mark.parametrize("impl", [store_kv_prefix_valid_torch, store_kv_prefix_valid_triton, store_kv_prefix_valid],
-                         ids=["torch", "triton", "public"])
+@pytest.mark.parametrize(
+    "impl",
+    [store_kv_prefix_valid_torch, store_kv_prefix_valid_triton, store_kv_prefix_valid],
+    ids=["torch", "triton", "public"],
+)
 @pytest.mark.parametrize("flat_kv", [False, True], ids=["kv_BL", "kv_flat"])
 def test_store_kv_prefix_valid_every_layer(impl, flat_kv, device):
     torch.manual_seed(6)
     batch, cols, layers, kv_heads, head_dim, page_size = 3, 4, 2, 3, 16, 4
     n = batch * cols
     target_pages, draft_pages = pages_for(n, page_size), pages_for(n, page_size)
-    pool, k_cache, v_cache, k, v = make_layered(n, layers, draft_pages, page_size, kv_heads, head_dim,
-                                                torch.bfloat16, device)
+    pool, k_cache, v_cache, k, v = make_layered(
+        n, layers, draft_pages, page_size, kv_heads, head_dim, torch.bfloat16, device
+    )
     slots = random_slots(n, target_pages, page_size)
     mapping = make_mapping(target_pages * page_size, slots, random_slots(n, draft_pages, page_size))
     commit_lens = torch.tensor([cols, 0, 3], dtype=torch.int32)
     committed = [col < commit_lens[b] for b in range(batch) for col in range(cols)]
-    expected = expected_layered(pool, [int(mapping[s]) if ok else None for s, ok in zip(slots.tolist(), committed)],
-                                k, v)
+    expected = expected_layered(
+        pool, [int(mapping[s]) if ok else None for s, ok in zip(slots.tolist(), committed)], k, v
+    )
     if not flat_kv:
         k, v = k.unflatten(0, (batch, cols)), v.unflatten(0, (batch, cols))
 
@@ -204,4 +234,6 @@ def test_caches_of_several_layers_need_kv_of_as_many():
     pool = torch.zeros(3, 2, 8, 1, 4)
     k = torch.zeros(2, 2, 1, 4)  # two layers, for caches of three
     with pytest.raises(ValueError, match="caches of 3 layers"):
-        store_kv_translated_torch(pool[:, 0], pool[:, 1], torch.tensor([1, 2]), torch.arange(8, dtype=torch.int32), k, k)
+        store_kv_translated_torch(
+            pool[:, 0], pool[:, 1], torch.tensor([1, 2]), torch.arange(8, dtype=torch.int32), k, k
+        )

@@ -6,9 +6,9 @@ import pytest
 import torch
 from triton.runtime.errors import OutOfResources
 
+from modeld.kernels import tile_fitting
 from modeld.kernels.fused import rms_norm, silu_mul
 from modeld.kernels.norm_linear import FUSED_TILES, fits, norm_linear, norm_linear_launch
-from modeld.kernels import tile_fitting
 from modeld.kernels.skinny_linear import MAX_ROWS, skinny_launch
 
 TILE = (16, 64, 4, 2)  # a small tile: the interpreter's cost grows with it
@@ -58,7 +58,9 @@ def test_equals_the_unfused_norm_projection_and_silu(device, dtype, silu_pair, w
     assert (y != expected).float().mean() <= 0.02
     reference = torch.nn.functional.linear(
         rms_norm(x.float(), norm_weight.float(), EPS, None if residual is None else residual.float())[0],
-        w.float(), b.float())
+        w.float(),
+        b.float(),
+    )
     if silu_pair:
         gate, up = reference.chunk(2, dim=-1)
         reference = torch.nn.functional.silu(gate) * up
@@ -73,7 +75,7 @@ def test_a_row_alone_equals_the_same_row_among_many(device, dtype, silu_pair):
     sixteen, _ = norm_linear_launch(x[:16], residual[:16], norm_weight, EPS, w, b, TILE, silu_pair)
     assert torch.equal(sixteen, block[:16])
     for i in (0, 9, 15, 16, 39):
-        alone, stream = norm_linear_launch(x[i:i + 1], residual[i:i + 1], norm_weight, EPS, w, b, TILE, silu_pair)
+        alone, stream = norm_linear_launch(x[i : i + 1], residual[i : i + 1], norm_weight, EPS, w, b, TILE, silu_pair)
         assert torch.equal(alone[0], block[i])
         assert torch.equal(stream[0], (x[i].float() + residual[i].float()).to(dtype))
 
@@ -118,7 +120,7 @@ def test_the_cpu_path_runs_the_ops_apart():
     assert not fits(x, norm_weight, w)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_on_the_gpu_a_measured_shape_of_up_to_sixteen_rows_is_fused():
     n, k, _ = next(iter(FUSED_TILES))
     x, residual, norm_weight, w, b = _inputs("cuda", torch.bfloat16, MAX_ROWS + 1, n, k)
@@ -169,8 +171,16 @@ def test_only_a_shape_measured_faster_is_fused(device, monkeypatch):
 def _tiny_llama():
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=311, hidden_size=96, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
-                       num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)
+    return LlamaConfig(
+        vocab_size=311,
+        hidden_size=96,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+    )
 
 
 def _fuse_shapes(monkeypatch, device, shapes, tile_fits=True) -> list:
@@ -224,9 +234,15 @@ def test_a_model_forward_with_the_norms_fused_equals_it_unfused(device, monkeypa
             if isinstance(module, RMSNorm):
                 module.weight.normal_(1.0, 0.1)
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    launches = _fuse_shapes(monkeypatch, device, [
-        (cfg.hidden_size + 2 * cfg.num_key_value_heads * head_dim, cfg.hidden_size),
-        (2 * cfg.intermediate_size, cfg.hidden_size)], tile_fits)
+    launches = _fuse_shapes(
+        monkeypatch,
+        device,
+        [
+            (cfg.hidden_size + 2 * cfg.num_key_value_heads * head_dim, cfg.hidden_size),
+            (2 * cfg.intermediate_size, cfg.hidden_size),
+        ],
+        tile_fits,
+    )
     gen = torch.Generator().manual_seed(4)
     steps = [torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist() for n in (7, 1, 1)]
     hidden = {}
@@ -257,9 +273,15 @@ def test_the_drafts_block_with_the_norms_fused_equals_it_unfused(device, monkeyp
     draft = make_draft(causal=False, dtype=torch.float16, device=device)
     serving = ServingDraft(draft, max_positions=256)
     cfg = draft.config
-    launches = _fuse_shapes(monkeypatch, device, [
-        ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim, HIDDEN),
-        (2 * cfg.intermediate_size, HIDDEN)], tile_fits)
+    launches = _fuse_shapes(
+        monkeypatch,
+        device,
+        [
+            ((cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim, HIDDEN),
+            (2 * cfg.intermediate_size, HIDDEN),
+        ],
+        tile_fits,
+    )
     b = draft.spec.block_size
     gen = torch.Generator().manual_seed(5)
     embeds = torch.randn(1, b, HIDDEN, generator=gen).to(device, torch.float16)
@@ -273,7 +295,7 @@ def test_the_drafts_block_with_the_norms_fused_equals_it_unfused(device, monkeyp
     _check_fused_against_unfused(outs, launches, per_layer * cfg.num_hidden_layers, tile_fits)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_the_default_models_and_drafts_shapes_take_the_fused_kernels(monkeypatch):
     """On a GPU, in bf16, the default model's geometry (SmolLM2-135M, random weights) decodes one
     token through the attention input's and gate|up's fused launches, and the default draft's block of 16 rows
@@ -283,15 +305,23 @@ def test_the_default_models_and_drafts_shapes_take_the_fused_kernels(monkeypatch
 
     import modeld.kernels.norm_linear as nl
     import modeld.kernels.norm_qkv_rotary as nqr
+    from memd.defaults import draft_folder
     from modeld.draft import load_draft
     from modeld.draft_serving import ServingDraft
-    from memd.defaults import draft_folder
     from modeld.model import CausalLM
     from tests.modeld.paged import PagedPools
 
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5,
-                      tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    )
     launches, launch_fitting = [], tile_fitting.launch_fitting
 
     def counted(key, tile, launch):
@@ -314,8 +344,11 @@ def test_the_default_models_and_drafts_shapes_take_the_fused_kernels(monkeypatch
     launches.clear()
     draft = ServingDraft(load_draft(draft_folder("default"), cfg, torch.bfloat16, "cuda", dummy=True), 512)
     b = draft.spec.block_size
-    contexts = [(torch.zeros(1, 4, 3, 64, device="cuda", dtype=torch.bfloat16),) * 2
-                + (torch.ones(1, b, 4, dtype=torch.bool, device="cuda"),)] * len(draft.layers)
-    draft.block_hidden(torch.randn(1, b, 576, device="cuda", dtype=torch.bfloat16),
-                       torch.arange(b, device="cuda")[None, :], contexts)
+    contexts = [
+        (torch.zeros(1, 4, 3, 64, device="cuda", dtype=torch.bfloat16),) * 2
+        + (torch.ones(1, b, 4, dtype=torch.bool, device="cuda"),)
+    ] * len(draft.layers)
+    draft.block_hidden(
+        torch.randn(1, b, 576, device="cuda", dtype=torch.bfloat16), torch.arange(b, device="cuda")[None, :], contexts
+    )
     assert launches == [("norm_linear", True)] * len(draft.layers)  # gate|up; q|k|v measured slower fused at 16 rows

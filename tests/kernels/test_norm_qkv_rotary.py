@@ -28,8 +28,18 @@ def _case(device, dtype, rows, q_heads=4, kv_heads=2, head_dim=32, k=96, bias=Tr
     r = lambda *shape, scale=1.0: (scale * torch.randn(*shape, generator=g)).to(device, dtype)  # noqa: E731
     angles = torch.rand(rows, head_dim // 2, generator=g) * 6.28
     cos, sin = (torch.cat([f(angles)] * 2, dim=-1).to(device, dtype) for f in (torch.cos, torch.sin))
-    return dict(x=r(rows, k), residual=r(rows, k), norm_weight=1 + r(k, scale=0.1), weight=r(n, k, scale=k**-0.5),
-                bias=r(n) if bias else None, cos=cos, sin=sin, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim)
+    return dict(
+        x=r(rows, k),
+        residual=r(rows, k),
+        norm_weight=1 + r(k, scale=0.1),
+        weight=r(n, k, scale=k**-0.5),
+        bias=r(n) if bias else None,
+        cos=cos,
+        sin=sin,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+    )
 
 
 def _pools(device, dtype, kv_heads, head_dim, rows=40):
@@ -38,16 +48,36 @@ def _pools(device, dtype, kv_heads, head_dim, rows=40):
 
 
 def _run_fused(c, residual, slots, pools):
-    return norm_qkv_rotary_launch(c["x"], residual, c["norm_weight"], EPS, c["weight"], c["bias"], c["cos"], c["sin"],
-                                  *pools, slots, c["q_heads"], c["kv_heads"], TILE)
+    return norm_qkv_rotary_launch(
+        c["x"],
+        residual,
+        c["norm_weight"],
+        EPS,
+        c["weight"],
+        c["bias"],
+        c["cos"],
+        c["sin"],
+        *pools,
+        slots,
+        c["q_heads"],
+        c["kv_heads"],
+        TILE,
+    )
 
 
 def _run_apart(c, residual, slots, pools):
     qkv, stream = norm_linear_launch(c["x"], residual, c["norm_weight"], EPS, c["weight"], c["bias"], (32, 32, 4, 2))
     hq, hk, d = c["q_heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"], c["head_dim"]
     q, k, v = qkv.split((hq, hk, hk), dim=-1)
-    q = rotary_store(q.unflatten(-1, (c["q_heads"], d)), k.unflatten(-1, (c["kv_heads"], d)),
-                     v.unflatten(-1, (c["kv_heads"], d)), c["cos"], c["sin"], *pools, slots)
+    q = rotary_store(
+        q.unflatten(-1, (c["q_heads"], d)),
+        k.unflatten(-1, (c["kv_heads"], d)),
+        v.unflatten(-1, (c["kv_heads"], d)),
+        c["cos"],
+        c["sin"],
+        *pools,
+        slots,
+    )
     return q, stream
 
 
@@ -91,9 +121,9 @@ def test_a_row_alone_equals_the_same_row_among_many(device, dtype):
     block_pools = _pools(device, dtype, 2, 32, rows=64)
     q_block, _ = _run_fused(c, c["residual"], slots, block_pools)
     for i in (0, 11, 15, 16, 39):
-        alone = {**c, "x": c["x"][i:i + 1], "cos": c["cos"][i:i + 1], "sin": c["sin"][i:i + 1]}
+        alone = {**c, "x": c["x"][i : i + 1], "cos": c["cos"][i : i + 1], "sin": c["sin"][i : i + 1]}
         pools = _pools(device, dtype, 2, 32, rows=64)
-        q, _ = _run_fused(alone, c["residual"][i:i + 1], slots[i:i + 1], pools)
+        q, _ = _run_fused(alone, c["residual"][i : i + 1], slots[i : i + 1], pools)
         assert torch.equal(q[0], q_block[i])
         assert torch.equal(pools[0][slots[i]], block_pools[0][slots[i]])
         assert torch.equal(pools[1][slots[i]], block_pools[1][slots[i]])
@@ -103,8 +133,34 @@ def test_shape_errors_are_clear(device):
     c = _case(device, torch.float16, 2)
     slots = torch.tensor([3, 4], device=device)
     with pytest.raises(ValueError, match="q\\|k\\|v weight of"):
-        norm_qkv_rotary_launch(c["x"], None, c["norm_weight"], EPS, c["weight"], None, c["cos"], c["sin"],
-                               *_pools(device, torch.float16, 2, 32), slots, 5, 2, TILE)
+        norm_qkv_rotary_launch(
+            c["x"],
+            None,
+            c["norm_weight"],
+            EPS,
+            c["weight"],
+            None,
+            c["cos"],
+            c["sin"],
+            *_pools(device, torch.float16, 2, 32),
+            slots,
+            5,
+            2,
+            TILE,
+        )
     with pytest.raises(ValueError, match="a cos row per row"):
-        norm_qkv_rotary_launch(c["x"], None, c["norm_weight"], EPS, c["weight"], None, c["cos"][:1], c["sin"][:1],
-                               *_pools(device, torch.float16, 2, 32), slots, 4, 2, TILE)
+        norm_qkv_rotary_launch(
+            c["x"],
+            None,
+            c["norm_weight"],
+            EPS,
+            c["weight"],
+            None,
+            c["cos"][:1],
+            c["sin"][:1],
+            *_pools(device, torch.float16, 2, 32),
+            slots,
+            4,
+            2,
+            TILE,
+        )

@@ -42,14 +42,17 @@ class Case:
 CASES = {
     "decode": Case([0, 36, 69], [1, 1, 1], page_size=1, group=1, kv_heads=3, head_dim=16),
     "decode_window_gqa": Case([4, 69, 129], [1, 1, 1], page_size=64, group=3, kv_heads=1, head_dim=80, window=16),
-    "decode_draft_window": Case([40, 3, 92], [1, 1, 1], page_size=16, group=3, kv_heads=1, head_dim=16, window=16,
-                                translated=True),
+    "decode_draft_window": Case(
+        [40, 3, 92], [1, 1, 1], page_size=16, group=3, kv_heads=1, head_dim=16, window=16, translated=True
+    ),
     "extend_mixed_gqa": Case([0, 50, 80], [19, 5, 1], page_size=64, group=3, kv_heads=2, head_dim=64),
     "extend_window": Case([0, 60], [19, 7], page_size=1, group=1, kv_heads=3, head_dim=16, window=8),
-    "draft_window_p1": Case([92, 40], [8, 1], page_size=1, group=3, kv_heads=1, head_dim=16, window=16,
-                            translated=True),
-    "draft_window_p64": Case([130, 3], [8, 8], page_size=64, group=1, kv_heads=2, head_dim=80, window=33,
-                             translated=True),
+    "draft_window_p1": Case(
+        [92, 40], [8, 1], page_size=1, group=3, kv_heads=1, head_dim=16, window=16, translated=True
+    ),
+    "draft_window_p64": Case(
+        [130, 3], [8, 8], page_size=64, group=1, kv_heads=2, head_dim=80, window=33, translated=True
+    ),
 }
 
 
@@ -95,9 +98,16 @@ def build(case, dtype, device, poison=True):
     q = torch.randn(total_q, q_heads, case.head_dim).to(dtype)
     pool = pool.to(device)
     return dict(
-        q=q.to(device), k_cache=pool[LAYER, 0], v_cache=pool[LAYER, 1], req_to_token=req_to_token.to(device),
-        rows=rows.to(torch.int32).to(device), q_starts=int32(case.q_starts, device), q_lens=int32(case.q_lens, device),
-        kv_lens=int32(case.kv_lens, device), sm_scale=case.head_dim ** -0.5, window=case.window,
+        q=q.to(device),
+        k_cache=pool[LAYER, 0],
+        v_cache=pool[LAYER, 1],
+        req_to_token=req_to_token.to(device),
+        rows=rows.to(torch.int32).to(device),
+        q_starts=int32(case.q_starts, device),
+        q_lens=int32(case.q_lens, device),
+        kv_lens=int32(case.kv_lens, device),
+        sm_scale=case.head_dim**-0.5,
+        window=case.window,
         mapping=None if mapping is None else mapping.to(device),
         out=torch.full_like(q, float("nan")).to(device),
     )
@@ -120,8 +130,7 @@ def test_triton_matches_reference_fp32(name, blocks, device):
     run_triton_against_reference(CASES[name], torch.float32, device, blocks, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason="needs a CUDA GPU (Triton 3.9's interpreter computes tl.dot of bf16 inputs wrongly)")
+@pytest.mark.gpu  # on the CPU, Triton 3.9's interpreter computes tl.dot of bf16 inputs wrongly
 @pytest.mark.parametrize("blocks", [(16, 16), (64, 64)], ids=["blocks16", "blocks64"])
 @pytest.mark.parametrize("name", CASES)
 def test_triton_matches_reference_bf16_cuda(name, blocks):
@@ -132,16 +141,23 @@ def dense_attention(args, case):
     """Per request: all keys 0 .. kv_len-1 gathered densely, an explicit mask from the definition, then SDPA."""
     outs, qo = [], 0
     for b in range(len(case.q_lens)):
-        slots = args["req_to_token"][args["rows"][b], :case.kv_lens[b]].long()
+        slots = args["req_to_token"][args["rows"][b], : case.kv_lens[b]].long()
         if args["mapping"] is not None:
             slots = args["mapping"][slots].long()
         k, v = (cache[slots].transpose(0, 1) for cache in (args["k_cache"], args["v_cache"]))  # [kv_heads, keys, D]
-        q = args["q"][qo:qo + case.q_lens[b]].transpose(0, 1)  # [q_heads, queries, D]
+        q = args["q"][qo : qo + case.q_lens[b]].transpose(0, 1)  # [q_heads, queries, D]
         query_pos = range(case.q_starts[b], case.kv_lens[b])
-        mask = torch.tensor([[p <= t and (case.window is None or t - p < case.window) for p in range(case.kv_lens[b])]
-                             for t in query_pos])
-        outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=args["sm_scale"],
-                                                   enable_gqa=True).transpose(0, 1))
+        mask = torch.tensor(
+            [
+                [p <= t and (case.window is None or t - p < case.window) for p in range(case.kv_lens[b])]
+                for t in query_pos
+            ]
+        )
+        outs.append(
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=args["sm_scale"], enable_gqa=True).transpose(
+                0, 1
+            )
+        )
         qo += case.q_lens[b]
     return torch.cat(outs)
 
@@ -164,8 +180,22 @@ def test_batched_cpu_decode_matches_reference(name, dtype):
     per-request reference; paged_attention on the CPU gives the same for such a step."""
     args = build(CASES[name], dtype, "cpu")
     expected = paged_attention_torch(**{**args, "out": None})
-    batched = {name: args[name] for name in ("q", "k_cache", "v_cache", "req_to_token", "rows", "q_starts", "kv_lens",
-                                             "sm_scale", "window", "mapping", "out")}
+    batched = {
+        name: args[name]
+        for name in (
+            "q",
+            "k_cache",
+            "v_cache",
+            "req_to_token",
+            "rows",
+            "q_starts",
+            "kv_lens",
+            "sm_scale",
+            "window",
+            "mapping",
+            "out",
+        )
+    }
     result = decode_attention_torch(**batched)
     assert result is args["out"] and result.isfinite().all()
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2

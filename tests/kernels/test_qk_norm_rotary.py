@@ -39,8 +39,9 @@ def test_keys_alone_in_groups_of_heads_each_with_its_weight(device, dtype):
     _, k, _, _, cos, sin = _case(device, dtype, 5, k_heads=6)
     weights = (1 + 0.1 * torch.randn(3, k.shape[-1], generator=torch.Generator().manual_seed(9))).to(device, dtype)
     unit = torch.ones(k.shape[-1], device=device, dtype=dtype)
-    by_group = (rms_norm_torch(k.reshape(-1, k.shape[-1]), unit, 1e-6)[0].view(5, 3, 2, -1)
-                * weights[None, :, None, :]).view(5, 6, -1)
+    by_group = (
+        rms_norm_torch(k.reshape(-1, k.shape[-1]), unit, 1e-6)[0].view(5, 3, 2, -1) * weights[None, :, None, :]
+    ).view(5, 6, -1)
     want = rotary_torch(by_group[:, :0], by_group, cos, sin)[1]
     assert torch.equal(qk_norm_rotary_torch(k[:, :0], k, weights[0], weights, 1e-6, cos, sin)[1], want)
     assert_matches(qk_norm_rotary_triton(k[:, :0], k, weights[0], weights, 1e-6, cos, sin)[1], want)

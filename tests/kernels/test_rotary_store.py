@@ -1,4 +1,5 @@
-"""rotary_store (one launch) against the rotary kernel then the K/V write: the same rotated q and the same pool, bit for bit,
+"""rotary_store (one launch) against the rotary kernel then the K/V write: the same rotated q and the same pool, bit
+for bit,
 padding rows writing nothing; and against the torch reference, within rotary's rounding tolerance."""
 
 import pytest
@@ -21,9 +22,9 @@ def inputs(tokens, q_heads, kv_heads, head_dim, dtype, device, cache_dtype=None)
     [2 layers, 2, rows, kv_heads, head_dim] whose layer 1 is written; slots distinct, every third one -1."""
     torch.manual_seed(tokens * q_heads + head_dim)
     qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim).to(dtype).to(device)
-    q = qkv[:, :q_heads * head_dim].view(tokens, q_heads, head_dim)
-    k = qkv[:, q_heads * head_dim:(q_heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
-    v = qkv[:, (q_heads + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim)
+    q = qkv[:, : q_heads * head_dim].view(tokens, q_heads, head_dim)
+    k = qkv[:, q_heads * head_dim : (q_heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    v = qkv[:, (q_heads + kv_heads) * head_dim :].view(tokens, kv_heads, head_dim)
     positions = torch.randint(0, 4096, (tokens,)).float()
     inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2).float() / head_dim)
     angles = torch.cat([positions[:, None] * inv_freq] * 2, dim=-1)
@@ -37,7 +38,9 @@ def inputs(tokens, q_heads, kv_heads, head_dim, dtype, device, cache_dtype=None)
 
 def skip_interpreted_bf16(dtype, device):
     if dtype is torch.bfloat16 and device == "cpu":
-        pytest.skip("Triton's interpreter truncates fp32 -> bf16 casts (the torch comparison would fail for that alone)")
+        pytest.skip(
+            "Triton's interpreter truncates fp32 -> bf16 casts (the torch comparison would fail for that alone)"
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -68,7 +71,9 @@ def test_matches_the_torch_reference(shape, dtype, device):
     got_q = rotary_store_triton(q, k, v, cos, sin, pool[1, 0], pool[1, 1], slots)
     eps = 1e-5 if dtype is torch.float32 else 2 * torch.finfo(dtype).eps  # rotary's tolerance (test_fused)
     torch.testing.assert_close(got_q.float(), want_q.float(), rtol=eps, atol=eps * float(want_q.float().abs().max()))
-    torch.testing.assert_close(pool.float(), want_pool.float(), rtol=eps, atol=eps * float(want_pool.float().abs().max()))
+    torch.testing.assert_close(
+        pool.float(), want_pool.float(), rtol=eps, atol=eps * float(want_pool.float().abs().max())
+    )
     torch.testing.assert_close(pool[1, 1], want_pool[1, 1], rtol=0, atol=0)  # v is copied, not computed
 
 
@@ -86,6 +91,8 @@ def test_dispatch(device):
     q, k, v, cos, sin, pool, slots = inputs(3, 4, 2, 64, torch.float32, device)
     want = pool.clone()
     impl = rotary_store_triton if device == "cuda" else rotary_store_torch
-    assert torch.equal(rotary_store(q, k, v, cos, sin, pool[1, 0], pool[1, 1], slots),
-                       impl(q, k, v, cos, sin, want[1, 0], want[1, 1], slots))
+    assert torch.equal(
+        rotary_store(q, k, v, cos, sin, pool[1, 0], pool[1, 1], slots),
+        impl(q, k, v, cos, sin, want[1, 0], want[1, 1], slots),
+    )
     assert torch.equal(pool, want)

@@ -42,7 +42,7 @@ def test_a_row_alone_equals_the_same_row_among_many(device, dtype, tile):
     block = skinny_launch(x, w, None, tile)
     assert torch.equal(skinny_launch(x[:MAX_ROWS], w, None, tile), block[:MAX_ROWS])
     for i in (0, 7, 15, 16, 39):
-        alone = skinny_launch(x[i:i + 1], w, None, tile)
+        alone = skinny_launch(x[i : i + 1], w, None, tile)
         assert torch.equal(alone[0], block[i])
 
 
@@ -58,12 +58,13 @@ def test_torch_takes_what_the_kernel_does_not():
     assert torch.equal(linear(x, w, b), torch.nn.functional.linear(x, w, b))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_on_the_gpu_a_tuned_shape_of_up_to_sixteen_rows_goes_through_the_kernel():
     (n, k), tile = next(iter(TILES.items()))
     x, w, b = _inputs("cuda", MAX_ROWS + 1, n, k)
     assert fits(x[:MAX_ROWS], w) and not fits(x, w) and not fits(x[:1].float(), w.float())
     assert not fits(x[:1, :64], w[:32, :64].contiguous())  # a shape not in TILES
     assert torch.equal(linear(x[:1], w, b), skinny_launch(x[:1], w, b, tile))
-    torch.testing.assert_close(linear(x[:MAX_ROWS], w, b), torch.nn.functional.linear(x[:MAX_ROWS], w, b),
-                               atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        linear(x[:MAX_ROWS], w, b), torch.nn.functional.linear(x[:MAX_ROWS], w, b), atol=2e-2, rtol=2e-2
+    )

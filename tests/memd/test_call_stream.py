@@ -23,15 +23,19 @@ IDS = list(range(100, 140))
 
 @pytest.fixture
 def memd(tmp_path):
-    with run_memd(tiny_target(tmp_path / "t"), *memd_args(budget=400_000, max_running=4, chunk=16),
-                  "--metrics-port", "0") as m:
+    with run_memd(
+        tiny_target(tmp_path / "t"), *memd_args(budget=400_000, max_running=4, chunk=16), "--metrics-port", "0"
+    ) as m:
         yield m
 
 
 def raw_calls(session: MemdSession):
     """The Calls method with bytes in: what a client that sends anything at all can send."""
-    return session.channel.stream_stream("/memd.v1.Memd/Calls", request_serializer=lambda data: data,
-                                         response_deserializer=memd_pb2.CallAnswer.FromString)
+    return session.channel.stream_stream(
+        "/memd.v1.Memd/Calls",
+        request_serializer=lambda data: data,
+        response_deserializer=memd_pb2.CallAnswer.FromString,
+    )
 
 
 def test_calls_over_the_stream_answer_as_memd_holds_them(memd):
@@ -43,7 +47,7 @@ def test_calls_over_the_stream_answer_as_memd_holds_them(memd):
         assert pools["req_to_token"][grant.row, : len(IDS)].tolist() == list(grant.target_slots)
         grown = s.alloc(grows=[("a", 3)]).requests[0]
         assert grown.start == len(IDS) and len(grown.target_slots) == 3
-        assert pools["req_to_token"][grant.row, len(IDS): len(IDS) + 3].tolist() == list(grown.target_slots)
+        assert pools["req_to_token"][grant.row, len(IDS) : len(IDS) + 3].tolist() == list(grown.target_slots)
         batch = s.match_prefix_batch([("b", IDS[:20], 20), ("c", IDS[:5])])
         assert [m.rid for m in batch] == ["b", "c"] and len(batch[0].extension.target_slots) == 20
         assert memd.capacity().target.held_by_requests == len(IDS) + 3 + 20
@@ -57,14 +61,21 @@ def test_a_refused_call_fails_alone_with_its_unary_status_and_the_stream_goes_on
         stream = s.calls.stream
         before = memd.capacity()
         bad = {  # each is refused before anything changes
-            "alloc": memd_pb2.AllocRequest(session_id=s.session_id, grows=[memd_pb2.GrowOp(rid="unknown", num_tokens=1)]),
+            "alloc": memd_pb2.AllocRequest(
+                session_id=s.session_id, grows=[memd_pb2.GrowOp(rid="unknown", num_tokens=1)]
+            ),
             "free": memd_pb2.FreeRequest(session_id="not-a-session", finish=["held"]),
             "match_prefix": memd_pb2.MatchPrefixRequest(session_id=s.session_id, rid="held", token_ids=[1, 2]),
-            "match_prefix_batch": memd_pb2.MatchPrefixBatchRequest(session_id=s.session_id, items=[
-                memd_pb2.MatchItem(rid="x", token_ids=[-1])]),
+            "match_prefix_batch": memd_pb2.MatchPrefixBatchRequest(
+                session_id=s.session_id, items=[memd_pb2.MatchItem(rid="x", token_ids=[-1])]
+            ),
         }
-        unary = {"alloc": s.stub.Alloc, "free": s.stub.Free, "match_prefix": s.stub.MatchPrefix,
-                 "match_prefix_batch": s.stub.MatchPrefixBatch}
+        unary = {
+            "alloc": s.stub.Alloc,
+            "free": s.stub.Free,
+            "match_prefix": s.stub.MatchPrefix,
+            "match_prefix_batch": s.stub.MatchPrefixBatch,
+        }
         for kind, request in bad.items():
             with pytest.raises(grpc.RpcError) as by_rpc:
                 unary[kind](request, timeout=5)
@@ -93,8 +104,9 @@ def test_a_call_naming_no_operation_is_refused_and_an_unparsable_one_ends_the_st
 
 
 def test_memd_gone_fails_the_call_with_unavailable(tmp_path):
-    with run_memd(tiny_target(tmp_path / "t"), *memd_args(budget=400_000, max_running=4, chunk=16),
-                  check_free=False) as m:
+    with run_memd(
+        tiny_target(tmp_path / "t"), *memd_args(budget=400_000, max_running=4, chunk=16), check_free=False
+    ) as m:
         with MemdSession(m.address, "orphan") as s:
             s.alloc(extends=[("r", 0, 4)])
             m.proc.send_signal(signal.SIGKILL)
@@ -142,8 +154,11 @@ def test_the_streams_calls_are_counted_under_their_own_method(memd):
         url = re.search(r"metrics on (http://\S+/metrics)", memd.log()).group(1)
         with urllib.request.urlopen(url, timeout=10) as reply:
             text = reply.read().decode()
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
 
     allocs = ("memd:rpc_duration_seconds_count", (("method", "Alloc"),))
     refused = ("memd:rpc_errors_total", (("code", "NOT_FOUND"), ("method", "Free")))
@@ -160,8 +175,9 @@ def test_the_streams_calls_are_counted_under_their_own_method(memd):
 
 
 def test_a_shutdown_ends_an_open_stream_with_unavailable_at_once(tmp_path):
-    with run_memd(tiny_target(tmp_path / "t"), *memd_args(budget=400_000, max_running=4, chunk=16),
-                  check_free=False) as m:
+    with run_memd(
+        tiny_target(tmp_path / "t"), *memd_args(budget=400_000, max_running=4, chunk=16), check_free=False
+    ) as m:
         with MemdSession(m.address, "open") as s:
             s.alloc(extends=[("r", 0, 4)])
             stream = s.calls.stream

@@ -23,15 +23,24 @@ from tests.models import tiny_draft, tiny_target
 def memd(tmp_path):
     target = tiny_target(tmp_path / "t")
     draft = tiny_draft(tmp_path / "d", window=32, block=4)
-    with run_memd(target, *memd_args(draft=draft, ratio=0.5, window=32, budget=400_000, max_running=2, chunk=16),
-                  "--draft-eviction-interval", "0") as m:
+    with run_memd(
+        target,
+        *memd_args(draft=draft, ratio=0.5, window=32, budget=400_000, max_running=2, chunk=16),
+        "--draft-eviction-interval",
+        "0",
+    ) as m:
         yield m
 
 
 def snapshot(session: MemdSession, pools: dict):
     cap = session.stub.Capacity(memd_pb2.CapacityRequest(), timeout=5)
-    return (cap.target.free, cap.draft.free, cap.running_requests,
-            pools["target_to_draft"].clone(), pools["req_to_token"].clone())
+    return (
+        cap.target.free,
+        cap.draft.free,
+        cap.running_requests,
+        pools["target_to_draft"].clone(),
+        pools["req_to_token"].clone(),
+    )
 
 
 def same(a, b) -> bool:
@@ -52,10 +61,18 @@ def test_bad_input_gets_the_right_code_and_changes_nothing(memd):
         other.alloc(extends=[("theirs", 0, 3)])
         before = snapshot(s, pools)
         stub = s.stub
-        NF, IA, RE, FP = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
-                          grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.FAILED_PRECONDITION)
-        assert "unknown session" in expect(NF, lambda: stub.Alloc(memd_pb2.AllocRequest(
-            session_id="nope", extends=[memd_pb2.ExtendOp(rid="x", num_tokens=1)]), timeout=5))
+        NF, IA, RE, FP = (
+            grpc.StatusCode.NOT_FOUND,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            grpc.StatusCode.FAILED_PRECONDITION,
+        )
+        assert "unknown session" in expect(
+            NF,
+            lambda: stub.Alloc(
+                memd_pb2.AllocRequest(session_id="nope", extends=[memd_pb2.ExtendOp(rid="x", num_tokens=1)]), timeout=5
+            ),
+        )
         expect(NF, lambda: stub.Free(memd_pb2.FreeRequest(session_id="nope", finish=["a"]), timeout=5))
         assert "not held" in expect(NF, lambda: s.free(finishes=["theirs"]))  # another session's request
         expect(NF, lambda: s.free(finishes=["never"]))
@@ -73,12 +90,16 @@ def test_bad_input_gets_the_right_code_and_changes_nothing(memd):
         # A valid release bundled with an allocation that cannot be met: nothing at all happens.
         expect(RE, lambda: s.alloc(commits=[("a", 5)], extends=[("big", 0, 600)]))
         expect(RE, lambda: s.alloc(extends=[("e", 0, 1), ("f", 0, 1)]))  # rows: max_running 2
-        assert "out of range" in expect(IA, lambda: stub.Translate(memd_pb2.TranslateRequest(target_slots=[0]), timeout=5))
+        assert "out of range" in expect(
+            IA, lambda: stub.Translate(memd_pb2.TranslateRequest(target_slots=[0]), timeout=5)
+        )
         expect(IA, lambda: stub.Translate(memd_pb2.TranslateRequest(target_slots=[10**9]), timeout=5))
         expect(IA, lambda: stub.Translate(memd_pb2.TranslateRequest(target_slots=[-4]), timeout=5))
         assert same(before, snapshot(s, pools))
         # ... and the state is still usable.
-        assert list(stub.Translate(memd_pb2.TranslateRequest(target_slots=held.target_slots), timeout=5).draft_slots) == list(held.draft_slots)
+        assert list(
+            stub.Translate(memd_pb2.TranslateRequest(target_slots=held.target_slots), timeout=5).draft_slots
+        ) == list(held.draft_slots)
         s.free(finishes=["a"])
 
 
@@ -117,7 +138,7 @@ def test_health_and_reflection(memd):
 
 
 def test_socket_is_owner_only(memd):
-    path = pathlib.Path(memd.address[len("unix://"):])
+    path = pathlib.Path(memd.address[len("unix://") :])
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     for entry in memd.shm_entries():
@@ -135,7 +156,7 @@ def test_sigterm_tells_sessions_and_leaves_nothing(tmp_path):
         assert "shutting down" in session.shutdown_reason
         assert memd.proc.wait(timeout=10) == 0
         assert memd.shm_entries() == []
-        assert not pathlib.Path(memd.address[len("unix://"):]).exists()
+        assert not pathlib.Path(memd.address[len("unix://") :]).exists()
         session.close()
 
 
@@ -156,11 +177,30 @@ def test_config_errors_exit_nonzero(tmp_path):
     cases = {
         "must be in (0, 1]": ["--draft-model", str(draft), "--draft-kv-ratio", "1.5"],
         "requires --draft-window": ["--draft-model", str(draft), "--draft-kv-ratio", "0.5"],
-        "smaller than the draft block size": ["--draft-model", str(draft), "--draft-kv-ratio", "0.5", "--draft-window", "2"],
-        "Use at least": ["--draft-model", str(draft), "--draft-kv-ratio", "0.01", "--draft-window", "64",
-                         "--max-total-tokens", "4096"],
+        "smaller than the draft block size": [
+            "--draft-model",
+            str(draft),
+            "--draft-kv-ratio",
+            "0.5",
+            "--draft-window",
+            "2",
+        ],
+        "Use at least": [
+            "--draft-model",
+            str(draft),
+            "--draft-kv-ratio",
+            "0.01",
+            "--draft-window",
+            "64",
+            "--max-total-tokens",
+            "4096",
+        ],
     }
     for message, args in cases.items():
-        proc = subprocess.run([sys.executable, "-m", "memd", "--device", "cpu", "--target-model", str(target), *args],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "memd", "--device", "cpu", "--target-model", str(target), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode != 0 and message in proc.stderr, (message, proc.stderr)

@@ -9,16 +9,23 @@ import time
 
 import pytest
 
-from tests.daemons import REPO, child_env, cuda_available, memd_args, run_memd
+from tests.daemons import REPO, child_env, memd_args, run_memd
 from tests.models import tiny_draft, tiny_target
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 SCRIPTS = REPO / "tests" / "scripts"
 
 
 def script(name: str, *args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SCRIPTS / name), *args], env=child_env(str(SCRIPTS)), text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPTS / name), *args],
+        env=child_env(str(SCRIPTS)),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)

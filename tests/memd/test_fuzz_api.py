@@ -13,8 +13,12 @@ from protos import memd_pb2
 from tests.daemons import is_idle, memd_args, run_memd
 from tests.models import tiny_draft, tiny_target
 
-CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                 grpc.StatusCode.FAILED_PRECONDITION}
+CLIENT_ERRORS = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+}
 RIDS = ["a", "b", "c", "d", ""]
 sizes = st.one_of(st.integers(-3, 40), st.sampled_from([0, 1, 2**31 - 1, -(2**31)]))
 tokens = st.lists(st.integers(-2, 60), max_size=48)
@@ -39,8 +43,14 @@ def memd(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzz")
     target = tiny_target(folder / "t")
     draft = tiny_draft(folder / "d", window=32, block=4)
-    with run_memd(target, *memd_args(draft=draft, ratio=0.5, window=32, budget=400_000, max_running=2, chunk=16),
-                  "--draft-eviction-interval", "0", "--page-size", "4") as m:
+    with run_memd(
+        target,
+        *memd_args(draft=draft, ratio=0.5, window=32, budget=400_000, max_running=2, chunk=16),
+        "--draft-eviction-interval",
+        "0",
+        "--page-size",
+        "4",
+    ) as m:
         yield m
 
 

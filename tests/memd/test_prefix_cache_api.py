@@ -15,8 +15,12 @@ from protos import memd_pb2
 from tests.daemons import memd_args, run_memd
 from tests.models import tiny_draft, tiny_target
 
-NF, IA, RE, FP = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                  grpc.StatusCode.FAILED_PRECONDITION)
+NF, IA, RE, FP = (
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+)
 WINDOW = 128  # the bounded draft pool's window (ratio 0.25)
 MODEL = "model-under-test"  # every session's model identity: they share one another's prefixes
 DRAFTS = {
@@ -31,8 +35,15 @@ def memd_with(tmp_path, page: int, draft: str, max_running: int = 2, budget: int
     cfg = DRAFTS[draft]
     target = tiny_target(tmp_path / "t")
     draft_dir = tiny_draft(tmp_path / "d", window=WINDOW, block=4) if cfg["draft"] else None
-    args = memd_args(draft=draft_dir, ratio=cfg["ratio"], window=cfg["window"], page=page, budget=budget,
-                     max_running=max_running, chunk=64)
+    args = memd_args(
+        draft=draft_dir,
+        ratio=cfg["ratio"],
+        window=cfg["window"],
+        page=page,
+        budget=budget,
+        max_running=max_running,
+        chunk=64,
+    )
     with run_memd(target, *args, "--draft-eviction-interval", "0") as m:
         yield m
         cap = m.flush_and_wait_free()
@@ -178,8 +189,7 @@ def test_match_insert_match_and_capacity(tmp_path, page, draft):
 def test_a_shared_prefix_is_protected_once_and_a_diverging_prompt_matches_up_to_the_fork(tmp_path, page):
     n = 200
     ids = tokens(n)
-    with memd_with(tmp_path, page, "identity", max_running=4) as m, \
-            session(m, "one") as s, session(m, "two") as other:
+    with memd_with(tmp_path, page, "identity", max_running=4) as m, session(m, "one") as s, session(m, "two") as other:
         _, target, _ = run_and_cache(s, "a", ids)
         cached = floor(n, page)
         # Another session shares the prefix; two requests on one prefix lock it once.
@@ -245,8 +255,11 @@ def test_bounded_draft_pool_caches_the_window_only(tmp_path, page):
 def test_a_client_that_writes_no_draft_kv_caches_no_draft_kv(tmp_path, page, draft):
     n = 100  # fits the window
     ids = tokens(n)
-    with memd_with(tmp_path, page, draft) as m, session(m, "plain", writes_draft_kv=False) as s, \
-            session(m, "spec") as spec:
+    with (
+        memd_with(tmp_path, page, draft) as m,
+        session(m, "plain", writes_draft_kv=False) as s,
+        session(m, "spec") as spec,
+    ):
         run_and_cache(s, "a", ids)
         cap = capacity(s)
         if draft == "identity":  # draft slot == target slot: the draft KV at the cached slots was never written
@@ -343,12 +356,21 @@ def test_a_batch_of_matches_is_each_match_in_order_and_ends_where_rows_run_out(t
         _, cached_target, _ = run_and_cache(s, "cached", ids)
         cached = floor(100, page)
         before = counts(capacity(s))
-        for bad in ([("x", ids), ("x", tokens(9))], [("x", ids), ("", ids)], [("x", ids), ("y", [1, -2])],
-                    [("x", ids), ("y", tokens(10**5))]):
+        for bad in (
+            [("x", ids), ("x", tokens(9))],
+            [("x", ids), ("", ids)],
+            [("x", ids), ("y", [1, -2])],
+            [("x", ids), ("y", tokens(10**5))],
+        ):
             expect(IA, lambda: s.match_prefix_batch(bad))
             assert counts(capacity(s)) == before and capacity(s).running_requests == 0
-        expect(NF, lambda: s.stub.MatchPrefixBatch(memd_pb2.MatchPrefixBatchRequest(
-            session_id="nope", items=[memd_pb2.MatchItem(rid="x", token_ids=ids)]), timeout=5))
+        expect(
+            NF,
+            lambda: s.stub.MatchPrefixBatch(
+                memd_pb2.MatchPrefixBatchRequest(session_id="nope", items=[memd_pb2.MatchItem(rid="x", token_ids=ids)]),
+                timeout=5,
+            ),
+        )
         expect(IA, lambda: s.match_prefix_batch([(f"r{i}", ids) for i in range(4)]))  # more items than rows exist
         s.match_prefix("early", tokens(5, seed=9))  # one of the three rows
         got = s.match_prefix_batch([("hit", ids + [4, 5]), ("miss", tokens(40, seed=3)), ("third", ids)])
@@ -378,9 +400,14 @@ def test_a_batch_grants_first_chunks_in_order_until_one_has_no_room(tmp_path, pa
         for bad in (-1, 10**6):
             expect(IA, lambda: s.match_prefix_batch([("x", tokens(5), 2 * page), ("y", tokens(5, seed=1), bad)]))
             assert counts(capacity(s)) == before and capacity(s).running_requests == 1
-        got = s.match_prefix_batch([("a", tokens(9), 2 * page), ("b", tokens(9, seed=1), 3 * page),
-                                    ("c", tokens(9, seed=2), page)])
-        assert [g.rid for g in got] == ["a", "b", "c"] and [g.HasField("extension") for g in got] == [True, False, False]
+        got = s.match_prefix_batch(
+            [("a", tokens(9), 2 * page), ("b", tokens(9, seed=1), 3 * page), ("c", tokens(9, seed=2), page)]
+        )
+        assert [g.rid for g in got] == ["a", "b", "c"] and [g.HasField("extension") for g in got] == [
+            True,
+            False,
+            False,
+        ]
         ext = got[0].extension
         assert (ext.rid, ext.row, ext.start, len(ext.target_slots)) == ("a", got[0].row, 0, 2 * page)
         assert pools["req_to_token"][ext.row][: 2 * page].tolist() == list(ext.target_slots)
@@ -389,10 +416,10 @@ def test_a_batch_grants_first_chunks_in_order_until_one_has_no_room(tmp_path, pa
         assert s.alloc(extends=[("c", 0, page)]).requests[0].start == 0  # admitted later, from its match
         s.free(finishes=["big", "a", "b", "c"])
 
+
 def test_bad_input_gets_the_right_code_and_changes_nothing(tmp_path, page):
     ids = tokens(100)
-    with memd_with(tmp_path, page, "bounded") as m, session(m, "bad") as s, \
-            session(m, "other") as other:
+    with memd_with(tmp_path, page, "bounded") as m, session(m, "bad") as s, session(m, "other") as other:
         pools = s.map()
         run_and_cache(s, "cached", ids)
         held = s.match_prefix("a", ids)
@@ -408,8 +435,12 @@ def test_bad_input_gets_the_right_code_and_changes_nothing(tmp_path, page):
         stub = s.stub
         cache_op = memd_pb2.CacheOp(rid="a", token_ids=a_ids)
         failing = [
-            (NF, lambda: stub.MatchPrefix(memd_pb2.MatchPrefixRequest(session_id="nope", rid="x", token_ids=ids),
-                                          timeout=5)),
+            (
+                NF,
+                lambda: stub.MatchPrefix(
+                    memd_pb2.MatchPrefixRequest(session_id="nope", rid="x", token_ids=ids), timeout=5
+                ),
+            ),
             (IA, lambda: s.match_prefix("", ids)),
             (IA, lambda: s.match_prefix("a", ids)),  # already held by this session
             (IA, lambda: s.match_prefix("neg", [1, 2, -3])),
@@ -419,7 +450,10 @@ def test_bad_input_gets_the_right_code_and_changes_nothing(tmp_path, page):
             # a running request's cache op (a checkpoint) whose tokens disagree with its matched prefix
             (IA, lambda: s.free(cache=[("a", [a_ids[0] + 1] + a_ids[1:])])),
             (NF, lambda: s.free(finishes=["a"], cache=[("a", a_ids), ("cached", ids)])),  # "cached" is not held
-            (IA, lambda: s.alloc(cache=[("a", a_ids + [1, 2, 3])], grows=[("a", 1)])),  # checkpoint beyond its positions
+            (
+                IA,
+                lambda: s.alloc(cache=[("a", a_ids + [1, 2, 3])], grows=[("a", 1)]),
+            ),  # checkpoint beyond its positions
             (IA, lambda: s.free(finishes=["a"], cache=[("a", a_ids + [1, 2, 3])])),  # more tokens than positions
             (NF, lambda: s.free(finishes=["ghost"], cache=[("ghost", ids)])),
             (NF, lambda: s.free(finishes=["theirs"], cache=[("theirs", ids)])),  # another session's request

@@ -9,8 +9,20 @@ import pytest
 from memd.errors import ResourceExhausted
 from memd.invariants import check_structure
 from memd.slots import Release
-from tests.memd.test_prefix_cache import (ALL_MODES, NONE, assert_all_free, assert_unchanged, finish, floor, make,
-                                          match, probe, run_prompt, seq, snapshot, step)
+from tests.memd.test_prefix_cache import (
+    ALL_MODES,
+    assert_all_free,
+    assert_unchanged,
+    finish,
+    floor,
+    make,
+    match,
+    probe,
+    run_prompt,
+    seq,
+    snapshot,
+    step,
+)
 
 MODEL_A, MODEL_B = "model-a", "model-b"
 

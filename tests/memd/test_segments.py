@@ -20,8 +20,10 @@ from protos import memd_pb2
 from tests.daemons import memd_args, run_memd
 from tests.models import tiny_target
 
-HOLD_LOCK = "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); " \
-            "print('locked', flush=True); sys.stdin.read()"
+HOLD_LOCK = (
+    "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
+    "print('locked', flush=True); sys.stdin.read()"
+)
 
 
 def unseen_pid() -> int:
@@ -35,8 +37,9 @@ def segment_name(buffer: str = "target_kv") -> str:
 
 def hold_lock(path: pathlib.Path) -> subprocess.Popen:
     """Another process holding `path`'s lock, as a live memd holds its segments'."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "locked"
     return proc
 
@@ -65,8 +68,11 @@ def test_a_segment_whose_holder_was_killed_is_removed(tmp_path):
     assert not stale.exists()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another uid needs root (and only root could "
-                                                "remove another user's file from a sticky /dev/shm anyway)")
+@pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="giving a file to another uid needs root (and only root could "
+    "remove another user's file from a sticky /dev/shm anyway)",
+)
 def test_another_users_file_is_never_removed_even_by_root(tmp_path):
     foreign = tmp_path / segment_name()
     foreign.write_bytes(b"kv")
@@ -121,8 +127,9 @@ def test_a_creation_that_loses_its_new_file_to_a_sweep_creates_it_again(tmp_path
 
 
 def shm_desc(name: str, size: int) -> memd_pb2.BufferDesc:
-    return memd_pb2.BufferDesc(name="target_kv", backend="shm", dtype="float32", shape=[size // 4], strides=[1],
-                               size_bytes=size, shm_name=name)
+    return memd_pb2.BufferDesc(
+        name="target_kv", backend="shm", dtype="float32", shape=[size // 4], strides=[1], size_bytes=size, shm_name=name
+    )
 
 
 def test_mapping_a_missing_segment_is_an_error_naming_it_and_creates_nothing():

@@ -56,13 +56,20 @@ def test_a_call_with_another_sessions_label_or_a_made_up_id_is_refused(memd):
         stub = intruder.stub
         for claimed in (victim.label, intruder.label, secrets.token_hex(16), victim.session_id[:-1], ""):
             calls = {
-                "Alloc": lambda: stub.Alloc(memd_pb2.AllocRequest(
-                    session_id=claimed, extends=[memd_pb2.ExtendOp(rid="mine", num_tokens=4)]), timeout=5),
+                "Alloc": lambda: stub.Alloc(
+                    memd_pb2.AllocRequest(session_id=claimed, extends=[memd_pb2.ExtendOp(rid="mine", num_tokens=4)]),
+                    timeout=5,
+                ),
                 "Free": lambda: stub.Free(memd_pb2.FreeRequest(session_id=claimed, finish=["running"]), timeout=5),
-                "MatchPrefix": lambda: stub.MatchPrefix(memd_pb2.MatchPrefixRequest(
-                    session_id=claimed, rid="mine", token_ids=[1, 2, 3]), timeout=5),
-                "MatchPrefixBatch": lambda: stub.MatchPrefixBatch(memd_pb2.MatchPrefixBatchRequest(
-                    session_id=claimed, items=[memd_pb2.MatchItem(rid="mine", token_ids=[1, 2, 3])]), timeout=5),
+                "MatchPrefix": lambda: stub.MatchPrefix(
+                    memd_pb2.MatchPrefixRequest(session_id=claimed, rid="mine", token_ids=[1, 2, 3]), timeout=5
+                ),
+                "MatchPrefixBatch": lambda: stub.MatchPrefixBatch(
+                    memd_pb2.MatchPrefixBatchRequest(
+                        session_id=claimed, items=[memd_pb2.MatchItem(rid="mine", token_ids=[1, 2, 3])]
+                    ),
+                    timeout=5,
+                ),
             }
             for name, call in calls.items():
                 with pytest.raises(grpc.RpcError) as refused:

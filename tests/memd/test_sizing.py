@@ -281,8 +281,9 @@ def test_log_line(ratio, page):
 @pytest.mark.parametrize("max_running,chunked", [(1, 1), (2, 32), (16, 2048)])
 @pytest.mark.parametrize("lookahead", [0, 32])
 def test_request_cap_formula(page, block, interval, max_running, chunked, lookahead):
-    draft = DraftShape(bytes_per_token=DRAFT_COST, block_size=block, window=WINDOW, eviction_interval=interval,
-                       lookahead=lookahead)
+    draft = DraftShape(
+        bytes_per_token=DRAFT_COST, block_size=block, window=WINDOW, eviction_interval=interval, lookahead=lookahead
+    )
     expected = (WINDOW + interval * block + page + _page_ceil(block, page) + lookahead) * max_running + chunked + page
     assert request_cap(draft, page, max_running, chunked) == expected
 

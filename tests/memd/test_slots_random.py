@@ -285,7 +285,9 @@ class SlotMachine(RuleBasedStateMachine):
         hi = max(1, hi)
         if P == 1:
             return data.draw(st.integers(1, hi), label=label)
-        edges = sorted({v for v in (1, P - 1, P, P + 1, 2 * P - 1, 2 * P, 2 * P + 1, 3 * P, 4 * P + 3, 5 * P) if v <= hi})
+        edges = sorted(
+            {v for v in (1, P - 1, P, P + 1, 2 * P - 1, 2 * P, 2 * P + 1, 3 * P, 4 * P + 3, 5 * P) if v <= hi}
+        )
         return data.draw(st.one_of(st.integers(1, hi), st.sampled_from(edges)), label=label)
 
     def prefill_hi(self):
@@ -296,7 +298,10 @@ class SlotMachine(RuleBasedStateMachine):
 
     def new_rid(self, data, session: str) -> str:
         old = [n for n in self.ref.finished_names.get(session, []) if n not in self.ref.sessions[session]]
-        other = sorted({rid for s, held in self.ref.sessions.items() if s != session for rid in held} - set(self.ref.sessions[session]))
+        other = sorted(
+            {rid for s, held in self.ref.sessions.items() if s != session for rid in held}
+            - set(self.ref.sessions[session])
+        )
         how = data.draw(st.sampled_from(["fresh", "fresh", "fresh", "reuse", "other_session"]), label="rid kind")
         if how == "reuse" and old:
             return data.draw(st.sampled_from(sorted(set(old))), label="reused rid")
@@ -313,7 +318,9 @@ class SlotMachine(RuleBasedStateMachine):
         rids = sorted(rid for rid, r in held.items() if pred(r))
         if not rids or len(rids) < min_size:
             return []
-        return data.draw(st.lists(st.sampled_from(rids), min_size=min_size, max_size=len(rids), unique=True), label=label)
+        return data.draw(
+            st.lists(st.sampled_from(rids), min_size=min_size, max_size=len(rids), unique=True), label=label
+        )
 
     def has_requests(self):
         return any(self.ref.sessions.values())
@@ -378,7 +385,9 @@ class SlotMachine(RuleBasedStateMachine):
             assert t.shape == (n,) and d.shape == (n,)
             for i in range(n):
                 p, ti, di = a.start + i, int(t[i]), int(d[i])
-                assert P <= ti < (cfg.target_pages + 1) * P, f"{rid!r} pos {p}: target slot {ti} out of range or in page 0"
+                assert P <= ti < (cfg.target_pages + 1) * P, (
+                    f"{rid!r} pos {p}: target slot {ti} out of range or in page 0"
+                )
                 assert ti % P == p % P, f"{rid!r} pos {p}: target slot {ti} at the wrong in-page offset"
                 if p % P:
                     assert ti // P == r.target[p - p % P] // P, f"{rid!r} pos {p}: left its page"
@@ -387,7 +396,9 @@ class SlotMachine(RuleBasedStateMachine):
                     taken_t.add(ti // P)
                     new_t += 1
                 if cfg.bounded:
-                    assert P <= di < (cfg.draft_pages + 1) * P, f"{rid!r} pos {p}: draft slot {di} out of range or in page 0"
+                    assert P <= di < (cfg.draft_pages + 1) * P, (
+                        f"{rid!r} pos {p}: draft slot {di} out of range or in page 0"
+                    )
                     assert di % P == p % P, f"{rid!r} pos {p}: draft slot {di} at the wrong in-page offset"
                     if p % P:
                         assert di // P == r.draft[p - p % P] // P, f"{rid!r} pos {p}: left its draft page"
@@ -416,7 +427,11 @@ class SlotMachine(RuleBasedStateMachine):
             at_trim = m.length - r.since_trim  # the same step may have grown it after the trim
             if cfg.bounded:
                 assert m.draft_start % P == 0
-                assert at_trim - m.draft_start <= cfg.window + P - 1 + max(cfg.trim_gap, 1) - 1, (rid, at_trim, m.draft_start)
+                assert at_trim - m.draft_start <= cfg.window + P - 1 + max(cfg.trim_gap, 1) - 1, (
+                    rid,
+                    at_trim,
+                    m.draft_start,
+                )
                 if cfg.trim_gap == 0:
                     assert m.draft_start >= max(0, at_trim - cfg.window) // P * P, (rid, at_trim, m.draft_start)
                 slots = np.asarray(r.target[: m.draft_start], np.int64)
@@ -556,7 +571,9 @@ class SlotMachine(RuleBasedStateMachine):
         [rid] = self.pick_rids(data, session, "rid", min_size=1)[:1]
         length = self.ref.sessions[session][rid].length
         room = self.cfg.ctx - length
-        how = data.draw(st.sampled_from(["chunk"] * 4 + ["fill_page", "fill_context", "overflow", "bad_prefix"]), label="how")
+        how = data.draw(
+            st.sampled_from(["chunk"] * 4 + ["fill_page", "fill_context", "overflow", "bad_prefix"]), label="how"
+        )
         n = self.tokens(data, min(self.chunk_hi(), max(room, 1)), "chunk tokens")
         prefix = length
         if how == "fill_page":
@@ -586,7 +603,9 @@ class SlotMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def verify(self, data):
         """Commit keeps part of the verified block; maybe trim and grow the next block in the same step."""
-        sessions = sorted(s for s, held in self.ref.sessions.items() if any(r.block_base is not None for r in held.values()))
+        sessions = sorted(
+            s for s, held in self.ref.sessions.items() if any(r.block_base is not None for r in held.values())
+        )
         session = data.draw(st.sampled_from(sessions), label="session")
         held = self.ref.sessions[session]
         rids = self.pick_rids(data, session, "verified", pred=lambda r: r.block_base is not None)
@@ -651,7 +670,10 @@ class SlotMachine(RuleBasedStateMachine):
         commits, trims, finishes, extends, grows = [], [], [], [], []
         for rid in sorted(held):
             r = held[rid]
-            act = data.draw(st.sampled_from(["none", "commit", "trim", "finish", "commit_trim", "commit_finish", "trim_finish"]), label=f"{rid} release")
+            act = data.draw(
+                st.sampled_from(["none", "commit", "trim", "finish", "commit_trim", "commit_finish", "trim_finish"]),
+                label=f"{rid} release",
+            )
             length = r.length
             if "commit" in act:
                 length = data.draw(st.integers(r.draft_start, r.length), label=f"{rid} commit")
@@ -663,16 +685,33 @@ class SlotMachine(RuleBasedStateMachine):
                 continue
             alloc = data.draw(st.sampled_from(["none", "none", "extend", "grow"]), label=f"{rid} alloc")
             if alloc == "extend":
-                extends.append((rid, length, self.tokens(data, min(self.chunk_hi(), max(cfg.ctx - length, 1)), "chunk")))
+                extends.append(
+                    (rid, length, self.tokens(data, min(self.chunk_hi(), max(cfg.ctx - length, 1)), "chunk"))
+                )
             elif alloc == "grow":
                 grows.append((rid, cfg.block))
         for _ in range(data.draw(st.integers(0, 2), label="new requests")):
             rid = self.new_rid(data, session)
             if rid not in held and all(rid != e[0] for e in extends):
                 extends.append((rid, 0, self.tokens(data, self.prefill_hi(), "prefill tokens")))
-        bogus = data.draw(st.sampled_from(["none"] * 6 + [
-            "bad_commit", "unknown_finish", "dup_trim", "new_with_prefix", "grow_unknown", "zero_tokens",
-            "empty_rid", "finish_and_grow", "grow_twice", "beyond_context"]), label="malformed")
+        bogus = data.draw(
+            st.sampled_from(
+                ["none"] * 6
+                + [
+                    "bad_commit",
+                    "unknown_finish",
+                    "dup_trim",
+                    "new_with_prefix",
+                    "grow_unknown",
+                    "zero_tokens",
+                    "empty_rid",
+                    "finish_and_grow",
+                    "grow_twice",
+                    "beyond_context",
+                ]
+            ),
+            label="malformed",
+        )
         rids = sorted(held)
         if bogus == "bad_commit" and rids:
             r = held[rids[0]]
@@ -705,8 +744,11 @@ class SlotMachine(RuleBasedStateMachine):
         session = self.pick_session(data, with_requests=True)
         held = self.ref.sessions[session]
         rids = self.pick_rids(data, session, "released")
-        commits = [(rid, data.draw(st.integers(held[rid].draft_start, held[rid].length), label="commit")) for rid in rids
-                   if data.draw(st.booleans(), label="commit?")]
+        commits = [
+            (rid, data.draw(st.integers(held[rid].draft_start, held[rid].length), label="commit"))
+            for rid in rids
+            if data.draw(st.booleans(), label="commit?")
+        ]
         trims = [rid for rid in rids if data.draw(st.booleans(), label="trim?")]
         finishes = [rid for rid in rids if data.draw(st.booleans(), label="finish?")]
         self.do_step(session, commits=commits, trims=trims, finishes=finishes, free_only=True)
@@ -755,8 +797,16 @@ TestP64Identity = _machine("p64_identity", CONFIGS["p64_identity"])
 
 
 def mgr_for(P, mode=BOUNDED, target_pages=8, draft_pages=8, window=None, trim_gap=0, max_requests=4, ctx_pages=8):
-    cfg = Cfg(P=P, mode=mode, target_pages=target_pages, draft_pages=draft_pages, window=window or 2 * P,
-              trim_gap=trim_gap, max_requests=max_requests, ctx_pages=ctx_pages)
+    cfg = Cfg(
+        P=P,
+        mode=mode,
+        target_pages=target_pages,
+        draft_pages=draft_pages,
+        window=window or 2 * P,
+        trim_gap=trim_gap,
+        max_requests=max_requests,
+        ctx_pages=ctx_pages,
+    )
     mgr = make_mgr(cfg)
     mgr.open_session("s", model="m")
     return mgr
@@ -893,7 +943,9 @@ def test_a_trim_counts_the_window_back_from_the_length_it_carries(P):
 
 
 @pytest.mark.parametrize("P", [1, 64])
-@pytest.mark.parametrize("ending", ["separate", "trim_and_finish", "commit_trim_finish", "close_session", "commit_to_frontier"])
+@pytest.mark.parametrize(
+    "ending", ["separate", "trim_and_finish", "commit_trim_finish", "close_session", "commit_to_frontier"]
+)
 def test_finishing_after_trims_frees_each_draft_page_once(P, ending):
     mgr = mgr_for(P, target_pages=20, draft_pages=20, ctx_pages=20, window=2 * P)
     mgr.step("s", Release(), extends=[("r", 0, 5 * P + 3)])

@@ -78,8 +78,14 @@ def connect_as(uid: int, gid: int, groups: list[int], path: pathlib.Path) -> int
 
 
 def memd_exit(target, *flags: str) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "memd", "--device", "cpu", "--target-model", str(target),
-                           *memd_args(), *flags], capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "memd", "--device", "cpu", "--target-model", str(target), *memd_args(), *flags],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=REPO,
+        timeout=60,
+    )
     return proc.returncode, proc.stderr.strip().splitlines()[-1]
 
 
@@ -126,8 +132,10 @@ def test_only_memds_user_and_the_allowed_group_can_connect(target, folder):
     uid, gid = nobody()
     group = other_group()
     owner_only, shared = folder / "memd.sock", folder / "shared" / "memd.sock"  # the first: its mode alone decides
-    with run_memd(target, *memd_args(), address=f"unix://{owner_only}"), \
-            run_memd(target, *memd_args(), "--allow-group", str(group), address=f"unix://{shared}"):
+    with (
+        run_memd(target, *memd_args(), address=f"unix://{owner_only}"),
+        run_memd(target, *memd_args(), "--allow-group", str(group), address=f"unix://{shared}"),
+    ):
         assert connect_as(uid, gid, [], owner_only) == EACCES
         assert connect_as(uid, gid, [group], owner_only) == EACCES
         assert connect_as(uid, gid, [], shared) == EACCES

@@ -35,8 +35,18 @@ def segments(pid: int) -> list[pathlib.Path]:
 
 
 def start_memd(target, folder: pathlib.Path, umask: int | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "memd", "--device", "cpu", "--target-model", str(target),
-           "--listen", f"unix://{folder / 'memd.sock'}", *memd_args()]
+    cmd = [
+        sys.executable,
+        "-m",
+        "memd",
+        "--device",
+        "cpu",
+        "--target-model",
+        str(target),
+        "--listen",
+        f"unix://{folder / 'memd.sock'}",
+        *memd_args(),
+    ]
     old = os.umask(umask) if umask is not None else None  # the child inherits it
     try:
         return start_daemon(cmd, folder / "memd.log")
@@ -89,8 +99,10 @@ MOMENTS = {
 }
 
 
-@pytest.mark.parametrize("sig,moment", [(signal.SIGTERM, m) for m in MOMENTS] +
-                         [(signal.SIGINT, "first segment"), (signal.SIGHUP, "first segment")])
+@pytest.mark.parametrize(
+    "sig,moment",
+    [(signal.SIGTERM, m) for m in MOMENTS] + [(signal.SIGINT, "first segment"), (signal.SIGHUP, "first segment")],
+)
 def test_a_stop_signal_during_start_leaves_nothing(target, folder, sig, moment):
     sock = folder / "memd.sock"
     proc = start_memd(target, folder)
@@ -111,22 +123,47 @@ def test_a_stop_signal_during_start_leaves_nothing(target, folder, sig, moment):
 
 def test_a_second_memd_on_a_live_socket_refuses_and_leaves_it_alone(target):
     with run_memd(target, *memd_args()) as first:
-        sock = pathlib.Path(first.address[len("unix://"):])
-        second = subprocess.run([sys.executable, "-m", "memd", "--device", "cpu", "--target-model", str(target),
-                                 "--listen", first.address, *memd_args()], capture_output=True, text=True,
-                                env=child_env(), cwd=REPO, timeout=60)
+        sock = pathlib.Path(first.address[len("unix://") :])
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "memd",
+                "--device",
+                "cpu",
+                "--target-model",
+                str(target),
+                "--listen",
+                first.address,
+                *memd_args(),
+            ],
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            cwd=REPO,
+            timeout=60,
+        )
         assert second.returncode == 1
         assert second.stderr.splitlines()[-1] == f"memd: error: another process listens on {sock}"
         assert sock.exists() and first.capacity().target.total > 0  # the first memd still serves
 
 
-@pytest.mark.parametrize("daemon,address,message", [
-    ("memd", "bogus", "--listen 'bogus': give unix:///path/to/socket or HOST:PORT (e.g. 127.0.0.1:50051)"),
-    ("memd", "127.0.0.1:99999", "--listen '127.0.0.1:99999': port 99999 is outside 0..65535"),
-    ("modeld", "bogus", "--listen 'bogus': give unix:///path/to/socket or HOST:PORT (e.g. 127.0.0.1:50051)"),
-])
+@pytest.mark.parametrize(
+    "daemon,address,message",
+    [
+        ("memd", "bogus", "--listen 'bogus': give unix:///path/to/socket or HOST:PORT (e.g. 127.0.0.1:50051)"),
+        ("memd", "127.0.0.1:99999", "--listen '127.0.0.1:99999': port 99999 is outside 0..65535"),
+        ("modeld", "bogus", "--listen 'bogus': give unix:///path/to/socket or HOST:PORT (e.g. 127.0.0.1:50051)"),
+    ],
+)
 def test_a_bad_listen_address_is_one_line_of_error(daemon, address, message):
-    proc = subprocess.run([sys.executable, "-m", daemon, "--device", "cpu", "--listen", address],
-                          capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", daemon, "--device", "cpu", "--listen", address],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=REPO,
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert proc.stderr == f"{daemon}: error: {message}\n"

@@ -16,9 +16,18 @@ from protos import memd_pb2
 
 def manager() -> SlotManager:
     P, pages = 4, 16
-    return SlotManager(target_pages=pages, draft_pages=8, page_size=P, mode=DraftMode.BOUNDED, window=8, trim_gap=0,
-                       max_requests=2, context_len=64, mapping=np.zeros((pages + 1) * P, np.int32),
-                       req_to_token=np.zeros((3, 64), np.int32))
+    return SlotManager(
+        target_pages=pages,
+        draft_pages=8,
+        page_size=P,
+        mode=DraftMode.BOUNDED,
+        window=8,
+        trim_gap=0,
+        max_requests=2,
+        context_len=64,
+        mapping=np.zeros((pages + 1) * P, np.int32),
+        req_to_token=np.zeros((3, 64), np.int32),
+    )
 
 
 def test_leak_message_names_side_and_numbers():
@@ -26,7 +35,9 @@ def test_leak_message_names_side_and_numbers():
     mgr.open_session("s", model="m")
     mgr.step("s", Release(), extends=[("a", 0, 10)])
     mgr.draft._free.pop()  # a draft page vanishes
-    with pytest.raises(InvariantViolation, match=r"draft side: free 16 \+ evictable 0 \+ protected 0 \+ held 12 = 28 != total 32"):
+    with pytest.raises(
+        InvariantViolation, match=r"draft side: free 16 \+ evictable 0 \+ protected 0 \+ held 12 = 28 != total 32"
+    ):
         check_leak(mgr)
 
 

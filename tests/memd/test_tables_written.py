@@ -8,17 +8,17 @@ import pytest
 import torch
 
 from memd.attach import MemdSession
-from tests.daemons import cuda_available, memd_args, run_memd
+from tests.daemons import memd_args, run_memd
 from tests.models import tiny_target
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def read_row(table: torch.Tensor, event, row: int, start: int, n: int) -> list[int]:
     """The row's positions [start, start + n) as a kernel on the current stream reads them (after memd's event)."""
     if event is not None:
         torch.cuda.current_stream().wait_event(event)
-    return table[row, start:start + n].clone().tolist()
+    return table[row, start : start + n].clone().tolist()
 
 
 @pytest.mark.parametrize("device", DEVICES)

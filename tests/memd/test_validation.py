@@ -298,7 +298,9 @@ def test_num_draft_tokens_overrides_block_size(target_dir, draft_dir):
 @pytest.mark.parametrize("ratio", [0.25, 1.0])
 def test_float32_kv_doubles_bytes_per_token(target_dir, draft_dir, ratio):
     bf16 = make_plan(memd_config(target_dir, draft_dir, draft_kv_ratio=ratio, kv_cache_dtype="bfloat16"))
-    auto_cuda = make_plan(memd_config(target_dir, draft_dir, draft_kv_ratio=ratio, device="cuda", kv_cache_dtype="auto"))
+    auto_cuda = make_plan(
+        memd_config(target_dir, draft_dir, draft_kv_ratio=ratio, device="cuda", kv_cache_dtype="auto")
+    )
     auto_cpu = make_plan(memd_config(target_dir, draft_dir, draft_kv_ratio=ratio, kv_cache_dtype="auto"))
     fp32 = make_plan(memd_config(target_dir, draft_dir, draft_kv_ratio=ratio, kv_cache_dtype="float32"))
     # auto: the checkpoint's dtype on CUDA, float32 on CPU (where modeld computes in float32).
@@ -465,11 +467,14 @@ def test_bad_values_raise_value_error(argv, flags, message):
         config_from_args(argv + flags)
 
 
-@pytest.mark.parametrize("flags,lookahead", [
-    ([], 32),  # plain decoding
-    (["--draft-model", "default"], 96),  # a draft pool: a replay of four verify blocks of 16 fits the spare
-    (["--draft-model", "default", "--decode-lookahead", "32"], 32),
-    (["--decode-lookahead", "0"], 0),
-])
+@pytest.mark.parametrize(
+    "flags,lookahead",
+    [
+        ([], 32),  # plain decoding
+        (["--draft-model", "default"], 96),  # a draft pool: a replay of four verify blocks of 16 fits the spare
+        (["--draft-model", "default", "--decode-lookahead", "32"], 32),
+        (["--decode-lookahead", "0"], 0),
+    ],
+)
 def test_decode_lookahead_defaults_by_the_draft(argv, flags, lookahead):
     assert config_from_args(argv + flags).decode_lookahead == lookahead

@@ -29,10 +29,19 @@ def mixed_requests(prompts: list[list[int]], lengths: list[int], device: str) ->
     its index) at even ones."""
     reqs = []
     for i, (ids, length) in enumerate(zip(prompts, lengths)):
-        params = SamplingParams(max_new_tokens=length, temperature=0) if i % 2 else \
-            SamplingParams(max_new_tokens=length, temperature=0.8, top_p=0.95, seed=i)
-        reqs.append(Request(rid=f"r{i}", prompt_ids=list(ids), params=params,
-                            generator=None if params.greedy else make_generator(params.seed, device)))
+        params = (
+            SamplingParams(max_new_tokens=length, temperature=0)
+            if i % 2
+            else SamplingParams(max_new_tokens=length, temperature=0.8, top_p=0.95, seed=i)
+        )
+        reqs.append(
+            Request(
+                rid=f"r{i}",
+                prompt_ids=list(ids),
+                params=params,
+                generator=None if params.greedy else make_generator(params.seed, device),
+            )
+        )
     return reqs
 
 

@@ -7,11 +7,23 @@ from modeld.model import ForwardBatch
 
 
 class PagedPools:
-    def __init__(self, cfg, *, pages: int, page_size: int, max_requests: int = 4, context: int = 512, dtype=torch.float32, seed: int = 0):
+    def __init__(
+        self,
+        cfg,
+        *,
+        pages: int,
+        page_size: int,
+        max_requests: int = 4,
+        context: int = 512,
+        dtype=torch.float32,
+        seed: int = 0,
+    ):
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         rows = (pages + 1) * page_size
         self.P = page_size
-        self.kv = torch.full((cfg.num_hidden_layers, 2, rows, cfg.num_key_value_heads, head_dim), float("nan"), dtype=dtype)
+        self.kv = torch.full(
+            (cfg.num_hidden_layers, 2, rows, cfg.num_key_value_heads, head_dim), float("nan"), dtype=dtype
+        )
         self.req_to_token = torch.zeros(max_requests + 1, context, dtype=torch.int32)
         gen = torch.Generator().manual_seed(seed)
         self.free_pages = (torch.randperm(pages, generator=gen) + 1).tolist()  # scattered, never page 0
@@ -42,5 +54,13 @@ class PagedPools:
             starts.append(start)
             lens.append(len(tokens))
         t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
-        return ForwardBatch(t(ids), t(positions), t(slots), t([r for r, _ in parts]), t(starts), t(lens),
-                            t([s + n for s, n in zip(starts, lens)]), self.req_to_token)
+        return ForwardBatch(
+            t(ids),
+            t(positions),
+            t(slots),
+            t([r for r, _ in parts]),
+            t(starts),
+            t(lens),
+            t([s + n for s, n in zip(starts, lens)]),
+            self.req_to_token,
+        )

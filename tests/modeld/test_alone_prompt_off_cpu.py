@@ -15,8 +15,10 @@ from tests.daemons import memd_args, run_memd
 def test_alone_prompt_tokens_without_graphs_is_off(default_model, caplog, asked):
     with run_memd(default_model, *memd_args(max_running=2, budget=20_000_000, chunk=256)) as memd:
         with caplog.at_level(logging.WARNING, logger="modeld"):
-            built = build_engine(ModeldConfig(memd=memd.address, target_model=str(default_model),
-                                              alone_prompt_tokens=asked), lambda serving: None)
+            built = build_engine(
+                ModeldConfig(memd=memd.address, target_model=str(default_model), alone_prompt_tokens=asked),
+                lambda serving: None,
+            )
         try:
             assert built.engine.scheduler.alone_prompt_tokens == 0
             said = any("--alone-prompt-tokens is off" in r.getMessage() for r in caplog.records)

@@ -20,12 +20,16 @@ def test_cuda_with_the_default_target_runs_the_shipped_draft():
     assert resolved("--device", "cuda", "--speculative-algorithm", "dflash") == (DRAFT, "dflash")
 
 
-@pytest.mark.parametrize("flags", [
-    ["--device", "cpu"],
-    ["--device", "cuda", "--speculative-algorithm", "none"],
-    ["--device", "cuda", "--target-model", "/models/other"],
-    ["--device", "cuda", "--load-format", "dummy"],
-], ids=["cpu", "turned-off", "another-target", "dummy-weights"])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--device", "cpu"],
+        ["--device", "cuda", "--speculative-algorithm", "none"],
+        ["--device", "cuda", "--target-model", "/models/other"],
+        ["--device", "cuda", "--load-format", "dummy"],
+    ],
+    ids=["cpu", "turned-off", "another-target", "dummy-weights"],
+)
 def test_plain_decoding_otherwise(flags):
     assert resolved(*flags) == (None, "none")
 
@@ -62,12 +66,15 @@ def test_speculation_off_from_a_batch_size():
         config_from_args([*flags, "-1"])
 
 
-@pytest.mark.parametrize("flags,lookahead", [
-    ([], 32),
-    (["--speculative-algorithm", "dflash", "--draft-model", "default"], 96),  # four verify blocks a replay fit
-    (["--speculative-algorithm", "dflash", "--draft-model", "default", "--decode-lookahead", "40"], 40),
-    (["--decode-lookahead", "0"], 0),
-])
+@pytest.mark.parametrize(
+    "flags,lookahead",
+    [
+        ([], 32),
+        (["--speculative-algorithm", "dflash", "--draft-model", "default"], 96),  # four verify blocks a replay fit
+        (["--speculative-algorithm", "dflash", "--draft-model", "default", "--decode-lookahead", "40"], 40),
+        (["--decode-lookahead", "0"], 0),
+    ],
+)
 def test_decode_lookahead_defaults_by_the_algorithm(flags, lookahead):
     assert config_from_args([*ADDRESSES, "--device", "cpu", *flags]).decode_lookahead == lookahead
 
@@ -75,8 +82,12 @@ def test_decode_lookahead_defaults_by_the_algorithm(flags, lookahead):
 def test_sampled_requests_speculate_alone_by_default():
     flags = [*ADDRESSES, "--device", "cpu"]
     assert config_from_args(flags).speculative_disable_sampled_by_batch_size == 2
-    assert config_from_args([*flags, "--speculative-disable-sampled-by-batch-size", "4"]) \
-        .speculative_disable_sampled_by_batch_size == 4
+    assert (
+        config_from_args(
+            [*flags, "--speculative-disable-sampled-by-batch-size", "4"]
+        ).speculative_disable_sampled_by_batch_size
+        == 4
+    )
     with pytest.raises(ValueError, match="sampled-by-batch-size must be >= 0"):
         config_from_args([*flags, "--speculative-disable-sampled-by-batch-size", "-1"])
 

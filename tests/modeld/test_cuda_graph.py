@@ -21,12 +21,24 @@ from modeld.sampling_params import SamplingParams
 from modeld.scheduler import StepItem
 from tests.modeld.paged import PagedPools
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+gpu = pytest.mark.gpu
 
-CONFIG = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=256, intermediate_size=512,
-              num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64, hidden_act="silu",
-              max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
-              vocab_size=1000)
+CONFIG = dict(
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    hidden_act="silu",
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    vocab_size=1000,
+)
 BLOCK = 4
 
 
@@ -140,7 +152,9 @@ def test_padded_decode_and_verify_graphs_equal_eager(model):
     # a verify step: [last token, 3 drafts] per request, drafts placed on the device
     drafts = torch.randint(0, model[1].vocab_size, (len(reqs), BLOCK - 1), device="cuda")
     assert_same_step(model, run_both(eager, graphs, step_items(pools, reqs, BLOCK), drafts))
-    assert torch.equal(pools.kv[:, :, 0].nan_to_num(7.0), sink_before.nan_to_num(7.0)), "a padding row wrote K/V into the sink slot"
+    assert torch.equal(pools.kv[:, :, 0].nan_to_num(7.0), sink_before.nan_to_num(7.0)), (
+        "a padding row wrote K/V into the sink slot"
+    )
 
 
 @gpu
@@ -161,7 +175,9 @@ def test_a_prompt_chunk_padded_into_a_graph_of_one_request_equals_eager(model):
         assert_same_step(model, outs)
         req.computed += n
     assert graphs.graphs.shape_for([129]) is None
-    assert torch.equal(pools.kv[:, :, 0].nan_to_num(7.0), sink_before.nan_to_num(7.0)), "a padding row wrote K/V into the sink slot"
+    assert torch.equal(pools.kv[:, :, 0].nan_to_num(7.0), sink_before.nan_to_num(7.0)), (
+        "a padding row wrote K/V into the sink slot"
+    )
 
 
 @gpu
@@ -190,7 +206,9 @@ def test_decode_steps_in_one_replay_equal_single_replays(model):
     pools = cuda_pools(model[1])
     reqs = prefilled(model, pools)
     bound = {"target_kv": pools.kv, "req_to_token": pools.req_to_token}
-    runner = ModelRunner(ours, bound, "cuda", graphs=GraphRunner(8, (1,), FIELDS, "cuda", steps_per_replay=4, several_from=3))
+    runner = ModelRunner(
+        ours, bound, "cuda", graphs=GraphRunner(8, (1,), FIELDS, "cuda", steps_per_replay=4, several_from=3)
+    )
     assert sorted(runner.graphs.decode_steps) == [(b, k) for b in batch_buckets(8) for k in (2, 4)]
     for r in reqs:
         pools.grow(r.row, 4)  # memd's grant: four positions ahead, in req_to_token

@@ -27,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 TARGET = ROOT / "bench" / "configs" / "smollm2-135m"
 DRAFT = ROOT / "modeld" / "default_draft"
 STEPS = 4
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+gpu = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=gpu)])
@@ -41,16 +41,22 @@ def setup(request, tmp_path_factory):
     pools = PagedPools(cfg, pages=64, page_size=16, max_requests=12, dtype=dtype)
     rows = pools.kv.shape[2]
     bound = {
-        "target_kv": pools.kv.to(device).nan_to_num_(0.0), "req_to_token": pools.req_to_token.to(device),
-        "draft_kv": torch.zeros((draft.config.num_hidden_layers, 2, rows, draft.config.num_key_value_heads,
-                                 draft.config.head_dim), dtype=dtype, device=device),
+        "target_kv": pools.kv.to(device).nan_to_num_(0.0),
+        "req_to_token": pools.req_to_token.to(device),
+        "draft_kv": torch.zeros(
+            (draft.config.num_hidden_layers, 2, rows, draft.config.num_key_value_heads, draft.config.head_dim),
+            dtype=dtype,
+            device=device,
+        ),
         "target_to_draft": torch.arange(rows, dtype=torch.int32, device=device),  # slot s <-> draft slot s (0: none)
     }
     pools.kv, pools.req_to_token = bound["target_kv"], bound["req_to_token"]
     worker = DflashWorker(draft, model, bound)
     graphs = None
     if device == "cuda":  # one-step graphs only for the draft's taps: a chain serves several steps
-        graphs = GraphRunner(8, (1, worker.block), FIELDS, "cuda", steps_per_replay=STEPS, several_from=1, cycles_from=1)
+        graphs = GraphRunner(
+            8, (1, worker.block), FIELDS, "cuda", steps_per_replay=STEPS, several_from=1, cycles_from=1
+        )
     runner = ModelRunner(model, bound, device, taps=worker.taps, graphs=graphs)
     if graphs is not None:
         worker.use_graphs(graphs)
@@ -63,7 +69,9 @@ def prefilled(setup, rows, lengths, params):
     gen = torch.Generator().manual_seed(5)
     reqs = []
     for row, n, p in zip(rows, lengths, params):
-        req = Request(rid=f"r{row}", prompt_ids=torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist(), params=p)
+        req = Request(
+            rid=f"r{row}", prompt_ids=torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist(), params=p
+        )
         req.row = row
         inputs = runner.prepare([StepItem(req, n, row, pools.grow(row, n))])
         out = runner.forward(inputs)
@@ -102,8 +110,9 @@ def check_pools(bound, before, after, with_draft: bool) -> None:
         assert not torch.equal(bound["draft_kv"], before["draft_kv"]), "the steps wrote no draft context"
     else:
         assert torch.equal(bound["draft_kv"], before["draft_kv"]), "a chain without a draft wrote draft K/V"
-    assert bound["draft_kv"][:, :, 0].eq(0).all() and bound["target_kv"][:, :, 0].eq(0).all(), \
+    assert bound["draft_kv"][:, :, 0].eq(0).all() and bound["target_kv"][:, :, 0].eq(0).all(), (
         "something wrote the sink slot (a padding request writes nothing)"
+    )
 
 
 def restore(bound, before) -> None:

@@ -5,8 +5,11 @@ import random
 
 from modeld.detokenize import TextStream, plain_decoder
 
-SAMPLES = ["Hello, world! The café serves crème brûlée. 東京は大きい都市です。 🙂🚀 naïve résumé",
-           "def f(x):\n    return x ** 2  # ∑ of squares\n", "Ünïcödé ✓ and emoji 👩‍🔬 in one line"]
+SAMPLES = [
+    "Hello, world! The café serves crème brûlée. 東京は大きい都市です。 🙂🚀 naïve résumé",
+    "def f(x):\n    return x ** 2  # ∑ of squares\n",
+    "Ünïcödé ✓ and emoji 👩‍🔬 in one line",
+]
 
 
 class CountingTokenizer:
@@ -58,12 +61,13 @@ def test_the_backend_alone_decodes_as_the_tokenizer_does(tokenizer):
     the Python around it: the same text as decode(), special tokens skipped, for any window of a chat."""
     assert tokenizer.is_fast and tokenizer.clean_up_tokenization_spaces is False
     decode = plain_decoder(tokenizer)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": " ".join(SAMPLES)}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=False)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": " ".join(SAMPLES)}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     rng = random.Random(1)
     for _ in range(200):
         start = rng.randrange(len(ids))
-        window = ids[start:start + rng.randint(1, 8)]
+        window = ids[start : start + rng.randint(1, 8)]
         assert decode(window) == tokenizer.decode(window, skip_special_tokens=True)
 
 

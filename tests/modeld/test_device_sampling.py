@@ -10,10 +10,14 @@ from modeld.kernels.accept import accept_lengths
 from modeld.sampling import draw_chunks, sample
 from modeld.sampling_params import InvalidRequest, SamplingParams
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-FILTERS = [SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=0.6, seed=1),
-           SamplingParams(temperature=1.0, top_k=3, seed=1), SamplingParams(temperature=1.3, top_p=0.7, seed=1),
-           SamplingParams(temperature=0.9, top_k=4, top_p=0.8, seed=1)]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+FILTERS = [
+    SamplingParams(temperature=1.0, seed=1),
+    SamplingParams(temperature=0.6, seed=1),
+    SamplingParams(temperature=1.0, top_k=3, seed=1),
+    SamplingParams(temperature=1.3, top_p=0.7, seed=1),
+    SamplingParams(temperature=0.9, top_k=4, top_p=0.8, seed=1),
+]
 
 
 def filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -66,9 +70,14 @@ def test_a_request_draws_the_same_tokens_whatever_its_batch(device):
     and the greedy rows their argmax."""
     torch.manual_seed(0)
     vocab = 3000
-    requests = [(SamplingParams(temperature=0.8, top_p=0.95, seed=1), 21, 4), (SamplingParams(temperature=0), None, 2),
-                (SamplingParams(temperature=1.2, top_k=40, seed=2), 22, 1), (SamplingParams(temperature=0.7), None, 1),
-                (SamplingParams(temperature=0.9, top_k=1), None, 3), (SamplingParams(temperature=1.0, seed=3), 23, 5)]
+    requests = [
+        (SamplingParams(temperature=0.8, top_p=0.95, seed=1), 21, 4),
+        (SamplingParams(temperature=0), None, 2),
+        (SamplingParams(temperature=1.2, top_k=40, seed=2), 22, 1),
+        (SamplingParams(temperature=0.7), None, 1),
+        (SamplingParams(temperature=0.9, top_k=1), None, 3),
+        (SamplingParams(temperature=1.0, seed=3), 23, 5),
+    ]
     logits = [(torch.randn(rows, vocab) * 4).to(device) for _, _, rows in requests]
 
     def gen(seed):
@@ -81,8 +90,11 @@ def test_a_request_draws_the_same_tokens_whatever_its_batch(device):
         else:
             alone.append(x.argmax(-1).tolist() if p.greedy else None)  # the default generator: no replay alone
     gens = [gen(seed) for _, seed, _ in requests]
-    batch = sample(torch.cat(logits), [p for p, _, rows in requests for _ in range(rows)],
-                   [g for g, (_, _, rows) in zip(gens, requests) for _ in range(rows)]).tolist()
+    batch = sample(
+        torch.cat(logits),
+        [p for p, _, rows in requests for _ in range(rows)],
+        [g for g, (_, _, rows) in zip(gens, requests) for _ in range(rows)],
+    ).tolist()
     at = 0
     for (p, seed, rows), expected in zip(requests, alone):
         if expected is not None:
@@ -125,8 +137,11 @@ def test_accept_lengths_equal_the_host_rule(device):
     gen = torch.Generator().manual_seed(5)
     block, n = 8, 200
     target = torch.randint(0, 4, (n, block), generator=gen)  # a small vocabulary: long accepted prefixes happen
-    drafts = torch.where(torch.rand(n, block - 1, generator=gen) < 0.8, target[:, :-1],
-                         torch.randint(0, 4, (n, block - 1), generator=gen))
+    drafts = torch.where(
+        torch.rand(n, block - 1, generator=gen) < 0.8,
+        target[:, :-1],
+        torch.randint(0, 4, (n, block - 1), generator=gen),
+    )
     lengths = accept_lengths(drafts.to(device), target.to(device)).tolist()
     seen = set()
     for i in range(n):

@@ -22,8 +22,9 @@ def chained_steps(items, inputs) -> int:
 
 
 def answers(memd, model, prompts: list[list[int]], chained: bool, draft) -> tuple[list[list[int]], int]:
-    built = build_engine(ModeldConfig(memd=memd.address, target_model=str(model), **draft_settings(draft)),
-                         lambda serving: None)
+    built = build_engine(
+        ModeldConfig(memd=memd.address, target_model=str(model), **draft_settings(draft)), lambda serving: None
+    )
     engine, ran = built.engine, []
     if chained:
         steps_ahead = engine.runner.steps_ahead

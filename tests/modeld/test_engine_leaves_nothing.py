@@ -19,17 +19,30 @@ def request(rid: str, ids: list[int], i: int) -> Request:
         params = SamplingParams(max_new_tokens=10, temperature=0.8, top_p=0.95, seed=i)
     else:
         params = SamplingParams(max_new_tokens=1 if i % 5 == 1 else 12, temperature=0)
-    return Request(rid=rid, prompt_ids=list(ids), params=params,
-                   generator=None if params.greedy else make_generator(params.seed, "cpu"))
+    return Request(
+        rid=rid,
+        prompt_ids=list(ids),
+        params=params,
+        generator=None if params.greedy else make_generator(params.seed, "cpu"),
+    )
 
 
 def test_nothing_of_a_served_workload_stays_in_the_engine(default_model, chat_ids, tmp_path):
-    draft = write_draft(tmp_path / "draft", default_model, layers=1, block_size=4, target_layer_ids=(1, 15, 27),
-                        sliding_window=64)
-    with run_memd(default_model, *memd_args(max_running=3, budget=60_000_000, chunk=512, draft=draft,
-                                            window=64)) as memd:
-        built = build_engine(ModeldConfig(memd=memd.address, target_model=str(default_model), draft_model=str(draft),
-                                          speculative_algorithm="dflash"), lambda serving: None)
+    draft = write_draft(
+        tmp_path / "draft", default_model, layers=1, block_size=4, target_layer_ids=(1, 15, 27), sliding_window=64
+    )
+    with run_memd(
+        default_model, *memd_args(max_running=3, budget=60_000_000, chunk=512, draft=draft, window=64)
+    ) as memd:
+        built = build_engine(
+            ModeldConfig(
+                memd=memd.address,
+                target_model=str(default_model),
+                draft_model=str(draft),
+                speculative_algorithm="dflash",
+            ),
+            lambda serving: None,
+        )
         engine, sched = built.engine, built.engine.scheduler
         engine.start()
         try:

@@ -18,8 +18,17 @@ ATOL, RTOL = 2e-4, 1e-4
 
 
 def tiny_config(family: str):
-    common = dict(vocab_size=311, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
-                  num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=311,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
     if family == "qwen3":
         return Qwen3Config(head_dim=16, rope_theta=10000.0, **common)
     if family == "qwen2":
@@ -82,7 +91,7 @@ def test_mixed_batch_matches_hf(tiny_pair):
     torch.testing.assert_close(logits[10:], hf_logits(hf, c)[-3:], atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_smollm2_bf16_on_gpu_matches_hf():
     """bf16 on CUDA (Triton kernels). The yardstick is HF's own bf16 error: against HF in fp32 on the
     same weights, our bf16 logits may be off by at most twice what HF's bf16 forward is off, plus

@@ -15,25 +15,43 @@ def switches(built) -> tuple[set, set, tuple]:
     """The skinny switch of every target projection, the fusion switch of every decoder layer, the draft's pair."""
     model = built.engine.runner.model
     draft = built.engine.dflash.draft
-    return ({m.skinny for m in model.modules() if isinstance(m, RowLinear)},
-            {m.fuse_norms for m in model.modules() if isinstance(m, DecoderLayer)},
-            (draft.skinny, draft.fuse_norms))
+    return (
+        {m.skinny for m in model.modules() if isinstance(m, RowLinear)},
+        {m.fuse_norms for m in model.modules() if isinstance(m, DecoderLayer)},
+        (draft.skinny, draft.fuse_norms),
+    )
 
 
-@pytest.mark.parametrize("flags,expected", [
-    ([], ({True}, {True}, (True, True))),
-    (["--disable-norm-fusion"], ({True}, {False}, (True, False))),
-    (["--disable-skinny-linear"], ({False}, {True}, (False, True))),
-])
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        ([], ({True}, {True}, (True, True))),
+        (["--disable-norm-fusion"], ({True}, {False}, (True, False))),
+        (["--disable-skinny-linear"], ({False}, {True}, (False, True))),
+    ],
+)
 def test_the_flags_reach_the_target_and_the_draft(default_model, tmp_path, flags, expected):
     from tests.dflash.tiny_models import write_draft
 
-    draft = write_draft(tmp_path / "draft", default_model, layers=1, block_size=4, target_layer_ids=(1, 15),
-                        sliding_window=64)
-    with run_memd(default_model, *memd_args(max_running=2, budget=20_000_000, chunk=256, draft=draft,
-                                            window=64)) as memd:
-        args = ["--memd", memd.address, "--target-model", str(default_model), "--draft-model", str(draft),
-                "--speculative-algorithm", "dflash", "--device", "cpu", *flags]
+    draft = write_draft(
+        tmp_path / "draft", default_model, layers=1, block_size=4, target_layer_ids=(1, 15), sliding_window=64
+    )
+    with run_memd(
+        default_model, *memd_args(max_running=2, budget=20_000_000, chunk=256, draft=draft, window=64)
+    ) as memd:
+        args = [
+            "--memd",
+            memd.address,
+            "--target-model",
+            str(default_model),
+            "--draft-model",
+            str(draft),
+            "--speculative-algorithm",
+            "dflash",
+            "--device",
+            "cpu",
+            *flags,
+        ]
         built = build_engine(config_from_args(args), lambda serving: None)
         try:
             assert switches(built) == expected

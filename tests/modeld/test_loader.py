@@ -28,8 +28,16 @@ def test_gguf_loads_through_transformers():
 
 
 def test_dummy_weights_from_config_alone(tmp_path):
-    Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=8, max_position_embeddings=128).save_pretrained(tmp_path)
+    Qwen3Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+    ).save_pretrained(tmp_path)
     model, tokenizer, cfg = load_target(str(tmp_path), "float32", "cpu", load_format="dummy")
     assert tokenizer is None
     logits = our_logits(model, cfg, [1, 2, 3, 4])
@@ -39,8 +47,15 @@ def test_dummy_weights_from_config_alone(tmp_path):
 
 
 def test_folder_without_weights_is_a_clear_error(tmp_path):
-    Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=8).save_pretrained(tmp_path)
+    Qwen3Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    ).save_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError, match="load-format dummy"):
         load_target(str(tmp_path), "float32", "cpu")
 

@@ -21,13 +21,15 @@ CONTEXT = 1024
 def chat(turns: int) -> modeld_pb2.GenerateRequest:
     return modeld_pb2.GenerateRequest(
         messages=modeld_pb2.ChatMessages(messages=[modeld_pb2.ChatMessage(role="user", content="hi")] * turns),
-        sampling=modeld_pb2.SamplingParams(max_new_tokens=4))
+        sampling=modeld_pb2.SamplingParams(max_new_tokens=4),
+    )
 
 
 @pytest.fixture(scope="module")
 def engine(default_model):
-    return SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(default_model), vocab_size=49152,
-                           context_len=CONTEXT)
+    return SimpleNamespace(
+        tokenizer=AutoTokenizer.from_pretrained(default_model), vocab_size=49152, context_len=CONTEXT
+    )
 
 
 def test_a_request_is_prepared_off_the_loop_while_the_loop_runs_on(engine):

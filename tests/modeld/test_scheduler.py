@@ -107,21 +107,34 @@ class FakeSession:
             call.extends = [(rid, matched.cached_len, extend_to - matched.cached_len)]
             self.rounds.append(call)
         return memd_pb2.MatchPrefixResponse(
-            rid=rid, row=matched.row, cached_len=matched.cached_len,
-            extension=None if matched.extension is None else request_slots(matched.extension))
+            rid=rid,
+            row=matched.row,
+            cached_len=matched.cached_len,
+            extension=None if matched.extension is None else request_slots(matched.extension),
+        )
 
     def match_prefix_batch(self, items, timeout: float = 10.0):
         """MemdSession.match_prefix_batch: one "match-batch" call, its items the `extends` (rid, cached length,
         positions granted with the match) of those memd matched; one that granted any is in `rounds` too."""
         call = Call("match-batch", [], [], [], [], [])
         self.matches.append(call)
-        matched = self._serve(call, self.mgr.match_prefix_batch, SESSION, [(rid, list(ids), end) for rid, ids, end in items])
-        call.extends = [(m.rid, m.cached_len, 0 if m.extension is None else len(m.extension.target_slots)) for m in matched]
+        matched = self._serve(
+            call, self.mgr.match_prefix_batch, SESSION, [(rid, list(ids), end) for rid, ids, end in items]
+        )
+        call.extends = [
+            (m.rid, m.cached_len, 0 if m.extension is None else len(m.extension.target_slots)) for m in matched
+        ]
         if any(m.extension is not None for m in matched):
             self.rounds.append(call)
-        return [memd_pb2.MatchPrefixResponse(rid=m.rid, row=m.row, cached_len=m.cached_len,
-                                             extension=None if m.extension is None else request_slots(m.extension))
-                for m in matched]
+        return [
+            memd_pb2.MatchPrefixResponse(
+                rid=m.rid,
+                row=m.row,
+                cached_len=m.cached_len,
+                extension=None if m.extension is None else request_slots(m.extension),
+            )
+            for m in matched
+        ]
 
     def alloc(self, extends=(), grows=(), commits=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
         request = memd_pb2.AllocRequest(
@@ -131,8 +144,9 @@ class FakeSession:
             grows=[memd_pb2.GrowOp(rid=r, num_tokens=n) for r, n in grows],
         )
         call = self._record("alloc", request.release, request)
-        allocated = self._serve(call, self.mgr.step, request.session_id, release_from_message(request.release),
-                                call.extends, call.grows)
+        allocated = self._serve(
+            call, self.mgr.step, request.session_id, release_from_message(request.release), call.extends, call.grows
+        )
         return memd_pb2.AllocResponse(requests=[request_slots(a) for a in allocated])
 
     def alloc_async(self, grows=(), trims=(), finishes=(), cache=(), timeout: float = 10.0):
@@ -190,20 +204,48 @@ class FakeSession:
 class Sim:
     """The engine's use of the scheduler (modeld/engine.py _step / _run / _append / _complete)."""
 
-    def __init__(self, *, pages: int, max_running: int = 8, chunk: int = 64, context: int = 64, block: int = 0,
-                 draft_pages: int = 0, window: int = 0, trim_gap: int = 0, max_requests: int = 8, accept=None,
-                 lookahead: int = 0, async_top_ups: bool = False, alone_prompt_tokens: int = 0,
-                 session: type = FakeSession):
+    def __init__(
+        self,
+        *,
+        pages: int,
+        max_running: int = 8,
+        chunk: int = 64,
+        context: int = 64,
+        block: int = 0,
+        draft_pages: int = 0,
+        window: int = 0,
+        trim_gap: int = 0,
+        max_requests: int = 8,
+        accept=None,
+        lookahead: int = 0,
+        async_top_ups: bool = False,
+        alone_prompt_tokens: int = 0,
+        session: type = FakeSession,
+    ):
         mode = DraftMode.BOUNDED if block else DraftMode.NONE
         self.mgr = SlotManager(
-            target_pages=pages, draft_pages=draft_pages, page_size=P, mode=mode, window=window, trim_gap=trim_gap,
-            max_requests=max_requests, context_len=context,
+            target_pages=pages,
+            draft_pages=draft_pages,
+            page_size=P,
+            mode=mode,
+            window=window,
+            trim_gap=trim_gap,
+            max_requests=max_requests,
+            context_len=context,
             mapping=np.zeros((pages + 1) * P, np.int32) if block else None,
             req_to_token=np.zeros((max_requests + 1, context), np.int32),
         )
         self.session = session(self.mgr)
-        self.sched = Scheduler(self.session, max_running, chunk, context, block, lookahead=lookahead,
-                               async_top_ups=async_top_ups, alone_prompt_tokens=alone_prompt_tokens)
+        self.sched = Scheduler(
+            self.session,
+            max_running,
+            chunk,
+            context,
+            block,
+            lookahead=lookahead,
+            async_top_ups=async_top_ups,
+            alone_prompt_tokens=alone_prompt_tokens,
+        )
         self.context = context
         self.block = block
         self.accept = accept or (lambda req: block - 1)  # drafts accepted by a verify of `req`
@@ -218,7 +260,9 @@ class Sim:
     def request(self, rid: str, prompt_len: int, max_new: int, temperature: float = 0.0) -> Request:
         self._serial += 1
         prompt = [10_000 * self._serial + i for i in range(prompt_len)]  # distinct tokens per request
-        req = Request(rid=rid, prompt_ids=prompt, params=SamplingParams(max_new_tokens=max_new, temperature=temperature))
+        req = Request(
+            rid=rid, prompt_ids=prompt, params=SamplingParams(max_new_tokens=max_new, temperature=temperature)
+        )
         self.sched.add(req)
         return req
 
@@ -325,8 +369,10 @@ class Sim:
                 each(items, hopeless)
             if self.idle() and not self.sched.memd.releases and self.sched.memd.in_flight is None:
                 return n
-        raise AssertionError(f"not idle after {max_steps} steps: running {[r.rid for r in self.sched.running]}, "
-                             f"waiting {[r.rid for r in self.sched.waiting]}")
+        raise AssertionError(
+            f"not idle after {max_steps} steps: running {[r.rid for r in self.sched.running]}, "
+            f"waiting {[r.rid for r in self.sched.waiting]}"
+        )
 
 
 def expected_outputs(max_new: int) -> list[int]:
@@ -335,8 +381,13 @@ def expected_outputs(max_new: int) -> list[int]:
 
 def admissions(calls: list[Call]) -> list[str]:
     """Rids in the order of their (served) first prefill chunk: in an Alloc, or granted with an arrival's match."""
-    return [r for c in calls if c.kind in ("alloc", "match", "match-batch") and c.ok for r, p, n in c.extends
-            if p == 0 and n > 0]
+    return [
+        r
+        for c in calls
+        if c.kind in ("alloc", "match", "match-batch") and c.ok
+        for r, p, n in c.extends
+        if p == 0 and n > 0
+    ]
 
 
 # ---- 1. one memd call per step --------------------------------------------------------------
@@ -431,7 +482,7 @@ def test_long_prompt_is_prefilled_in_chunks_after_the_decodes():
         assert call.grows == [("a", 1), ("b", 1)]  # every running decode, whatever the prefill budget
         assert [i.req.rid for i in items] == ["a", "b", "x"]  # decodes first, then the chunk
         assert all(i.num_tokens == 1 for i in items[:2])
-        (rid, prefix, n), = call.extends
+        ((rid, prefix, n),) = call.extends
         assert rid == "x" and prefix == sum(chunks) and n <= 8
         chunks.append(n)
     assert chunks == [8, 8, 8, 6]
@@ -474,8 +525,16 @@ def test_lone_prompt_chunks_alone_under_pressure_keep_outputs_and_kv_right(block
     """Arrivals one at a time into a tight pool with calls sent ahead (plain, and DFLASH with a bounded draft pool):
     lone chunks run alone, preempted requests come back as lone chunks too, and every request ends with its tokens."""
     sizes = dict(pages=8, draft_pages=8, window=8, trim_gap=1) if block else dict(pages=12)
-    sim = Sim(**sizes, block=block, max_running=4, chunk=12, context=64, lookahead=6, async_top_ups=True,
-              alone_prompt_tokens=8)
+    sim = Sim(
+        **sizes,
+        block=block,
+        max_running=4,
+        chunk=12,
+        context=64,
+        lookahead=6,
+        async_top_ups=True,
+        alone_prompt_tokens=8,
+    )
     lengths = [(7, 12), (3, 20), (11, 6), (5, 15), (9, 9), (2, 25), (6, 3)]
     alone = 0
     for i, (prompt, max_new) in enumerate(lengths):
@@ -488,7 +547,8 @@ def test_lone_prompt_chunks_alone_under_pressure_keep_outputs_and_kv_right(block
     assert sim.sched.preemptions > 0, "the pool was never short: the test proves nothing"
     assert not sim.failed
     assert {rid: r.output_ids for rid, r in sim.done.items()} == {
-        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)}
+        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)
+    }
     sim.assert_all_free()
 
 
@@ -524,7 +584,7 @@ def test_max_running_caps_the_batch_and_the_rest_wait_in_fifo_order():
         assert len(sim.sched.running) <= 2
         assert len({i.req.rid for i in items}) <= 2
         waiting = [r.rid for r in sim.sched.waiting]
-        assert waiting == rids[len(rids) - len(waiting):]  # a suffix of the arrival order
+        assert waiting == rids[len(rids) - len(waiting) :]  # a suffix of the arrival order
 
     sim.run(each=capped)
     assert admissions(sim.session.rounds) == rids
@@ -590,8 +650,13 @@ def test_preemption_releases_the_newest_and_recomputes_it_later():
 
     def watch(items, hopeless):
         if sim.sched.preemptions and not snapshot:
-            snapshot.update(waiting=[r.rid for r in sim.sched.waiting], computed=c.computed,
-                            outputs=list(c.output_ids), in_memd=c.in_memd, held=set(sim._held()))
+            snapshot.update(
+                waiting=[r.rid for r in sim.sched.waiting],
+                computed=c.computed,
+                outputs=list(c.output_ids),
+                in_memd=c.in_memd,
+                held=set(sim._held()),
+            )
 
     sim.run(each=watch)
 
@@ -627,7 +692,8 @@ def test_many_requests_under_pressure_all_finish_with_their_tokens():
     assert sim.sched.preemptions > 0, "the pool was never short: the test proves nothing"
     assert not sim.failed
     assert {rid: r.output_ids for rid, r in sim.done.items()} == {
-        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)}
+        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)
+    }
     assert set(sim.session.errors()) == {"RESOURCE_EXHAUSTED"}
     sim.assert_all_free()
 
@@ -640,10 +706,13 @@ def test_a_refused_plan_is_not_asked_again_in_the_same_step():
     seen = [0]
 
     def no_repeats(items, hopeless):
-        step_calls = sim.session.calls[seen[0]:]
+        step_calls = sim.session.calls[seen[0] :]
         seen[0] = len(sim.session.calls)
-        refused = [(tuple(c.extends), tuple(c.grows), tuple(c.commits), tuple(c.trims), tuple(c.finishes))
-                   for c in step_calls if not c.ok]
+        refused = [
+            (tuple(c.extends), tuple(c.grows), tuple(c.commits), tuple(c.trims), tuple(c.finishes))
+            for c in step_calls
+            if not c.ok
+        ]
         assert len(refused) == len(set(refused)), f"memd was asked the same refused plan twice: {refused}"
 
     sim.run(each=no_repeats)
@@ -698,7 +767,8 @@ def test_request_whose_first_chunk_exceeds_the_pool_is_hopeless_not_stuck():
             break
     assert "big" in sim.failed and big.finish.error_code == "RESOURCE_EXHAUSTED", (
         f"after 10 steps big is still waiting ({[r.rid for r in sim.sched.waiting]}); "
-        f"memd refused {len(sim.session.errors())} admissions and nothing was failed")
+        f"memd refused {len(sim.session.errors())} admissions and nothing was failed"
+    )
     sim.run()
     assert small.output_ids == expected_outputs(2)
 
@@ -761,8 +831,9 @@ def dflash_sim(**kw) -> Sim:
         counter[req.rid] = n + 1
         return ACCEPT_CYCLE[n % len(ACCEPT_CYCLE)]
 
-    args = dict(pages=40, draft_pages=12, window=8, trim_gap=4, block=B, max_running=2, chunk=16, context=96,
-                accept=accept)
+    args = dict(
+        pages=40, draft_pages=12, window=8, trim_gap=4, block=B, max_running=2, chunk=16, context=96, accept=accept
+    )
     args.update(kw)
     return Sim(**args)
 
@@ -802,7 +873,7 @@ def test_dflash_verify_blocks_commit_trim_and_plain_decodes_at_the_context_end()
             kinds.append("plain")
         last_verify = (sim.verified[0][1], sim.verified[0][2]) if sim.verified else None
     assert kinds[0] == "prefill" and "verify" in kinds and kinds[-1] == "plain"
-    assert kinds.index("plain") > len(kinds) - 4 and set(kinds[kinds.index("plain"):]) == {"plain"}
+    assert kinds.index("plain") > len(kinds) - 4 and set(kinds[kinds.index("plain") :]) == {"plain"}
     assert x.output_ids == expected_outputs(86) and len(x.all_ids) == sim.context
     sim.run()
     sim.assert_all_free()
@@ -850,8 +921,7 @@ def test_dflash_draft_side_stays_bounded_over_long_runs():
     # 3 requests of up to 128 tokens each (96 target pages at the end) through a draft pool of
     # 24 pages: only the trims of out-of-window draft slots make this run possible
     window, gap = 8, 4
-    sim = dflash_sim(pages=100, draft_pages=24, window=window, trim_gap=gap, max_running=3, context=128,
-                     max_requests=4)
+    sim = dflash_sim(pages=100, draft_pages=24, window=window, trim_gap=gap, max_running=3, context=128, max_requests=4)
     for rid, prompt in (("a", 20), ("b", 7), ("c", 33)):
         sim.request(rid, prompt, max_new=128 - prompt)
     peak = {"draft": 0, "per_request": 0, "target": 0}
@@ -883,7 +953,8 @@ def test_dflash_preemption_under_pressure_keeps_kv_and_draft_consistent(lookahea
     assert not sim.failed
     _no_rid_released_and_allocated(sim.session.calls)
     assert {rid: r.output_ids for rid, r in sim.done.items()} == {
-        f"r{i}": expected_outputs(m) for i, m in enumerate([30, 24, 18, 33])}
+        f"r{i}": expected_outputs(m) for i, m in enumerate([30, 24, 18, 33])
+    }
     sim.assert_all_free()
 
 
@@ -928,7 +999,8 @@ def test_lookahead_spares_go_back_under_pressure():
     assert lean, "no spare was ever given back: the pool was never short"
     assert not sim.failed
     assert {rid: r.output_ids for rid, r in sim.done.items()} == {
-        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)}
+        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)
+    }
     sim.assert_all_free()
 
 
@@ -937,16 +1009,25 @@ def test_lookahead_dflash_trims_carry_the_computed_length_and_spares_stay(ahead)
     """memd counts a trim's window back from the length the trim carries: the computed one, not the positions
     granted ahead; so spare slots stay granted (no commit goes with a trim) and trims ride on the calls sent ahead."""
     window, gap = 8, 4
-    sim = dflash_sim(pages=100, draft_pages=40, window=window, trim_gap=gap, max_running=3, context=128,
-                     max_requests=4, lookahead=8, async_top_ups=ahead)
+    sim = dflash_sim(
+        pages=100,
+        draft_pages=40,
+        window=window,
+        trim_gap=gap,
+        max_running=3,
+        context=128,
+        max_requests=4,
+        lookahead=8,
+        async_top_ups=ahead,
+    )
     for rid, prompt in (("a", 20), ("b", 7), ("c", 33)):
         sim.request(rid, prompt, max_new=128 - prompt)
     lengths, seen, trimmed = {}, [0], [0]
 
     def watch(items, hopeless):
-        for call in sim.session.calls[seen[0]:]:  # this step's calls, planned from the lengths before it
+        for call in sim.session.calls[seen[0] :]:  # this step's calls, planned from the lengths before it
             assert not call.commits, "a spare went back with a trim"
-            for rid, length in (call.trim_lengths.items() if call.ok else []):
+            for rid, length in call.trim_lengths.items() if call.ok else []:
                 assert length == lengths[rid]
                 trimmed[0] += 1
         seen[0] = len(sim.session.calls)
@@ -996,6 +1077,7 @@ def test_top_ups_sent_ahead_align_a_batch_admitted_one_request_a_step():
     assert {rid: r.output_ids for rid, r in sim.done.items()} == {f"r{i}": expected_outputs(60) for i in range(8)}
     sim.assert_all_free()
 
+
 def test_with_calls_sent_ahead_a_request_waits_for_memd_only_at_its_admission():
     """The prefill chunk that ends a prompt is granted the lookahead too, and releases and prompt checkpoints ride
     on the calls sent ahead: every Alloc the engine waits for admits a request; finishes go out ahead (the last
@@ -1010,7 +1092,8 @@ def test_with_calls_sent_ahead_a_request_waits_for_memd_only_at_its_admission():
     ahead_finishes = [rid for c in sim.session.calls if c.kind == "ahead" for rid in c.finishes]
     assert len(ahead_finishes) >= 2 and sum(len(c.finishes) for c in waited) <= 2
     assert {rid: r.output_ids for rid, r in sim.done.items()} == {
-        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)}
+        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)
+    }
     sim.assert_all_free()
 
 
@@ -1154,7 +1237,8 @@ def test_a_burst_of_arrivals_is_admitted_in_one_round_trip(rows):
 
 
 def test_a_burst_is_granted_in_arrival_order_until_memd_has_no_room():
-    """Extensions with a burst's matches are FIFO for memory: r3 (two pages of 4 tokens) finds one page left, so neither it nor
+    """Extensions with a burst's matches are FIFO for memory: r3 (two pages of 4 tokens) finds one page left, so
+    neither it nor
     r4 (which one page would hold) is granted with its match; both wait, matched, and are admitted in order once
     the first finish frees pages."""
     sim = Sim(pages=7, max_running=8, chunk=64, context=64)  # 28 tokens
@@ -1177,7 +1261,8 @@ def test_async_top_ups_under_pressure_keep_outputs_right():
     sim.run()
     assert not sim.failed
     assert {rid: r.output_ids for rid, r in sim.done.items()} == {
-        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)}
+        f"r{i}": expected_outputs(m) for i, (_, m) in enumerate(lengths)
+    }
     sim.assert_all_free()
 
 
@@ -1266,7 +1351,9 @@ def test_sampled_requests_have_their_own_speculation_threshold():
     sim.request("sampled", 6, max_new=8, temperature=0.8)
     kinds = decode_kinds(sim, "greedy")
     assert (2, frozenset({False})) in kinds, "a greedy and a sampled request never decoded plainly together"
-    assert (2, frozenset({True})) not in kinds, "a batch with a sampled request verified blocks at the sampled threshold"
+    assert (2, frozenset({True})) not in kinds, (
+        "a batch with a sampled request verified blocks at the sampled threshold"
+    )
     assert kinds[-1] == (1, frozenset({True})), "the greedy request did not verify again once alone"
     sim.run()
     sim.assert_all_free()

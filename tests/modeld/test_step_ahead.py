@@ -11,7 +11,7 @@ import pytest
 
 from modeld.config import ModeldConfig
 from modeld.engine_build import build_engine
-from tests.daemons import cuda_available, memd_args, run_memd
+from tests.daemons import memd_args, run_memd
 from tests.modeld.engine_workloads import context_draft, draft_settings, mixed_requests, wait_until_released
 from tests.modeld.test_scheduler import Sim, expected_outputs
 
@@ -41,15 +41,27 @@ def test_a_step_the_scheduler_lets_run_ahead_is_the_one_it_would_plan_with_no_me
     sim.run()
     assert len(checked) >= 10, f"only {len(checked)} steps could run ahead (none while r3 waits)"
     assert not any(ok for ok, _, waiting in decided if waiting), "a step ran ahead while a request waited"
-    assert any(not ok for ok, rids, waiting in decided if not waiting and len(rids) == 3), \
+    assert any(not ok for ok, rids, waiting in decided if not waiting and len(rids) == 3), (
         "no top-up came due (half the lookahead) and stopped a run of steps ahead"
-    assert {rid: r.output_ids for rid, r in sim.done.items()} == {rid: expected_outputs(n) for rid, n in lengths.items()}
+    )
+    assert {rid: r.output_ids for rid, r in sim.done.items()} == {
+        rid: expected_outputs(n) for rid, n in lengths.items()
+    }
     sim.assert_all_free()
 
 
 def test_a_dflash_batch_that_speculates_never_runs_ahead():
-    sim = Sim(pages=128, draft_pages=64, max_running=2, chunk=32, context=96, block=4, window=16, lookahead=8,
-              async_top_ups=True)
+    sim = Sim(
+        pages=128,
+        draft_pages=64,
+        max_running=2,
+        chunk=32,
+        context=96,
+        block=4,
+        window=16,
+        lookahead=8,
+        async_top_ups=True,
+    )
     for i in range(2):
         sim.request(f"r{i}", 6, max_new=30)
     next_step, decided = sim.sched.next_step, []
@@ -65,13 +77,25 @@ def test_a_dflash_batch_that_speculates_never_runs_ahead():
     sim.assert_all_free()
 
 
-def answers(memd, model, prompts, overlap: bool, draft, abort_running: bool = False, device: str = "cpu",
-            lengths=(12, 18, 24, 30)):
+def answers(
+    memd,
+    model,
+    prompts,
+    overlap: bool,
+    draft,
+    abort_running: bool = False,
+    device: str = "cpu",
+    lengths=(12, 18, 24, 30),
+):
     """Requests of these lengths (greedy and seeded sampled in turn) through an engine; with abort_running, the
     first is aborted once it has streamed a token. Returns the requests, how many steps were queued ahead, how many
     of those dropped a request's token (it ended at the step before) and how many dropped every token."""
-    built = build_engine(ModeldConfig(device=device, memd=memd.address, target_model=str(model),
-                                      overlap_decode=overlap, **draft_settings(draft)), lambda serving: None)
+    built = build_engine(
+        ModeldConfig(
+            device=device, memd=memd.address, target_model=str(model), overlap_decode=overlap, **draft_settings(draft)
+        ),
+        lambda serving: None,
+    )
     engine, queued, dropped, committed = built.engine, [0], [0], [0]
     queue_next, run_queued = engine.ahead.queue_next, engine._run_queued
 
@@ -113,8 +137,7 @@ def answers(memd, model, prompts, overlap: bool, draft, abort_running: bool = Fa
     return reqs, queued[0], dropped[0], queued[0] - committed[0]
 
 
-@pytest.mark.parametrize("device", [
-    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU"))])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("with_draft", [False, True], ids=["plain", "draft-context"])
 def test_steps_queued_ahead_answer_as_steps_one_at_a_time(default_model, chat_ids, tmp_path, with_draft, device):
     """On the GPU with CUDA graphs (bf16): the step ahead's tokens are copied out before the next replay writes the

@@ -17,7 +17,9 @@ def events_of(*items) -> queue.SimpleQueue:
 
 
 def test_queued_chunks_go_out_as_one_with_the_complete():
-    q = events_of(("chunk", [1], "a", False), ("chunk", [2, 3], "bc", False), ("chunk", [], "d", True), ("complete", "req"))
+    q = events_of(
+        ("chunk", [1], "a", False), ("chunk", [2, 3], "bc", False), ("chunk", [], "d", True), ("complete", "req")
+    )
     assert take_events(q) == (([1, 2, 3], "abcd", True), True)
     assert q.empty()
 
@@ -88,7 +90,9 @@ def run_output(tokenizer, ids, stream: bool, stop=(), eos=frozenset({2}), max_ne
     from modeld.request import Request
     from modeld.sampling_params import SamplingParams
 
-    req = Request(rid="r", prompt_ids=[1], params=SamplingParams(max_new_tokens=max_new, stop=tuple(stop)), stream=stream)
+    req = Request(
+        rid="r", prompt_ids=[1], params=SamplingParams(max_new_tokens=max_new, stop=tuple(stop)), stream=stream
+    )
     out = OutputProcessor(tokenizer, set(eos), context_len=4096, stream_interval=interval)
     for token in ids:
         if out.append(req, [token]):
@@ -131,13 +135,17 @@ def test_the_engine_thread_detokenizes_only_requests_with_stop_strings(tokenizer
     assert "".join(pieces) == handler_text.sent == tokenizer.decode(ids, skip_special_tokens=True)
     counting = CountingTokenizer(tokenizer)  # a stop string: the engine thread must read the text
     _, chunks = run_output(counting, ids, True, stop=["zzz"], eos=frozenset(), max_new=len(ids))
-    assert counting.calls > 0 and "".join(text for _, _, text, _ in chunks) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert counting.calls > 0 and "".join(text for _, _, text, _ in chunks) == tokenizer.decode(
+        ids, skip_special_tokens=True
+    )
 
 
 def test_a_stream_interval_sends_chunks_of_that_many_tokens_and_the_rest_at_the_end(tokenizer):
     ids = tokenizer("Hello, the café in 東京 serves 🙂 crème brûlée, and nothing after this.")["input_ids"]
     _, chunks = run_output(tokenizer, ids, True, eos=frozenset(), max_new=len(ids), interval=4)
-    assert [len(new_ids) for _, new_ids, _, _ in chunks] == [4] * (len(ids) // 4) + ([len(ids) % 4] if len(ids) % 4 else [])
+    assert [len(new_ids) for _, new_ids, _, _ in chunks] == [4] * (len(ids) // 4) + (
+        [len(ids) % 4] if len(ids) % 4 else []
+    )
     assert [t for _, new_ids, _, _ in chunks for t in new_ids] == ids
     assert chunks[-1][3] and not any(finished for *_, finished in chunks[:-1])
     # with a stop string the engine thread's text is held back with its tokens, and all of it reaches the stream

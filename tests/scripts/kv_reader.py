@@ -5,8 +5,8 @@ import json
 import sys
 
 import torch
-
 from kv_common import expected_rows
+
 from memd.attach import MemdSession
 from protos import memd_pb2
 

@@ -5,8 +5,8 @@ import json
 import sys
 
 import torch
-
 from kv_common import expected_rows
+
 from memd.attach import MemdSession
 
 address, out_path = sys.argv[1], sys.argv[2]

@@ -8,8 +8,9 @@ import torch
 from train.batches import label_mask
 
 
-def per_anchor_loss(draft, target, seqs: list[dict], anchors: list[np.ndarray], tc, device: str = "cpu"
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def per_anchor_loss(
+    draft, target, seqs: list[dict], anchors: list[np.ndarray], tc, device: str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(weighted CE over the blocks, the draft's greedy predictions [A, B-1], the labels' weights [A, B-1])."""
     width = min(max(len(s["ids"]) for s in seqs), tc.max_len)
     lengths = np.array([min(len(s["ids"]), width) for s in seqs])

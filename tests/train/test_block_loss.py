@@ -16,8 +16,18 @@ from train.block_loss import FIXED_LAYOUTS, block_loss
 from train.head_loss import head_cross_entropy
 from train.train_draft import TrainConfig, draft_config, new_draft
 
-TINY = dict(layers=2, block=4, window=16, taps=(1, 2), mask_token_id=63, intermediate=128, anchors=8,
-            batch_anchors=128, batch_tokens=512, max_len=512)
+TINY = dict(
+    layers=2,
+    block=4,
+    window=16,
+    taps=(1, 2),
+    mask_token_id=63,
+    intermediate=128,
+    anchors=8,
+    batch_anchors=128,
+    batch_tokens=512,
+    max_len=512,
+)
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +105,10 @@ def test_the_key_tiles_cover_every_visible_pair_and_little_else(block, window):
     and a query tile lists a few tiles, not every one."""
     rng = np.random.default_rng(block)
     lengths = rng.integers(30, 900, size=6)
-    anchors = [np.sort(rng.choice(np.arange(1, n - 1), size=min(n - 2, int(rng.integers(5, 300))), replace=False))
-               for n in lengths]
+    anchors = [
+        np.sort(rng.choice(np.arange(1, n - 1), size=min(n - 2, int(rng.integers(5, 300))), replace=False))
+        for n in lengths
+    ]
     anchors[2] = np.array([0, 1, 2])  # blocks with no or little context
     layout = build_layout(lengths, anchors, block, pad_anchors=len(np.concatenate(anchors)) + 37)
     device_layout = DeviceLayout(layout, torch.from_numpy, causal=False)
@@ -121,7 +133,7 @@ def test_the_key_tiles_cover_every_visible_pair_and_little_else(block, window):
     context = torch.nonzero(row[: layout.context_rows])[:, 0].numpy()
     lo = 0 if window is None else max(0, pos + 5 - window + 1)
     assert context.tolist() == list(range(layout.starts[seq] + lo, layout.starts[seq] + pos))
-    assert torch.nonzero(row[layout.context_rows:])[:, 0].tolist() == list(range(a * block, a * block + block))
+    assert torch.nonzero(row[layout.context_rows :])[:, 0].tolist() == list(range(a * block, a * block + block))
 
 
 def test_the_head_cross_entropy_in_chunks_equals_the_full_one():
@@ -141,7 +153,7 @@ def test_the_head_cross_entropy_in_chunks_equals_the_full_one():
         head_cross_entropy(hidden, head.clone().requires_grad_(True), labels, weights)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (compiled flex attention)")
+@pytest.mark.gpu
 def test_the_compiled_step_on_cuda_matches_the_reference(target):
     """On the GPU the packed loss runs the draft compiled whole, flex attention inside, in bf16 under autocast, at
     fixed shapes: the same loss and gradients as the fp32 per-anchor reference within bf16's error, for two batches

@@ -41,8 +41,30 @@ def test_no_answers_is_an_error():
 
 
 def test_the_fixed_settings_come_from_the_command_line():
-    args = parse(["--prompts", "P", "--responses", "R", "--out", "O", "--ckpt", "C", "--seconds", "60",
-                  "--layers", "4", "--lr", "3e-4", "--batch-anchors", "1024", "--loop-repeats", "0"])
+    args = parse(
+        [
+            "--prompts",
+            "P",
+            "--responses",
+            "R",
+            "--out",
+            "O",
+            "--ckpt",
+            "C",
+            "--seconds",
+            "60",
+            "--layers",
+            "4",
+            "--lr",
+            "3e-4",
+            "--batch-anchors",
+            "1024",
+            "--loop-repeats",
+            "0",
+        ]
+    )
     assert base_config(args) == TrainConfig(layers=4, lr=3e-4, batch_anchors=1024, loop_repeats=0)
-    defaults = base_config(parse(["--prompts", "P", "--responses", "R", "--out", "O", "--ckpt", "C", "--seconds", "60"]))
+    defaults = base_config(
+        parse(["--prompts", "P", "--responses", "R", "--out", "O", "--ckpt", "C", "--seconds", "60"])
+    )
     assert (defaults.layers, defaults.lr, defaults.batch_anchors, defaults.loop_repeats) == (5, 6e-4, 8192, 2)

@@ -3,8 +3,8 @@ its labels run on."""
 
 import numpy as np
 
-from train.loops import anchor_spans, ends_in_loop, looped_tokens, periodic_tail, stop_point
 from train.batches import anchor_positions, epoch_batches, label_mask, sample_anchors, valid_anchors
+from train.loops import anchor_spans, ends_in_loop, looped_tokens, periodic_tail, stop_point
 from train.train_draft import TrainConfig
 
 
@@ -53,7 +53,6 @@ def test_the_trainer_anchors_up_to_the_cut_and_labels_past_it():
     tc = TrainConfig(anchors=512, batch_anchors=10_000, loop_repeats=2)
     batches = epoch_batches([seq, dict(seq)], tc, 0)
     assert sorted(i for b in batches for i in b) == [0, 1]
-
 
 
 def test_generation_stops_four_periods_and_64_tokens_into_a_loop():

@@ -49,10 +49,33 @@ def test_sources_first_orders_jobs_and_keeps_the_rest():
 def test_modeld_stop_and_resume(tmp_path, default_model, tokenizer):
     prompts = write_prompts(tmp_path / "prompts")
     out = tmp_path / "out"
-    args = ["--max-running-requests", "4", "--max-total-tokens", "4096", "--draft-model", "none",
-            "--kv-cache-dtype", "float32", "--strict"]
-    common = ["--prompts", str(prompts), "--out", str(out), "--target", str(default_model), "--sampling", "greedy,0.8",
-              "--max-new-tokens", "10", "--concurrency", "3", "--shard-records", "1"]
+    args = [
+        "--max-running-requests",
+        "4",
+        "--max-total-tokens",
+        "4096",
+        "--draft-model",
+        "none",
+        "--kv-cache-dtype",
+        "float32",
+        "--strict",
+    ]
+    common = [
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--target",
+        str(default_model),
+        "--sampling",
+        "greedy,0.8",
+        "--max-new-tokens",
+        "10",
+        "--concurrency",
+        "3",
+        "--shard-records",
+        "1",
+    ]
     with run_memd(default_model, *args) as memd, run_modeld(memd, "--target-model", str(default_model)) as modeld:
         assert main(common + ["--addr", modeld.address, "--max-answers", "2"]) == 0
         first, _ = read_all(out)
@@ -78,10 +101,33 @@ def test_modeld_stop_and_resume(tmp_path, default_model, tokenizer):
 def test_inproc_stop_and_resume_gives_the_services_answers(tmp_path, default_model):
     prompts = write_prompts(tmp_path / "prompts")
     out, served = tmp_path / "out", tmp_path / "served"
-    args = ["--max-running-requests", "4", "--max-total-tokens", "4096", "--draft-model", "none",
-            "--kv-cache-dtype", "float32", "--strict"]
-    common = ["--device", "cpu", "--prompts", str(prompts), "--target", str(default_model), "--sampling", "greedy,0.8",
-              "--max-new-tokens", "10", "--concurrency", "3", "--shard-records", "1"]
+    args = [
+        "--max-running-requests",
+        "4",
+        "--max-total-tokens",
+        "4096",
+        "--draft-model",
+        "none",
+        "--kv-cache-dtype",
+        "float32",
+        "--strict",
+    ]
+    common = [
+        "--device",
+        "cpu",
+        "--prompts",
+        str(prompts),
+        "--target",
+        str(default_model),
+        "--sampling",
+        "greedy,0.8",
+        "--max-new-tokens",
+        "10",
+        "--concurrency",
+        "3",
+        "--shard-records",
+        "1",
+    ]
     with run_memd(default_model, *args) as memd:  # ends by checking memd's pools free (or only cached)
         inproc = common + ["--engine", "inproc", "--memd", memd.address, "--out", str(out)]
         assert main(inproc + ["--max-answers", "2"]) == 0
@@ -94,7 +140,9 @@ def test_inproc_stop_and_resume_gives_the_services_answers(tmp_path, default_mod
     assert len(keys) == len(set(keys)) == 8  # nothing repeated, nothing lost
     assert all(first[key][1] == done[key][1] for key in first)
     by_service, _ = read_all(served)
-    assert {key: answers for key, (_, answers) in done.items()} == {key: answers for key, (_, answers) in by_service.items()}
+    assert {key: answers for key, (_, answers) in done.items()} == {
+        key: answers for key, (_, answers) in by_service.items()
+    }
     assert done["m:3#1"][0]["turns"] == 2 and len(done["m:3#1"][1]) == 2
 
 
@@ -105,11 +153,41 @@ def test_inproc_stops_an_answer_in_a_repetition_loop_and_keeps_it(tmp_path, defa
     with gzip.open(prompts / "prompts-00000.jsonl.gz", "wt") as fh:
         fh.writelines(json.dumps(p) + "\n" for p in (looping, PROMPTS[0]))
     out = tmp_path / "out"
-    with run_memd(default_model, "--max-running-requests", "4", "--max-total-tokens", "4096", "--draft-model", "none",
-                  "--kv-cache-dtype", "float32", "--strict") as memd:  # ends by checking memd's pools free (or only cached)
-        assert main(["--engine", "inproc", "--memd", memd.address, "--device", "cpu", "--prompts", str(prompts),
-                     "--target", str(default_model), "--sampling", "greedy", "--max-new-tokens", "400",
-                     "--out", str(out)]) == 0
+    with run_memd(
+        default_model,
+        "--max-running-requests",
+        "4",
+        "--max-total-tokens",
+        "4096",
+        "--draft-model",
+        "none",
+        "--kv-cache-dtype",
+        "float32",
+        "--strict",
+    ) as memd:  # ends by checking memd's pools free (or only cached)
+        assert (
+            main(
+                [
+                    "--engine",
+                    "inproc",
+                    "--memd",
+                    memd.address,
+                    "--device",
+                    "cpu",
+                    "--prompts",
+                    str(prompts),
+                    "--target",
+                    str(default_model),
+                    "--sampling",
+                    "greedy",
+                    "--max-new-tokens",
+                    "400",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     done, _ = read_all(out)
     answer = done["l:0#0"][1][0]
     full = hf_greedy(chat.turn_prompt(tokenizer, looping, []), 400)
@@ -123,8 +201,24 @@ def test_inproc_stops_an_answer_in_a_repetition_loop_and_keeps_it(tmp_path, defa
 def test_hf_fallback_stop_and_resume(tmp_path, default_model, tokenizer, hf_models):
     prompts = write_prompts(tmp_path / "prompts")
     out = tmp_path / "out"
-    common = ["--engine", "hf", "--device", "cpu", "--prompts", str(prompts), "--out", str(out), "--target",
-              str(default_model), "--max-new-tokens", "10", "--batch", "2", "--limit", "3"]
+    common = [
+        "--engine",
+        "hf",
+        "--device",
+        "cpu",
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--target",
+        str(default_model),
+        "--max-new-tokens",
+        "10",
+        "--batch",
+        "2",
+        "--limit",
+        "3",
+    ]
     assert main(common + ["--max-answers", "2"]) == 0
     first, _ = read_all(out)
     assert len(first) == 2
@@ -141,8 +235,13 @@ def test_hf_fallback_stop_and_resume(tmp_path, default_model, tokenizer, hf_mode
 
 
 def test_pack_merges_shards(tmp_path):
-    items = [({"key": f"p:{i}#0", "id": f"p:{i}", "source": "s", "sample": 0, "temperature": 0.0, "turns": 1},
-              [[i, i + 1, 2]]) for i in range(10)]
+    items = [
+        (
+            {"key": f"p:{i}#0", "id": f"p:{i}", "source": "s", "sample": 0, "temperature": 0.0, "turns": 1},
+            [[i, i + 1, 2]],
+        )
+        for i in range(10)
+    ]
     for i in range(0, 10, 2):
         responses.write_shard(tmp_path / f"responses-x-{i:04d}.npz", items[i : i + 2])
     made = responses.pack(tmp_path, tmp_path / "packed", max_mib=1)
@@ -162,17 +261,25 @@ def test_self_instruct_cleaning():
 def test_self_instruct_reads_every_item_of_a_numbered_list():
     from train.self_instruct import questions
 
-    text = ("Here are five questions:\n1. **What is a drone used for?**\n2) How high can a drone fly legally?\n"
-            "3. Hi?\nSome closing words.\n4. How to find a hospital? 5. How to book a hospital bed at night?")
-    assert questions(text) == ["What is a drone used for?", "How high can a drone fly legally?",
-                               "How to find a hospital?", "How to book a hospital bed at night?"]
+    text = (
+        "Here are five questions:\n1. **What is a drone used for?**\n2) How high can a drone fly legally?\n"
+        "3. Hi?\nSome closing words.\n4. How to find a hospital? 5. How to book a hospital bed at night?"
+    )
+    assert questions(text) == [
+        "What is a drone used for?",
+        "How high can a drone fly legally?",
+        "How to find a hospital?",
+        "How to book a hospital bed at night?",
+    ]
     assert questions("No list here, only prose about 3. things.") == []
 
 
 def test_engine_flags_that_do_not_go_together_are_refused(tmp_path, capsys):
     common = ["--prompts", str(tmp_path), "--out", str(tmp_path / "out")]
-    for flags, message in [(["--engine", "hf", "--addr", "unix:///x"], "--addr is a modeld's address"),
-                           (["--engine", "modeld", "--memd", "unix:///x"], "--memd is for --engine inproc")]:
+    for flags, message in [
+        (["--engine", "hf", "--addr", "unix:///x"], "--addr is a modeld's address"),
+        (["--engine", "modeld", "--memd", "unix:///x"], "--memd is for --engine inproc"),
+    ]:
         with pytest.raises(SystemExit):
             main(common + flags)
         assert message in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The ShareGPT prompt source: the whole conversations of a JSON array that is cut off part-way, a conversation's
 first one or two user turns under the length and language rules, then what the wider rules add (a part that
-starts with the assistant's reply, from its second message; longer turns), and (from the package registry) the real wheel's
+starts with the assistant's reply, from its second message; longer turns), and (from the package registry) the real
+wheel's
 records, none of them an MT-Bench first turn."""
 
 import json
@@ -28,17 +29,28 @@ def test_the_whole_objects_of_a_cut_off_array_are_read():
 
 
 def test_a_record_is_the_first_one_or_two_user_turns_that_pass():
-    assert sharegpt_turns([turn("human", ASKED), turn("gpt", "A hash table maps keys..."), turn("human", FOLLOW),
-                           turn("gpt", "..."), turn("human", "Thanks, what else is there to know?")]) == [ASKED, FOLLOW]
+    assert sharegpt_turns(
+        [
+            turn("human", ASKED),
+            turn("gpt", "A hash table maps keys..."),
+            turn("human", FOLLOW),
+            turn("gpt", "..."),
+            turn("human", "Thanks, what else is there to know?"),
+        ]
+    ) == [ASKED, FOLLOW]
     assert sharegpt_turns([turn("human", ASKED)]) == [ASKED]
     part = [turn("gpt", "Sure, here it is."), turn("human", ASKED), turn("gpt", "..."), turn("human", FOLLOW)]
     assert sharegpt_turns(part) == []  # starts mid-way: the first rules leave it out, the wider ones take it
     assert sharegpt_turns(part, continued=True) == [ASKED, FOLLOW]
-    assert sharegpt_turns([turn("gpt", "Hi!"), turn("gpt", "Anything else?"), turn("human", ASKED)], continued=True) == []
+    assert (
+        sharegpt_turns([turn("gpt", "Hi!"), turn("gpt", "Anything else?"), turn("human", ASKED)], continued=True) == []
+    )
     assert sharegpt_turns([turn("human", ASKED), turn("human", FOLLOW)]) == [ASKED]  # not alternating
     assert sharegpt_turns([turn("human", "hi")]) == []  # under 20 characters
     pasted = "Summarise this: " + "the data of the year " * 240 + "."  # a pasted text with its task, 5,057 characters
-    assert sharegpt_turns([turn("human", pasted)]) == [] and sharegpt_turns([turn("human", pasted)], longest=6000) == [pasted]
+    assert sharegpt_turns([turn("human", pasted)]) == [] and sharegpt_turns([turn("human", pasted)], longest=6000) == [
+        pasted
+    ]
     assert sharegpt_turns([turn("human", "这是什么意思？请解释一下这个问题的答案是什么。")]) == []  # not English
     assert sharegpt_turns([turn("human", ASKED), turn("gpt", "..."), turn("human", "ok")]) == [ASKED]
 

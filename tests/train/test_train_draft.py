@@ -16,11 +16,31 @@ from modeld.draft import load_draft
 from tests.dflash.tiny_models import load_hf, write_random_target
 from train.batches import epoch_batches, sample_anchors, valid_anchors, weighted
 from train.block_loss import block_loss
-from train.train_draft import (DraftTooLarge, TrainConfig, accept_length, build_target_layer_ids, check_size,
-                               draft_config, new_draft, paced_factor, save_draft, train)
+from train.train_draft import (
+    DraftTooLarge,
+    TrainConfig,
+    accept_length,
+    build_target_layer_ids,
+    check_size,
+    draft_config,
+    new_draft,
+    paced_factor,
+    save_draft,
+    train,
+)
 
-TINY = dict(layers=1, block=4, window=16, taps=(1, 2), mask_token_id=63, intermediate=128, lr=3e-3, anchors=8,
-            batch_anchors=128, batch_tokens=2048)
+TINY = dict(
+    layers=1,
+    block=4,
+    window=16,
+    taps=(1, 2),
+    mask_token_id=63,
+    intermediate=128,
+    lr=3e-3,
+    anchors=8,
+    batch_anchors=128,
+    batch_tokens=2048,
+)
 
 
 def greedy_sequences(target, count: int, seed: int) -> list[dict]:
@@ -29,8 +49,14 @@ def greedy_sequences(target, count: int, seed: int) -> list[dict]:
     for _ in range(count):
         prompt = torch.randint(0, target.config.vocab_size - 1, (1, 8), generator=gen)
         with torch.no_grad():
-            ids = target.generate(prompt, max_new_tokens=32, do_sample=False, attention_mask=torch.ones_like(prompt),
-                                  eos_token_id=None, pad_token_id=0)[0].tolist()
+            ids = target.generate(
+                prompt,
+                max_new_tokens=32,
+                do_sample=False,
+                attention_mask=torch.ones_like(prompt),
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0].tolist()
         out.append({"ids": np.array(ids), "spans": [(8, len(ids))]})
     return out
 
@@ -76,7 +102,9 @@ def test_training_learns_and_saves_a_loadable_draft(tiny, tmp_path):
         after, guesses_after, _ = block_loss(draft, target, held, anchors, tc, "cpu")
     assert after < 0.5 * before, (float(before), float(after))
     assert np.mean(state.losses[-10:]) < 0.5 * np.mean(state.losses[:10])
-    assert accept_length(guesses_after, held, anchors, tc.block, w) > accept_length(guesses_before, held, anchors, tc.block, w)
+    assert accept_length(guesses_after, held, anchors, tc.block, w) > accept_length(
+        guesses_before, held, anchors, tc.block, w
+    )
     saved = json.loads((tmp_path / "draft" / "config.json").read_text())
     assert saved["dflash_config"] == {"block_size": 4, "target_layer_ids": [1, 2], "mask_token_id": 63, "causal": False}
     loaded = load_draft(str(tmp_path / "draft"), target.config, torch.float32, "cpu")
@@ -141,8 +169,9 @@ def test_a_paced_run_goes_on_past_its_epochs_and_ends_annealed_on_time(tiny, tmp
     tc = TrainConfig(**TINY, epochs=1)
     lines: list[str] = []
     begin = time.monotonic()
-    _, _, state = train(target, train_set, tc, "cpu", lines.append, out=tmp_path / "draft", time_budget=3.0,
-                        save_every=0, paced=True)
+    _, _, state = train(
+        target, train_set, tc, "cpu", lines.append, out=tmp_path / "draft", time_budget=3.0, save_every=0, paced=True
+    )
     took = time.monotonic() - begin
     assert state.epoch >= 1 and state.step > len(epoch_batches(train_set, tc, 0))  # more than its one planned epoch
     assert 3.0 <= took < 6.0 and lines[-1].startswith("done:")  # on time, not stopped mid-schedule
@@ -157,22 +186,54 @@ def test_a_paced_schedule_spans_calls_through_the_checkpoint(tiny, tmp_path):
     target, train_set, _ = tiny
     tc = TrainConfig(**TINY, epochs=1)
     first: list[str] = []
-    _, _, one = train(target, train_set, tc, "cpu", first.append, tmp_path / "ckpt.pt", time_budget=2.0,
-                      save_every=0, paced=True, schedule_seconds=4.0)
+    _, _, one = train(
+        target,
+        train_set,
+        tc,
+        "cpu",
+        first.append,
+        tmp_path / "ckpt.pt",
+        time_budget=2.0,
+        save_every=0,
+        paced=True,
+        schedule_seconds=4.0,
+    )
     lrs = [float(line.split(" lr ")[1].split()[0]) for line in first if " lr " in line]
     assert 2.0 <= one.seconds < 3.0 and lrs[-1] > 0.3 * tc.lr  # stopped on its own budget, the schedule half done
     second: list[str] = []
     begin = time.monotonic()
-    _, _, two = train(target, train_set, tc, "cpu", second.append, tmp_path / "ckpt.pt", resume=True,
-                      time_budget=10.0, save_every=0, paced=True, schedule_seconds=4.0)
+    _, _, two = train(
+        target,
+        train_set,
+        tc,
+        "cpu",
+        second.append,
+        tmp_path / "ckpt.pt",
+        resume=True,
+        time_budget=10.0,
+        save_every=0,
+        paced=True,
+        schedule_seconds=4.0,
+    )
     assert any(line.startswith(f"resumed at step {one.step}") for line in second)
     assert time.monotonic() - begin < 4.0 and 4.0 <= two.seconds < 5.0  # the schedule's 4 s, not this call's 10
     assert two.step > one.step and two.losses[: one.step] == one.losses
     lrs = [float(line.split(" lr ")[1].split()[0]) for line in second if " lr " in line]
     assert lrs[-1] < 0.05 * tc.lr and second[-1].startswith("done:")
     last: list[str] = []  # a third call with schedule_seconds 0: it ends the schedule with its own budget
-    _, _, three = train(target, train_set, tc, "cpu", last.append, tmp_path / "ckpt.pt", resume=True,
-                        time_budget=1.0, save_every=0, paced=True, schedule_seconds=0)
+    _, _, three = train(
+        target,
+        train_set,
+        tc,
+        "cpu",
+        last.append,
+        tmp_path / "ckpt.pt",
+        resume=True,
+        time_budget=1.0,
+        save_every=0,
+        paced=True,
+        schedule_seconds=0,
+    )
     assert two.seconds + 1.0 <= three.seconds < two.seconds + 2.0 and three.step > two.step
     lrs = [float(line.split(" lr ")[1].split()[0]) for line in last if " lr " in line]
     assert lrs[-1] < 0.05 * tc.lr and last[-1].startswith("done:")
@@ -213,13 +274,23 @@ def test_init_starts_from_a_saved_drafts_weights(tiny, tmp_path):
     for name, value in trained.state_dict().items():  # what was saved, in bf16, is where the new run starts
         torch.testing.assert_close(started.state_dict()[name], value.to(torch.bfloat16).float(), rtol=0, atol=0)
     with pytest.raises(ValueError, match="other settings"):
-        train(target, train_set, TrainConfig(**{**TINY, "window": 32}), "cpu", log=lambda m: None,
-              init=tmp_path / "draft")
+        train(
+            target, train_set, TrainConfig(**{**TINY, "window": 32}), "cpu", log=lambda m: None, init=tmp_path / "draft"
+        )
 
 
-SMOLLM2 = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                      num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
-                      max_position_embeddings=8192, rope_theta=100000.0)
+SMOLLM2 = LlamaConfig(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=8192,
+    rope_theta=100000.0,
+)
 
 
 def test_the_40mb_limit():
