@@ -2,7 +2,7 @@
 at start-up go into the interpreter's permanent generation, so a full garbage collection (Python starts one on its
 own now and then) no longer walks them in the middle of a step. With the default model's engine built, a full
 collection walked about 375,000 objects and took about 200 ms on the CPU; frozen, it walks only what serving made
-since (bench.gc_pause). SGLang and vLLM freeze their heaps after warm-up for the same reason.
+since (BENCHMARKS.md, the front and the host). SGLang and vLLM freeze their heaps after warm-up for the same reason.
 
 Invariant: nothing frozen is garbage that needs the cycle collector while it stays frozen. A re-attach to memd
 replaces the CUDA graphs and the pools' views (the old ones may sit in reference cycles): the heap is thawed,

@@ -107,15 +107,11 @@ python3 -m pytest -q tests/modeld/test_forward_vs_hf.py tests/e2e/test_generate.
 python3 -m pytest -q tests/dflash/test_default_draft.py 2>&1 | tail -2  # the shipped draft, lossless (its daemons run on the CPU)
 [ "${1:-}" = suites ] || [ "${1:-}" = model ] && exit 0  # `device-check.sh suites`: the suites alone (about half the call), no benchmarks
 fi
-python3 -m bench.sampler_speed > "$OUT/sampler_speed.md" 2>&1; cat "$OUT/sampler_speed.md"
 python3 -m bench.memd_waits --device cuda --batch1 20 --new-tokens 32 > "$OUT/memd_waits.md" 2> "/tmp/memd_waits.log"
 cat "$OUT/memd_waits.md"  # 20 admissions at batch 1: what each costs in the engine, and memd's handler time
 python3 -m bench.memd_waits --device cuda --batch1 20 --new-tokens 32 --draft modeld/default_draft \
     > "$OUT/memd_waits_dflash.md" 2> "/tmp/memd_waits_dflash.log"
 cat "$OUT/memd_waits_dflash.md"  # the same with DFLASH as served (acf2771: one waited call an admission, not two)
-python3 -m bench.idle_release --device cuda --rounds 4 > "$OUT/idle_release.md" 2> /tmp/idle_release.log
-cat "$OUT/idle_release.md"  # batch 1's first tokens: an idle pass's releases sent ahead against waited for
-python3 -m bench.gc_pause --device cuda 2> /tmp/gc_pause.log | tail -4 > /tmp/gc_pause.md  # heap frozen or not
 python3 -m bench.engine_speed --concurrency 16,64 --batch1 3 --variants 2,5,7,10,11,12,13,14,17,18,19,20 > "$OUT/engine_speed.md" 2> "/tmp/engine_speed.log"
 grep -v '^{' "$OUT/engine_speed.md" | head -30  # the rest is in the file
 # clients sending requests back to back (4, 8, 16): a lone arrival's prompt chunk beside the decodes or alone
@@ -130,4 +126,4 @@ grep -h '###' "$OUT"/profile-b*.txt
 # a batch-1 step's host parts against the device's span, and what makes a graph's launch slow in the engine (40 s)
 python3 -m bench.step_span > "$OUT/span.md" 2> "/tmp/span.log"; cat "$OUT/span.md"
 python3 -m bench.step_span --overlap-decode > "$OUT/span-overlap.md" 2> "/tmp/span-overlap.log"; head -8 "$OUT/span-overlap.md"
-tail -20 /tmp/clients.md; cat /tmp/gc_pause.md  # last, so that the call's output (its last 12,000 characters) holds them
+tail -20 /tmp/clients.md  # last, so that the call's output (its last 12,000 characters) holds them
