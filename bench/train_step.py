@@ -201,8 +201,9 @@ def main(argv=None) -> int:
         if args.before and base_anchors != anchors:  # at each anchors' first batch size
             for i, before in enumerate(args.before.split(",")):  # the first is the x column's baseline
                 figures = before_figures(before, args, anchors, batch_anchors)
-                base, base_anchors = (figures, anchors) if i == 0 else (base, base_anchors)
-                print(row(before, anchors, figures, flops, peak, None if i == 0 else base), flush=True)
+                print(row(before, anchors, figures, flops, peak, base if i else None), flush=True)
+                if i == 0:
+                    base, base_anchors = figures, anchors
         print(row("this tree", anchors, now, flops, peak, base), flush=True)
     if args.profile:
         fit_budget.profile_steps(

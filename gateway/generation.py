@@ -36,8 +36,8 @@ def choose_backend(backends: Backends, router: Router, body: ChatRequest | Compl
             f"no modeld serving {body.model!r} is ready now (none answers SERVING to its health check)",
             "service_unavailable",
             code="unavailable",
-            retry_after=math.ceil(backends.poll_interval),
-        )  # a poll may find one serving again
+            retry_after=math.ceil(backends.poll_interval),  # a poll may find one serving again
+        )
     raise ApiError(
         404,
         f"the model {body.model!r} does not exist; served: {', '.join(backends.models()) or 'none'}",

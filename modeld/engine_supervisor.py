@@ -29,11 +29,10 @@ class EngineSupervisor:
         on_serving: Callable[[bool], Awaitable[None]],
         stop: asyncio.Event,
         metrics: FrontMetrics | None,
-        clock: Callable[[], float] = time.monotonic,
     ):
         """on_serving: sets the front's health; stop: set to stop the front (also when the supervisor gives up);
         metrics: the front's, which count the restarts (None without --metrics-port)."""
-        self.engine, self.on_serving, self.stop, self.metrics, self.clock = engine, on_serving, stop, metrics, clock
+        self.engine, self.on_serving, self.stop, self.metrics = engine, on_serving, stop, metrics
         self.restarts: deque[float] = deque()  # when each restart of the window began
         self.gave_up = False  # the front exits 1
         self.recovering: asyncio.Task | None = None
@@ -52,7 +51,7 @@ class EngineSupervisor:
         await asyncio.to_thread(self.engine.process.join, 5)  # reaped (no zombie), and its exit code known
         code = self.engine.process.exitcode
         while not self.stop.is_set():
-            now = self.clock()
+            now = time.monotonic()
             while self.restarts and now - self.restarts[0] > RESTART_WINDOW_S:
                 self.restarts.popleft()
             if len(self.restarts) >= MAX_RESTARTS:

@@ -107,7 +107,8 @@ def runners(device_layout: DeviceLayout, keys, cuda: bool, fixed_shapes: bool):
 
 @dataclass(frozen=True)
 class HostBatch:
-    """A batch's host arrays: its layout, the target's padded input, and the labels of every block row k >= 1."""
+    """A batch's host arrays: its layout, the target's input (the context rows), and the labels of every block row
+    k >= 1."""
 
     layout: BlockLayout
     context_ids: np.ndarray  # [context rows] the sequences' tokens one after another, padded with 0
@@ -124,25 +125,24 @@ def host_batch(seqs: list[dict], anchors: list[np.ndarray], tc, fixed_shapes: bo
         lengths, anchors, block, tc.batch_anchors if fixed_shapes else 0, tc.batch_tokens if fixed_shapes else 0
     )
     real = layout.real_anchors
-    flat_ids = np.concatenate([np.asarray(s["ids"][:n], dtype=np.int64) for s, n in zip(seqs, lengths)])
+    context_ids = np.zeros(layout.context_rows, dtype=np.int64)  # the sequences one after another, then padding
+    context_ids[: lengths.sum()] = np.concatenate([np.asarray(s["ids"][:n]) for s, n in zip(seqs, lengths)])
     flat_labelled = np.concatenate(
         [label_mask(len(s["ids"]), s["spans"], tc.max_len)[:n] for s, n in zip(seqs, lengths)]
     )
     seq, pos = layout.anchor_seq[:real], layout.anchor_pos[:real]
     first_row = layout.starts[seq] + pos
     block_ids = np.full((len(layout.anchor_seq), block), tc.mask_token_id, dtype=np.int64)
-    block_ids[:real, 0] = flat_ids[first_row]
+    block_ids[:real, 0] = context_ids[first_row]
     inside = pos[:, None] + np.arange(1, block) < lengths[seq][:, None]
     label_row = np.where(inside, first_row[:, None] + np.arange(1, block), 0)
     decay = np.exp(-np.arange(block - 1) / tc.gamma)
     weights = (decay * (inside & flat_labelled[label_row])).astype(np.float32)
-    context_ids = np.zeros(layout.context_rows, dtype=np.int64)
-    context_ids[: len(flat_ids)] = flat_ids
     return HostBatch(
         layout,
         context_ids,
         block_ids,
-        np.where(inside, flat_ids[label_row], 0),
+        np.where(inside, context_ids[label_row], 0),
         weights,
         np.flatnonzero(weights.reshape(-1) > 0),
     )
@@ -165,7 +165,7 @@ def block_loss(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(weighted CE over the blocks, the draft's greedy predictions [A, B-1] (-1 where a label weighs nothing), the
     labels' weights [A, B-1]) for the anchors of each sequence (sorted). `fixed_shapes`: the layout is padded to
-    tc.batch_anchors anchors and tc.batch_tokens context rows, so that the compiled attention keeps its shapes."""
+    tc.batch_anchors anchors and tc.batch_tokens context rows, so that both compiled forwards keep their shapes."""
     cuda = device.startswith("cuda")
     with record_function("train.host_batch"):
         host = host_batch(seqs, anchors, tc, fixed_shapes)
