@@ -27,7 +27,7 @@ from bench.engine_speed import add_model_arguments, generate_all, memd_args, pro
 from bench.in_process import running_engine
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
-from modeld.fetch_default import ensure_default_model
+from modeld.model.fetch_default import ensure_default_model
 
 
 def configs(speculate_below: list[int]) -> list[tuple[str, bool, int | None, int]]:

@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 import client
 from bench.metrics_scrape import metric_samples
-from modeld.fetch_default import ensure_default_model
+from modeld.model.fetch_default import ensure_default_model
 from train.stack import memd_args, run_memd, run_modeld
 
 

@@ -28,9 +28,9 @@ from bench.engine_variants import SERVED, VARIANTS, Variant, variant_config
 from bench.memd_process import memd_process
 from bench.step_breakdown import Breakdown
 from modeld.detokenize import TextStream
-from modeld.engine import make_generator
-from modeld.engine_build import build_engine
-from modeld.fetch_default import ensure_default_model
+from modeld.engine.build import build_engine
+from modeld.engine.loop import make_generator
+from modeld.model.fetch_default import ensure_default_model
 from modeld.request import Request
 from modeld.sampling_params import SamplingParams
 
@@ -150,7 +150,7 @@ def generate_all(
     first_tokens: list[tuple[float, int]] | None = None,
 ) -> tuple[int, float, int]:
     """Submits every prompt at once; (generated tokens, seconds, verify steps) when all completed. This thread makes
-    each request's text from its streamed ids, as a gRPC handler does (modeld.service), beside the engine's thread.
+    each request's text from its streamed ids, as a gRPC handler does (modeld.front.service), beside the engine's thread.
     With `first_tokens`, each request's first streamed tokens go there: (seconds from the submission, how many)."""
     begin = time.perf_counter()
     reqs = submit_requests(engine, prompts, new_tokens, ignore_eos, tag, temperature)

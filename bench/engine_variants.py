@@ -41,7 +41,7 @@ VARIANTS = [
         overlap=True,
     ),
     # the same one step at a time: how a batch too large to speculate decoded until plain decodes with a draft's
-    # context ran several steps as a chain (modeld.decode_chain)
+    # context ran several steps as a chain (modeld.runner.decode_chain)
     Variant(
         "modeld DFLASH as served, one step at a time",
         graphs=True,
@@ -91,7 +91,7 @@ VARIANTS = [
         fuse_norms=False,
     ),
     # decode overlapped: the host's work of a plain decode step (commit, output, scheduling, packing, launch) while
-    # the GPU computes the next one (modeld.step_ahead): plain decoding as served, and DFLASH as served before the
+    # the GPU computes the next one (modeld.runner.step_ahead): plain decoding as served, and DFLASH as served before the
     # overlap (--disable-overlap-decode). Their tokens/s is the measure: the breakdown synchronises after every
     # forward, which undoes the overlap
     Variant(

@@ -29,7 +29,7 @@ from bench.host_overhead import TINY, many_requests_memd_flags, random_prompts
 from bench.in_process import running_engine
 from client.aio import AsyncClient
 from modeld.config import ModeldConfig
-from modeld.fetch_default import ensure_default_model
+from modeld.model.fetch_default import ensure_default_model
 from train.stack import run_memd, run_modeld
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

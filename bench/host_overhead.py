@@ -21,7 +21,7 @@ import time
 
 import torch
 
-import modeld.engine
+import modeld.engine.loop
 from bench.engine_speed import generate_all
 from bench.in_process import Patches, running_engine
 from bench.memd_process import memd_process
@@ -59,7 +59,7 @@ class ModelTime:
         self.steps = self.items = self.memd_calls = 0
         self.patches = Patches()
         runner = engine.runner
-        for owner, name in ((runner, "forward"), (runner.model, "logits"), (modeld.engine, "sample")):
+        for owner, name in ((runner, "forward"), (runner.model, "logits"), (modeld.engine.loop, "sample")):
             self.patches.replace(owner, name, self._timed)
         for name in ("alloc", "alloc_async", "free", "match_prefix", "match_prefix_batch"):
             self.patches.replace(engine.scheduler.memd.session, name, self._counted)

@@ -3,7 +3,7 @@
 import contextlib
 
 from modeld.config import ModeldConfig
-from modeld.engine_build import build_engine
+from modeld.engine.build import build_engine
 
 
 @contextlib.contextmanager

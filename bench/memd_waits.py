@@ -31,7 +31,7 @@ from bench.memd_process import memd_process
 from bench.metrics_scrape import metric_samples
 from memd import defaults
 from modeld.config import ModeldConfig
-from modeld.fetch_default import ensure_default_model
+from modeld.model.fetch_default import ensure_default_model
 
 
 class Waits:

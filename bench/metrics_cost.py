@@ -16,7 +16,7 @@ import time
 import urllib.request
 
 import client
-from modeld.fetch_default import ensure_default_model
+from modeld.model.fetch_default import ensure_default_model
 from train.stack import memd_args, run_memd, run_modeld
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea."

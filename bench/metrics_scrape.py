@@ -7,7 +7,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from modeld.metrics import SNAPSHOT_INTERVAL_S
+from modeld.engine.metrics import SNAPSHOT_INTERVAL_S
 
 
 def metric_samples(log_text: str, daemon: str) -> list:

@@ -5,7 +5,7 @@ import time
 
 import torch
 
-import modeld.engine
+import modeld.engine.loop
 
 
 class Breakdown:
@@ -42,10 +42,10 @@ class Breakdown:
         self._wrap(sched.memd.session, "free", "memd")
         self._wrap(sched.memd.session, "match_prefix", "memd")
         self._wrap(sched.memd, "_await_answer", "memd", waited=lambda future: not future.done())  # a call sent ahead
-        self._wrap(modeld.engine, "sample", "sampling")
+        self._wrap(modeld.engine.loop, "sample", "sampling")
         # a chain of decode steps (sampling, the draft's context) counts as forward, timed whole: a synchronise
         # inside it would stop the host from running ahead of the device, which is what a chain is for
-        self._wrap(modeld.engine, "decode_chain", "forward", whole=True)
+        self._wrap(modeld.engine.loop, "decode_chain", "forward", whole=True)
         step = engine._step
 
         def timed_step():

@@ -21,8 +21,8 @@ from torch.profiler import ProfilerActivity, profile
 from bench.engine_speed import prompts_for, submit_requests
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
-from modeld.engine_build import build_engine
-from modeld.fetch_default import ensure_default_model
+from modeld.engine.build import build_engine
+from modeld.model.fetch_default import ensure_default_model
 
 DEFAULT_DRAFT = "modeld/default_draft"
 HOST_OR_COPY = ("aten::", "cuda", "cuLaunch", "Memcpy", "Memset")  # profiler keys of host calls and copies

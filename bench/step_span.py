@@ -24,8 +24,8 @@ from bench.in_process import Patches
 from bench.memd_process import memd_process
 from bench.step_profile import run_in_this_thread
 from modeld.config import ModeldConfig
-from modeld.engine_build import build_engine
-from modeld.fetch_default import ensure_default_model
+from modeld.engine.build import build_engine
+from modeld.model.fetch_default import ensure_default_model
 
 PARTS = ("next_step", "prepare", "launch")
 

@@ -22,8 +22,8 @@ import sys
 import numpy as np
 import torch
 
-from modeld.draft import load_draft
-from modeld.fetch_default import ensure_default_model
+from modeld.model.fetch_default import ensure_default_model
+from modeld.spec.draft import load_draft
 from train import batches, chat, responses
 from train import train_draft as td
 from train.block_loss import block_loss

@@ -1,7 +1,7 @@
 """Where the project's default target and draft live.
 
 The target (SmolLM2-135M-Instruct) is converted once into a cache folder by
-`python -m modeld.fetch_default`; the draft's folder ships inside the modeld package.
+`python -m modeld.model.fetch_default`; the draft's folder ships inside the modeld package.
 """
 
 import json

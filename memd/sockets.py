@@ -16,7 +16,7 @@ from memd.addresses import unix_path
 from memd.plan import ConfigError
 
 # memd's clients, and what memd's server sends: slot lists of long prefills exceed gRPC's 4 MiB default. What the
-# servers receive is bounded by each daemon's limits (memd.limits, modeld.limits).
+# servers receive is bounded by each daemon's limits (memd.limits, modeld.front.limits).
 MAX_MESSAGE_BYTES = 256 << 20
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

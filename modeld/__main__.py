@@ -1,3 +1,3 @@
-from modeld.server import main
+from modeld.front.server import main
 
 main()

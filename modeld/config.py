@@ -8,7 +8,7 @@ from memd.addresses import check_address
 from memd.config import add_metrics_arguments
 
 # Graphs of one request's prompt chunk (bucket 1), padded up to the smallest that holds it; longer chunks run eagerly
-# (modeld.cuda_graph).
+# (modeld.runner.graphs).
 PROMPT_TOKENS = (16, 32, 64, 128)
 
 
@@ -33,7 +33,7 @@ class ModeldConfig:
     steps_per_replay: int = (
         4  # decode (greedy DFLASH: verify) steps a graph replay, or a chain of them, runs back to back
     )
-    # queue a plain decode step before committing the one before it (modeld.step_ahead); None: on CUDA only (on the
+    # queue a plain decode step before committing the one before it (modeld.runner.step_ahead); None: on CUDA only (on the
     # CPU the queued step would run before the last one streams: later tokens, no overlap)
     overlap_decode: bool | None = None
     # with CUDA graphs: a lone prompt chunk of at most this many tokens runs in a step of its own while requests

@@ -5,7 +5,7 @@ without the newest tokens), so the work per chunk does not grow with the output'
 it is stable: a window that ends in an incomplete UTF-8 sequence waits for its next token.
 
 A request with stop strings is detokenized on the engine thread (the text decides when it stops); any other request's
-text is made by its gRPC stream in modeld's front process from the token ids it streams (modeld.service), off the
+text is made by its gRPC stream in modeld's front process from the token ids it streams (modeld.front.service), off the
 engine's process."""
 
 from modeld.request import Finish

@@ -122,7 +122,7 @@ def run_memd(
 def link_to_a_stopped_memd(target: pathlib.Path, health: list[bool]):
     """modeld's MemdLink (health reports into `health`) attached to a memd that then stopped on SIGTERM: the link's
     session is lost, and memd's address is free for the next one. Returns (link, address)."""
-    from modeld.memd_link import MemdLink
+    from modeld.engine.memd_link import MemdLink
 
     with run_memd(target, *memd_args(), check_free=False) as first:
         link = MemdLink(first.address, 10, health.append, writes_draft_kv=False)

@@ -7,7 +7,7 @@ A training batch is laid out as two runs of rows:
   anchors in (sequence, position) order, padded to a multiple of TILE with anchors of no sequence.
 
 The queries are the block rows; the keys are the context rows followed by the block rows. The mask is exactly what
-the draft sees at inference (modeld/draft.py): a block row of anchor a at position a + k sees
+the draft sees at inference (modeld/spec/draft.py): a block row of anchor a at position a + k sees
 - the context of its own sequence strictly before a (a is the last committed token: the target has not run
   there yet) and, on a sliding layer, within the window: (a + k) - p < window;
 - its own block's rows, all of them (bidirectional), or those up to k when the draft is causal.

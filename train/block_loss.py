@@ -6,7 +6,7 @@
    context rows of train.block_layout.
 3. Every anchor's block (its token, then mask tokens) goes through the draft's layers as one set of query rows;
    each layer's attention is flex attention over the context rows and the block rows, under the layout's mask
-   (what the draft sees at inference: modeld/draft.py). No anchor copies its context window.
+   (what the draft sees at inference: modeld/spec/draft.py). No anchor copies its context window.
 4. Block position k >= 1 predicts the token at anchor + k through the target's frozen LM head
    (train.head_loss: in chunks, no full logits), weighted exp(-(k-1)/gamma) and only where the label lies in an
    answer of the sequence.

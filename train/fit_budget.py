@@ -214,7 +214,7 @@ def main(argv=None) -> int:
 
     folder = args.target  # None: the converted default model (later calls find it the same way)
     if folder is None:
-        from modeld.fetch_default import ensure_default_model
+        from modeld.model.fetch_default import ensure_default_model
 
         folder = str(ensure_default_model())
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731

@@ -264,7 +264,7 @@ def main_generate(args) -> int:
     if not jobs:
         return 0
     if args.target is None:
-        from modeld.fetch_default import ensure_default_model
+        from modeld.model.fetch_default import ensure_default_model
 
         args.target = str(ensure_default_model())
     tokenizer = AutoTokenizer.from_pretrained(args.target)

@@ -18,8 +18,8 @@ import signal
 import time
 
 from modeld.config import ModeldConfig
-from modeld.engine import make_generator
-from modeld.engine_build import build_engine
+from modeld.engine.build import build_engine
+from modeld.engine.loop import make_generator
 from modeld.request import Request
 from modeld.sampling_params import SamplingParams
 from train import chat, loops

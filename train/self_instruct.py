@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     if args.target is None:
-        from modeld.fetch_default import ensure_default_model
+        from modeld.model.fetch_default import ensure_default_model
 
         args.target = str(ensure_default_model())
     tokenizer = AutoTokenizer.from_pretrained(args.target)

@@ -1,5 +1,5 @@
 """Train a DFLASH draft for a target the way the DFlash paper trains (section 5, appendix A.1), and save it
-in the z-lab format modeld loads (modeld/draft.py, unchanged).
+in the z-lab format modeld loads (modeld/spec/draft.py, unchanged).
 
     python -m train.train_draft --prompts DIR --responses DIR[,DIR] --out DIR --ckpt FILE [--target DIR]
         [--epochs 6] [--max-len 2048] [--anchors 512] [--batch-anchors 8192] [--time-budget S [--paced]] [--resume]
@@ -61,7 +61,7 @@ from safetensors.torch import save_file
 from torch.profiler import record_function
 from transformers import Qwen3Config
 
-from modeld.draft import DFlashDraft, read_spec
+from modeld.spec.draft import DFlashDraft, read_spec
 from train.batches import epoch_batches, fingerprint, load_sequences, sample_anchors, weighted
 from train.block_loss import block_loss
 from train.target_taps import check_supported
@@ -472,7 +472,7 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if args.target is None:
-        from modeld.fetch_default import ensure_default_model
+        from modeld.model.fetch_default import ensure_default_model
 
         args.target = str(ensure_default_model())
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731

@@ -56,7 +56,7 @@ def _rms_norm_kernel(
 
 
 def rms_norm_torch(x, weight, eps, residual=None):
-    """Reference for `rms_norm`: the expressions of modeld.model.RMSNorm (and of `x + attn_out`)."""
+    """Reference for `rms_norm`: the expressions of modeld.model.causal_lm.RMSNorm (and of `x + attn_out`)."""
     if residual is not None:
         x = x + residual
     v = x.float()
@@ -117,7 +117,7 @@ def _silu_mul_kernel(gate_up, out, cols, gu_row, TILE: tl.constexpr):
 
 
 def silu_mul_torch(gate_up):
-    """Reference for `silu_mul`: `silu(gate_proj(x)) * up_proj(x)` as modeld.model.MLP computes it."""
+    """Reference for `silu_mul`: `silu(gate_proj(x)) * up_proj(x)` as modeld.model.causal_lm.MLP computes it."""
     gate, up = gate_up.chunk(2, dim=-1)
     # silu on a contiguous copy: on the CPU, a strided view's row tails take a scalar exp that can differ by an ulp
     # from the vectorised one that HF's contiguous gate_proj output gets
@@ -224,7 +224,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def rotary_torch(q, k, cos, sin):
-    """Reference for `rotary`: `x * cos + rotate_half(x) * sin` as modeld.model.Attention computes it."""
+    """Reference for `rotary`: `x * cos + rotate_half(x) * sin` as modeld.model.causal_lm.Attention computes it."""
     cos, sin = cos[:, None, :], sin[:, None, :]
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 

@@ -6,7 +6,7 @@ bash scripts/draft-session/device-part.sh || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 cat /tmp/smol/part[0-9]* > /tmp/smol/smol.gguf || exit 1  # every part, in order
-python3 -c "import hashlib, sys; from modeld.fetch_default import GGUF_SHA256 as want
+python3 -c "import hashlib, sys; from modeld.model.fetch_default import GGUF_SHA256 as want
 got = hashlib.sha256(open('/tmp/smol/smol.gguf', 'rb').read()).hexdigest()
 sys.exit(None if got == want else 'the parts carried so far do not make the model: is a part call missing?')" || whole=no
 python3 - <<'PY' || whole=no
@@ -33,7 +33,7 @@ if wrong:
 print(f"/tmp/prompts: {manifest['prompts']} prompts in {len(manifest['shards'])} shards, as manifest.json lists")
 PY
 [ "${whole:-}" != no ] || exit 1  # both checked first, so that the messages name all that is missing
-python3 -m modeld.fetch_default --gguf /tmp/smol/smol.gguf 2>&1 | tail -1
+python3 -m modeld.model.fetch_default --gguf /tmp/smol/smol.gguf 2>&1 | tail -1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 mkdir -p /tmp/gen && cp train/data/*/*.npz /tmp/gen/ 2>/dev/null  # the answers of earlier sessions: skipped
 [ "${1:-110}" = 0 ] && exit 0  # SECONDS 0: no smoke run (a session that trains on the answers it has)

@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 from memd.attach import MemdSession
-from modeld.dflash import DflashWorker
-from modeld.draft import load_draft
-from modeld.loader import load_target
-from modeld.model import ForwardBatch
+from modeld.model.causal_lm import ForwardBatch
+from modeld.model.loader import load_target
+from modeld.spec.draft import load_draft
+from modeld.spec.worker import DflashWorker
 from tests.daemons import memd_args, run_memd
 from tests.dflash.tiny_models import load_hf, write_draft, write_random_target
 

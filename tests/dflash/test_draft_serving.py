@@ -1,4 +1,4 @@
-"""modeld.draft_serving.ServingDraft (fused weights and kernels) computes what the checkpoint's module
+"""modeld.spec.serving_draft.ServingDraft (fused weights and kernels) computes what the checkpoint's module
 DFlashDraft computes: the context K/V of every layer and the block's hidden states, for sliding and full layers,
 bidirectional and causal blocks; on the CPU (the torch references of the fused kernels) and on the GPU (Triton)."""
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import Qwen3Config
 
-from modeld.draft import DFlashDraft, read_spec
-from modeld.draft_serving import ServingDraft
+from modeld.spec.draft import DFlashDraft, read_spec
+from modeld.spec.serving_draft import ServingDraft
 
 HIDDEN, TARGET_HIDDEN, TAPS = 64, 64, 3
 
@@ -41,7 +41,7 @@ def make_draft(causal: bool, dtype: torch.dtype, device: str, mlp_bias: bool = F
 
 
 def contexts_for(draft: DFlashDraft, n: int, b: int, width: int, dtype, device):
-    """Per layer (ctx_k, ctx_v, visible), one visibility tensor per window as modeld.dflash builds them."""
+    """Per layer (ctx_k, ctx_v, visible), one visibility tensor per window as modeld.spec.worker builds them."""
     gen = torch.Generator().manual_seed(1)
     by_window = {}
     for window in draft.spec.windows:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from modeld.draft import DraftError, load_draft
+from modeld.spec.draft import DraftError, load_draft
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "bench" / "configs"
 DRAFT = pathlib.Path(__file__).resolve().parents[2] / "modeld" / "default_draft"

@@ -9,15 +9,15 @@ import pathlib
 import pytest
 import torch
 
-from modeld.cuda_graph import GraphRunner
-from modeld.dflash import DflashWorker
-from modeld.draft import load_draft
-from modeld.loader import load_target
-from modeld.packed_inputs import FIELDS
+from modeld.engine.scheduler import StepItem
+from modeld.model.loader import load_target
 from modeld.request import Request
-from modeld.runner import ModelRunner
+from modeld.runner.graphs import GraphRunner
+from modeld.runner.model_runner import ModelRunner
+from modeld.runner.packed_inputs import FIELDS
 from modeld.sampling_params import SamplingParams
-from modeld.scheduler import StepItem
+from modeld.spec.draft import load_draft
+from modeld.spec.worker import DflashWorker
 from tests.modeld.paged import PagedPools
 
 pytestmark = pytest.mark.gpu

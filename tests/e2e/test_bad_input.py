@@ -17,7 +17,7 @@ import pytest
 
 import client
 import gateway.server
-import modeld.server
+import modeld.front.server
 from client.messages import build_generate_request
 from memd.attach import MemdSession
 from memd.log_text import LOG_TEXT_CHARS
@@ -136,7 +136,7 @@ def modeld_exit(*flags: str) -> tuple[str, str]:
     """modeld's main() in this process (its imports take seconds): "exit 1" and the message it exits with."""
     argv = ["--device", "cpu", "--listen", "127.0.0.1:0", "--memd", "127.0.0.1:1", "--connect-timeout", "1", *flags]
     with pytest.raises(SystemExit) as exited:
-        modeld.server.main(argv)
+        modeld.front.server.main(argv)
     code = exited.value.code
     return ("exit 1", code) if isinstance(code, str) else (f"exit {code}", "")
 

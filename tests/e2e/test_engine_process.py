@@ -1,7 +1,7 @@
 """modeld runs its engine in a process of its own, under the gRPC front. Either one dying never leaves the other
 serving nothing: an engine that dies fails every open stream with UNAVAILABLE and turns health NOT_SERVING (its
 memd session ends with it, so memd frees what it held), then the front starts a new engine, which serves again; an
-engine that keeps dying makes the front exit 1 (modeld.engine_supervisor); a front that dies takes its engine with
+engine that keeps dying makes the front exit 1 (modeld.front.engine_supervisor); a front that dies takes its engine with
 it."""
 
 import os
@@ -12,7 +12,7 @@ import time
 import pytest
 
 import client
-from modeld.engine_supervisor import MAX_RESTARTS
+from modeld.front.engine_supervisor import MAX_RESTARTS
 from tests.daemons import is_idle, memd_args, run_memd, run_modeld
 from tests.gateway.test_metrics_scrape import scrape, settled, total
 

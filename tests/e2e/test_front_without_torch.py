@@ -1,4 +1,4 @@
-"""modeld's gRPC front imports neither torch nor the model code (modeld.engine_build, the engine process's): its
+"""modeld's gRPC front imports neither torch nor the model code (modeld.engine.build, the engine process's): its
 modules import without them, and a front that served a generate call (with the engine's tokenizer, text and all)
 has no libtorch mapped; memd's pools end free."""
 
@@ -29,7 +29,7 @@ HEAVY = ("torch", "transformers", "triton", "cupy")
 
 def test_the_fronts_modules_import_without_torch():
     code = (
-        "import sys, modeld.server, modeld.service, modeld.engine_process, memd.attach; "
+        "import sys, modeld.front.server, modeld.front.service, modeld.engine.process, memd.attach; "
         f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
     )
     loaded = subprocess.run(

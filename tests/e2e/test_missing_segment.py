@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-import modeld.server
+import modeld.front.server
 from memd.segments import SHM_DIR
 from tests.daemons import link_to_a_stopped_memd, memd_args, run_memd
 from tests.models import tiny_target
@@ -51,7 +51,7 @@ def test_modeld_refuses_to_start_on_a_missing_segment(default_model):
             str(default_model),
         ]
         with pytest.raises(SystemExit) as exited:
-            modeld.server.main(argv)
+            modeld.front.server.main(argv)
         assert (
             exited.value.code == f"modeld: error: cannot map memd's pools: memd's shared segment {gone} is "
             "missing (removed while memd runs?)"

@@ -1,7 +1,7 @@
 """The prefix cache belongs to a model identity, end to end: memd (--strict) and three modelds on the CPU in fp32,
 on tiny random Qwen3 targets of one shape (tests/dflash/tiny_models.py): `first`, `second` (other weights), and a
 copy of `first` in another folder. modeld sends a fingerprint of its config, dtypes and weights at Attach
-(modeld.fingerprint), and memd matches a session's prompts only against its own model's cached prefixes: `second`
+(modeld.model.fingerprint), and memd matches a session's prompts only against its own model's cached prefixes: `second`
 finds nothing of `first`'s prompt and gives its own model's output, while the copy of `first` hits it. Capacity
 shows a keyed digest of each model's fingerprint, never the fingerprint: a client that attaches under a digest it
 read there caches its prefixes in a tree of its own, which no modeld reads."""

@@ -11,7 +11,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from modeld.memd_link import MemdLink, StartupError
+from modeld.engine.memd_link import MemdLink, StartupError
 from tests.daemons import link_to_a_stopped_memd, memd_args, run_memd
 from tests.models import tiny_target
 

@@ -1,4 +1,4 @@
-"""Several steps a replay (or a chain of replays with one copy of the tokens: modeld.decode_chain), through the
+"""Several steps a replay (or a chain of replays with one copy of the tokens: modeld.runner.decode_chain), through the
 daemons on the GPU (default model, bf16): 16 requests at once give the output of one step a replay; greedy ones
 (plain, a (random) DFLASH draft verifying, and the draft's context written by plain decodes while the batch is too
 large to speculate) except where bf16 rounding decides a near-tie (their batches differ over time, so their GEMMs

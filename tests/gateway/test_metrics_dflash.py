@@ -55,7 +55,7 @@ def test_dflash_counters_follow_a_request(default_model, chat_ids):
 
 
 def test_a_draft_counts_at_its_position_only_with_every_draft_before_it():
-    from modeld.metrics import accepted_per_position
+    from modeld.engine.metrics import accepted_per_position
 
     family = accepted_per_position([2, 3, 0, 1])  # block 4: verifies that accepted 0, 1, 2, 3 drafts
     assert [(s.labels["position"], s.value) for s in family.samples] == [("0", 4), ("1", 1), ("2", 1)]

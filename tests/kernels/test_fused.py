@@ -1,5 +1,5 @@
 """Fused decoder-layer ops: each Triton kernel against its torch reference on random, strided inputs, and each
-torch reference against the modeld.model code it replaces, bit for bit.
+torch reference against the modeld.model.causal_lm code it replaces, bit for bit.
 
 fp16 runs wherever Triton does and checks that the kernels round where torch does. bf16 Triton runs only compiled:
 Triton 3.9's interpreter truncates fp32 -> bf16 casts, where compiled Triton (and torch) round to nearest even.
@@ -20,7 +20,7 @@ from modeld.kernels.fused import (
     silu_mul_torch,
     silu_mul_triton,
 )
-from modeld.model import RMSNorm
+from modeld.model.causal_lm import RMSNorm
 
 EPS = 1e-6
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -173,7 +173,7 @@ def test_cuda_graph_replay():
         assert torch.equal(got, expected)
 
 
-# --- torch reference vs the modeld.model code it replaces: bit for bit -------------------------------------------
+# --- torch reference vs the modeld.model.causal_lm code it replaces: bit for bit -------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

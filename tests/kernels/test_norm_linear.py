@@ -219,11 +219,11 @@ def _check_fused_against_unfused(outs: dict, launches: list, expected_launches: 
 
 @pytest.mark.parametrize("tile_fits", [True, False], ids=["fused", "no_tile_fits"])
 def test_a_model_forward_with_the_norms_fused_equals_it_unfused(device, monkeypatch, tile_fits):
-    """The wiring in modeld.model.DecoderLayer: a prefill of 7 tokens and two decode steps of a 2-layer Llama
+    """The wiring in modeld.model.causal_lm.DecoderLayer: a prefill of 7 tokens and two decode steps of a 2-layer Llama
     through the fused kernels (the attention input in one launch, gate|up with its norm and SiLU-mul in another)
     give the hidden states of the same forward with the norms, projections, rotary and SiLU-mul apart. Where no
     tile fits the card (the fused launches answer None), the layer runs the ops apart: the same hidden states."""
-    from modeld.model import CausalLM, RMSNorm
+    from modeld.model.causal_lm import CausalLM, RMSNorm
     from tests.modeld.paged import PagedPools
 
     cfg = _tiny_llama()
@@ -266,8 +266,8 @@ def test_a_model_forward_with_the_norms_fused_equals_it_unfused(device, monkeypa
 
 @pytest.mark.parametrize("tile_fits", [True, False], ids=["fused", "no_tile_fits"])
 def test_the_drafts_block_with_the_norms_fused_equals_it_unfused(device, monkeypatch, tile_fits):
-    """The same for the DFLASH draft's serving layers (modeld.draft_serving): one request's block of 4 rows."""
-    from modeld.draft_serving import ServingDraft
+    """The same for the DFLASH draft's serving layers (modeld.spec.serving_draft): one request's block of 4 rows."""
+    from modeld.spec.serving_draft import ServingDraft
     from tests.dflash.test_draft_serving import HIDDEN, contexts_for, make_draft
 
     draft = make_draft(causal=False, dtype=torch.float16, device=device)
@@ -306,9 +306,9 @@ def test_the_default_models_and_drafts_shapes_take_the_fused_kernels(monkeypatch
     import modeld.kernels.norm_linear as nl
     import modeld.kernels.norm_qkv_rotary as nqr
     from memd.defaults import draft_folder
-    from modeld.draft import load_draft
-    from modeld.draft_serving import ServingDraft
-    from modeld.model import CausalLM
+    from modeld.model.causal_lm import CausalLM
+    from modeld.spec.draft import load_draft
+    from modeld.spec.serving_draft import ServingDraft
     from tests.modeld.paged import PagedPools
 
     cfg = LlamaConfig(

@@ -4,7 +4,7 @@ everything it held."""
 
 import time
 
-from modeld.engine import make_generator
+from modeld.engine.loop import make_generator
 from modeld.request import Request
 from modeld.sampling_params import SamplingParams
 from tests.daemons import is_idle

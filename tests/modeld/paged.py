@@ -3,7 +3,7 @@ laid out exactly as memd lays them out (page 0 is the sink and never used)."""
 
 import torch
 
-from modeld.model import ForwardBatch
+from modeld.model.causal_lm import ForwardBatch
 
 
 class PagedPools:

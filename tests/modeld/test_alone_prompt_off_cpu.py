@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from modeld.config import ModeldConfig
-from modeld.engine_build import build_engine
+from modeld.engine.build import build_engine
 from tests.daemons import memd_args, run_memd
 
 

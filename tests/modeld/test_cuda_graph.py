@@ -12,13 +12,13 @@ import json
 import pytest
 import torch
 
-from modeld.cuda_graph import GraphRunner, batch_buckets, graph_shape, lone_sizes, replay_repeats
-from modeld.loader import load_target
-from modeld.packed_inputs import FIELDS
+from modeld.engine.scheduler import StepItem
+from modeld.model.loader import load_target
 from modeld.request import Request
-from modeld.runner import ModelRunner
+from modeld.runner.graphs import GraphRunner, batch_buckets, graph_shape, lone_sizes, replay_repeats
+from modeld.runner.model_runner import ModelRunner
+from modeld.runner.packed_inputs import FIELDS
 from modeld.sampling_params import SamplingParams
-from modeld.scheduler import StepItem
 from tests.modeld.paged import PagedPools
 
 gpu = pytest.mark.gpu

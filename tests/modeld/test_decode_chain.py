@@ -1,4 +1,4 @@
-"""Decode steps chained on the device (modeld.decode_chain: each step's inputs made from the one before, one copy of
+"""Decode steps chained on the device (modeld.runner.decode_chain: each step's inputs made from the one before, one copy of
 the tokens at the end) against the same steps one at a time, each packed on the host, from the same pools and
 generators: the same tokens per step (greedy and seeded sampled requests in one batch), the same target K/V and,
 with a DFLASH draft, the same draft context K/V. On the CPU the forward is eager; on the GPU it replays the one-step
@@ -10,17 +10,17 @@ import pathlib
 import pytest
 import torch
 
-from modeld.cuda_graph import GraphRunner
-from modeld.decode_chain import decode_chain
-from modeld.dflash import DflashWorker
-from modeld.draft import load_draft
-from modeld.engine import make_generator
-from modeld.loader import load_target
-from modeld.packed_inputs import FIELDS
+from modeld.engine.loop import make_generator
+from modeld.engine.scheduler import StepItem
+from modeld.model.loader import load_target
 from modeld.request import Request
-from modeld.runner import ModelRunner
+from modeld.runner.decode_chain import decode_chain
+from modeld.runner.graphs import GraphRunner
+from modeld.runner.model_runner import ModelRunner
+from modeld.runner.packed_inputs import FIELDS
 from modeld.sampling_params import SamplingParams
-from modeld.scheduler import StepItem
+from modeld.spec.draft import load_draft
+from modeld.spec.worker import DflashWorker
 from tests.modeld.paged import PagedPools
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

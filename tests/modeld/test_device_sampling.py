@@ -5,9 +5,9 @@ acceptance equal to a host version of its rule, on every device this machine has
 import pytest
 import torch
 
-from modeld import sampling
 from modeld.kernels.accept import accept_lengths
-from modeld.sampling import draw_chunks, sample
+from modeld.runner import sampling
+from modeld.runner.sampling import draw_chunks, sample
 from modeld.sampling_params import InvalidRequest, SamplingParams
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]

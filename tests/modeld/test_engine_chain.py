@@ -1,4 +1,4 @@
-"""The engine's decode chains (Engine._run -> modeld.decode_chain) on the CPU, through a real memd and the default
+"""The engine's decode chains (Engine._run -> modeld.runner.decode_chain) on the CPU, through a real memd and the default
 model. On the GPU, chains follow a graph's choice of steps; on the CPU steps always run one at a time, so here
 the runner's choice is replaced by the same rule without graphs: up to 4 steps while every request holds the
 slots. The same requests must then give the same tokens as one step at a time: greedy and seeded sampled ones,
@@ -8,7 +8,7 @@ off while 2 or more run). memd ends idle: slots written past a request's end are
 import pytest
 
 from modeld.config import ModeldConfig
-from modeld.engine_build import build_engine
+from modeld.engine.build import build_engine
 from tests.daemons import is_idle, memd_args, run_memd
 from tests.modeld.engine_workloads import context_draft, draft_settings, mixed_requests
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from modeld.config import ModeldConfig
-from modeld.engine_build import build_engine
+from modeld.engine.build import build_engine
 from tests.daemons import is_idle, memd_args, run_memd
 
 

@@ -5,8 +5,8 @@ engine stops (a stop fails and flushes whatever is left, which would hide a leak
 and the default model."""
 
 from modeld.config import ModeldConfig
-from modeld.engine import make_generator
-from modeld.engine_build import build_engine
+from modeld.engine.build import build_engine
+from modeld.engine.loop import make_generator
 from modeld.request import Request
 from modeld.sampling_params import SamplingParams
 from tests.daemons import memd_args, run_memd

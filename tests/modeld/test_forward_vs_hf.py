@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from modeld.fetch_default import ensure_default_model
-from modeld.loader import load_target
+from modeld.model.fetch_default import ensure_default_model
+from modeld.model.loader import load_target
 from tests.modeld.paged import PagedPools
 
 ATOL, RTOL = 2e-4, 1e-4

@@ -1,4 +1,4 @@
-"""The engine process's heap frozen once it serves (modeld.heap_freeze): what is alive then leaves the garbage
+"""The engine process's heap frozen once it serves (modeld.engine.heap_freeze): what is alive then leaves the garbage
 collector's generations, and a re-freeze after a re-attach lets what became cyclic garbage meanwhile (the old CUDA
 graphs' objects, say) be collected."""
 
@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from modeld.heap_freeze import freeze_heap, refreeze
+from modeld.engine.heap_freeze import freeze_heap, refreeze
 
 
 class Node:

@@ -6,8 +6,8 @@ only. memd ends idle."""
 import pytest
 
 from modeld.config import config_from_args
-from modeld.engine_build import build_engine
-from modeld.model import DecoderLayer, RowLinear
+from modeld.engine.build import build_engine
+from modeld.model.causal_lm import DecoderLayer, RowLinear
 from tests.daemons import is_idle, memd_args, run_memd
 
 

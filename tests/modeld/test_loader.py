@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from modeld.fetch_default import ensure_default_gguf
-from modeld.loader import load_target
+from modeld.model.fetch_default import ensure_default_gguf
+from modeld.model.loader import load_target
 from tests.modeld.paged import PagedPools
 
 

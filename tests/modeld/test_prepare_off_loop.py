@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoTokenizer
 
-from modeld.limits import MAX_CHAT_MESSAGES, check_message_count
+from modeld.front.limits import MAX_CHAT_MESSAGES, check_message_count
+from modeld.front.service import ModeldService
 from modeld.sampling_params import InvalidRequest
-from modeld.service import ModeldService
 from protos import modeld_pb2
 
 CONTEXT = 1024

@@ -1,4 +1,4 @@
-"""Unit tests of modeld's continuous-batching scheduler (modeld.scheduler.Scheduler).
+"""Unit tests of modeld's continuous-batching scheduler (modeld.engine.scheduler.Scheduler).
 
 The scheduler talks to memd through a MemdSession. Here a fake session stands in for the
 gRPC transport only: each alloc/free builds the protobuf messages that MemdSession would send,
@@ -27,9 +27,9 @@ from memd.errors import MemdError
 from memd.invariants import check_structure
 from memd.service import release_from_message, request_slots
 from memd.slots import DraftMode, Release, SlotManager
+from modeld.engine.scheduler import Scheduler, StepItem
 from modeld.request import Request
 from modeld.sampling_params import SamplingParams
-from modeld.scheduler import Scheduler, StepItem
 from protos import memd_pb2
 
 P = 4  # page size of every pool in this file
@@ -202,7 +202,7 @@ class FakeSession:
 
 
 class Sim:
-    """The engine's use of the scheduler (modeld/engine.py _step / _run / _append / _complete)."""
+    """The engine's use of the scheduler (modeld/engine/loop.py _step / _run / _append / _complete)."""
 
     def __init__(
         self,

@@ -1,19 +1,19 @@
-"""The next step's inputs made on the device (modeld.step_advance), against the values the host would pack: every
+"""The next step's inputs made on the device (modeld.runner.step_advance), against the values the host would pack: every
 request moves on by what it committed, feeds back its last token, and reads its new positions' slots from
 req_to_token; padding requests keep slot -1 and write nothing."""
 
 import torch
 
-from modeld.packed_inputs import FIELDS, IDS, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
+from modeld.engine.scheduler import StepItem
 from modeld.request import Request
-from modeld.runner import advances_on_device
+from modeld.runner.model_runner import advances_on_device
+from modeld.runner.packed_inputs import FIELDS, IDS, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
+from modeld.runner.step_advance import advance_inputs
 from modeld.sampling_params import SamplingParams
-from modeld.scheduler import StepItem
-from modeld.step_advance import advance_inputs
 
 
 def packed(bucket, q, rows, starts, table):
-    """Packed inputs as modeld.runner packs a graph's step: the real requests first, then padding (row 0, slot -1)."""
+    """Packed inputs as modeld.runner.model_runner packs a graph's step: the real requests first, then padding (row 0, slot -1)."""
     static = torch.zeros((FIELDS, bucket * q), dtype=torch.int64)
     static[SLOTS] = -1
     static[LENS, :bucket] = q

@@ -1,4 +1,4 @@
-"""A decode step queued before the step before it is committed (modeld.step_ahead; on CUDA by default).
+"""A decode step queued before the step before it is committed (modeld.runner.step_ahead; on CUDA by default).
 
 The scheduler's side (Scheduler.continues) through the scheduler tests' simulator over a real memd allocator: a
 step it lets the engine queue ahead is one the scheduler would have planned itself, the same requests one token
@@ -10,7 +10,7 @@ queued, and one aborted while running, leave nothing behind: memd ends idle and 
 import pytest
 
 from modeld.config import ModeldConfig
-from modeld.engine_build import build_engine
+from modeld.engine.build import build_engine
 from tests.daemons import memd_args, run_memd
 from tests.modeld.engine_workloads import context_draft, draft_settings, mixed_requests, wait_until_released
 from tests.modeld.test_scheduler import Sim, expected_outputs

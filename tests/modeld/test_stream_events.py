@@ -6,7 +6,7 @@ without chunk events."""
 import queue
 import threading
 
-from modeld.output import take_events
+from modeld.engine.output import take_events
 
 
 def events_of(*items) -> queue.SimpleQueue:
@@ -86,7 +86,7 @@ class CountingTokenizer:
 
 
 def run_output(tokenizer, ids, stream: bool, stop=(), eos=frozenset({2}), max_new=64, interval=1):
-    from modeld.output import OutputProcessor
+    from modeld.engine.output import OutputProcessor
     from modeld.request import Request
     from modeld.sampling_params import SamplingParams
 
@@ -127,7 +127,7 @@ def test_the_engine_thread_detokenizes_only_requests_with_stop_strings(tokenizer
     assert counting.calls == 0 and len(chunks) == len(ids)
     assert all(text is None for _, _, text, _ in chunks)
     assert chunks[-1][3] and not any(finished for *_, finished in chunks[:-1])
-    # the handler's side (modeld.service): a TextStream over the streamed ids hands out the whole text
+    # the handler's side (modeld.front.service): a TextStream over the streamed ids hands out the whole text
     handler_text = TextStream(tokenizer, [])
     pieces = []
     for _, new_ids, _, finished in chunks:
@@ -157,7 +157,7 @@ def test_a_stream_interval_sends_chunks_of_that_many_tokens_and_the_rest_at_the_
 
 
 def test_an_aborted_request_gets_the_tokens_its_stream_interval_held_back(tokenizer):
-    from modeld.output import OutputProcessor
+    from modeld.engine.output import OutputProcessor
     from modeld.request import Finish, Request
     from modeld.sampling_params import SamplingParams
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from modeld.draft import load_draft
+from modeld.spec.draft import load_draft
 from tests.dflash.tiny_models import load_hf, write_random_target
 from train.batches import epoch_batches, sample_anchors, valid_anchors, weighted
 from train.block_loss import block_loss
@@ -321,7 +321,7 @@ def test_the_shipped_draft_is_a_4_layer_run_of_this_trainer(default_model):
     """`--layers 4 --init modeld/default_draft` continues the shipped draft: its settings are this trainer's."""
     from transformers import AutoConfig
 
-    from modeld.draft import __file__ as draft_module
+    from modeld.spec.draft import __file__ as draft_module
 
     shipped = json.loads((Path(draft_module).parent / "default_draft" / "config.json").read_text())
     assert draft_config(AutoConfig.from_pretrained(default_model), TrainConfig(layers=4)) == shipped

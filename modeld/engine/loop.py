@@ -1,5 +1,5 @@
-"""The engine thread: schedule a step, run it (modeld.runner: inputs -> forward; modeld.dflash: draft, acceptance,
-draft K/V), sample, hand the tokens to output processing (modeld.output: stop rules, streaming), finish. One thread
+"""The engine thread: schedule a step, run it (modeld.runner.model_runner: inputs -> forward; modeld.spec.worker: draft, acceptance,
+draft K/V), sample, hand the tokens to output processing (modeld.engine.output: stop rules, streaming), finish. One thread
 owns all request state; other threads talk to it through `submit` / `abort` and each request's queue. After each
 pass it hands the requests whose queues got events to `listener` (one call a pass: in modeld's engine process, one
 message to the gRPC front)."""
@@ -14,16 +14,16 @@ from itertools import accumulate
 import grpc
 import torch
 
-from modeld import metrics
-from modeld.decode_chain import decode_chain
-from modeld.dflash import DflashWorker
-from modeld.memd_link import MemdLink
-from modeld.output import OutputProcessor
+from modeld.engine import metrics
+from modeld.engine.memd_link import MemdLink
+from modeld.engine.output import OutputProcessor
+from modeld.engine.scheduler import Scheduler, StepItem
 from modeld.request import Finish, Request
-from modeld.runner import ModelRunner, row_index
-from modeld.sampling import sample
-from modeld.scheduler import Scheduler, StepItem
-from modeld.step_ahead import HostCopy, StepAhead
+from modeld.runner.decode_chain import decode_chain
+from modeld.runner.model_runner import ModelRunner, row_index
+from modeld.runner.sampling import sample
+from modeld.runner.step_ahead import HostCopy, StepAhead
+from modeld.spec.worker import DflashWorker
 
 log = logging.getLogger("modeld")
 
@@ -61,7 +61,7 @@ class Engine:
         self.stopped = threading.Event()
         self.listener: Callable[[list[Request]], None] | None = None
         # called on the engine thread if it stops unasked (a bug past every handler): never die silently. In-process,
-        # health turns NOT_SERVING; modeld's engine process tells the front instead (modeld.engine_process).
+        # health turns NOT_SERVING; modeld's engine process tells the front instead (modeld.engine.process).
         self.on_death: Callable[[], None] = lambda: self.link.on_health(False)
         self.delivered: list[Request] = []  # requests given events in this pass, for the listener
         self.thread = threading.Thread(target=self._loop, name="modeld-engine", daemon=True)
@@ -188,7 +188,7 @@ class Engine:
         return True
 
     def _queues_next(self, items: list[StepItem]) -> bool:
-        """Whether to queue the decode step after these items before committing them (modeld.step_ahead)."""
+        """Whether to queue the decode step after these items before committing them (modeld.runner.step_ahead)."""
         return self.ahead.enabled and self.inbox.empty() and self.scheduler.continues(items)
 
     def _run_queued(self, queued, items: list[StepItem]) -> list[tuple[StepItem, list[int], list[int]]]:

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from modeld.cuda_graph import GraphRunner
-from modeld.model import CausalLM, ForwardBatch
-from modeld.packed_inputs import DRAFT_AT, FIELDS, IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
-from modeld.scheduler import StepItem
+from modeld.engine.scheduler import StepItem
+from modeld.model.causal_lm import CausalLM, ForwardBatch
+from modeld.runner.graphs import GraphRunner
+from modeld.runner.packed_inputs import DRAFT_AT, FIELDS, IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
 
 
 @dataclass
@@ -39,7 +39,7 @@ class StepInputs:
 
 
 def advances_on_device(items: list[StepItem]) -> bool:
-    """Whether the step after this one is each item's own output fed back, as modeld.step_advance makes it on the
+    """Whether the step after this one is each item's own output fed back, as modeld.runner.step_advance makes it on the
     device: every item a verify block, or one token that samples (a decode, or a prompt's last token). A prompt
     chunk of several tokens is neither, even one as long as a DFLASH block (whose verify graph it replays)."""
     return all(item.verify or item.num_tokens == 1 == item.req.pending for item in items)
@@ -147,7 +147,7 @@ class ModelRunner:
     def steps_ahead(self, items: list[StepItem], inputs: StepInputs) -> int:
         """Steps one engine step may run for this batch: 1, or more when the step replays a graph, every item steps
         on by its own output (advances_on_device) and every request holds the positions the steps can reach
-        (modeld.step_advance's invariant). Verify steps run several only as greedy cycles."""
+        (modeld.runner.step_advance's invariant). Verify steps run several only as greedy cycles."""
         if inputs.graph is None or not advances_on_device(items):
             return 1
         if inputs.verify and not all(item.req.params.greedy for item in items):

@@ -1,4 +1,4 @@
-"""The DFLASH draft's serving path: the function of modeld.draft.DFlashDraft (the checkpoint's module, which
+"""The DFLASH draft's serving path: the function of modeld.spec.draft.DFlashDraft (the checkpoint's module, which
 training differentiates through) computed with fused weights and kernels, as the target's layers are.
 
 - every layer's q|k|v and gate|up in one matrix each; residual add + RMSNorm, SiLU-and-multiply, and the q/k
@@ -24,13 +24,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from modeld.draft import DFlashDraft
 from modeld.kernels.draft_attention import PagedContext, draft_attention
 from modeld.kernels.fused import rms_norm
 from modeld.kernels.norm_linear import norm_project
 from modeld.kernels.qk_norm_rotary import qk_norm_rotary
 from modeld.kernels.skinny_linear import linear
-from modeld.model import hf_rope_table
+from modeld.model.causal_lm import hf_rope_table
+from modeld.spec.draft import DFlashDraft
 
 
 def _cat(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:

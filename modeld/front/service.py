@@ -1,8 +1,8 @@
 """modeld's gRPC servicer on grpc.aio: Generate (server streaming), Abort, GetInfo, Capacity.
 
 Every handler runs on the front's one asyncio loop, no thread per stream; the engine runs in its own process
-(modeld.engine_client). A request's checks, chat template and tokenizing run on one worker thread beside the loop
-(bounded first: modeld.limits), so a large prompt never holds up health checks or the other streams. What the
+(modeld.front.engine_client). A request's checks, chat template and tokenizing run on one worker thread beside the loop
+(bounded first: modeld.front.limits), so a large prompt never holds up health checks or the other streams. What the
 engine sends for a request goes into its queue and wakes its stream, which takes what is queued, makes its text
 and sends it as one message."""
 
@@ -13,8 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from modeld.detokenize import TextStream
-from modeld.engine_client import ENGINE_GONE, EngineClient
-from modeld.limits import (
+from modeld.engine.output import take_events
+from modeld.front.engine_client import ENGINE_GONE, EngineClient
+from modeld.front.limits import (
     chat_turn_tokens,
     check_message_count,
     check_request_id,
@@ -22,7 +23,6 @@ from modeld.limits import (
     check_text_size,
     text_bytes_per_token,
 )
-from modeld.output import take_events
 from modeld.request import Request
 from modeld.sampling_params import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
 from protos import memd_pb2, memd_pb2_grpc, modeld_pb2, modeld_pb2_grpc

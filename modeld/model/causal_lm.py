@@ -4,7 +4,7 @@ Numerics follow Hugging Face's (fp32 RMSNorm statistics, cos/sin in fp32 cast to
 the logits tests compare against. For speed the layers run fused: one q|k|v and one gate|up projection (the
 checkpoint's separate matrices are concatenated at load, `fuse_checkpoint`), residual add + RMSNorm in one kernel,
 rotary from a table computed once and applied in the launch that writes K/V into the pool, and every step's shapes
-free of host syncs, so a decode forward can be captured in a CUDA graph (modeld/cuda_graph.py). A layer's projections
+free of host syncs, so a decode forward can be captured in a CUDA graph (modeld/runner/graphs.py). A layer's projections
 of at most 16 rows on a GPU (a batch-1 decode step, one request's DFLASH block) run the skinny Triton kernel where it
 beats cuBLAS (modeld/kernels/skinny_linear.py), with the residual add + RMSNorm before q|k|v and gate|up and the
 SiLU-mul after gate|up inside it (modeld/kernels/norm_linear.py), and without q/k norms the rotary and K/V write

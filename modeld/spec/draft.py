@@ -17,8 +17,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from modeld.kernels.draft_attention import draft_attention
 from modeld.kernels.fused import rotate_half
-from modeld.loader import safetensors_state
-from modeld.model import MLP, RMSNorm
+from modeld.model.causal_lm import MLP, RMSNorm
+from modeld.model.loader import safetensors_state
 
 
 class DraftError(ValueError):

@@ -3,12 +3,12 @@ graph replay can run several decode steps (or greedy DFLASH cycles) back to back
 
 Invariant that makes this sound: memd writes req_to_token for every position it grants before it answers, and a
 batch runs several steps in one replay only when every request holds (is granted) every position those steps can
-reach (modeld.runner.ModelRunner.steps_ahead). So the target slot of position p of a request is
+reach (modeld.runner.model_runner.ModelRunner.steps_ahead). So the target slot of position p of a request is
 req_to_token[row, p], read on the device; a padding request keeps slot -1 (it writes no K/V) and row 0."""
 
 import torch
 
-from modeld.packed_inputs import IDS, KV_LENS, POSITIONS, ROWS, SLOTS, STARTS
+from modeld.runner.packed_inputs import IDS, KV_LENS, POSITIONS, ROWS, SLOTS, STARTS
 
 
 def advance_inputs(

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import grpc
 
 from memd.attach import MemdSession
-from modeld.memd_calls import MEMD_GONE, MemdCalls
+from modeld.engine.memd_calls import MEMD_GONE, MemdCalls
 from modeld.request import Finish, Request
 
 log = logging.getLogger("modeld")

@@ -1,5 +1,5 @@
 """The engine's own process: memd's session, the model, the scheduler and the engine thread, apart from the gRPC
-front (modeld.engine_client), so that the front's Python (streams, detokenization, one message per chunk) never
+front (modeld.front.engine_client), so that the front's Python (streams, detokenization, one message per chunk) never
 competes with a step for the same interpreter lock.
 
 The two talk over one duplex pipe of pickled tuples:
@@ -7,7 +7,7 @@ The two talk over one duplex pipe of pickled tuples:
     engine -> front   ("ready", info, vocab_size, context_len, tokenizer)   ("failed", message)
                       ("out", [(rid, chunk or None, final or None), ...])  one message per engine pass
                       ("health", serving)   ("limits", info, context_len)   ("reply", qid, (running, waiting, spec))
-                      ("metrics", families)  with --metrics-port, every SNAPSHOT_INTERVAL_S (modeld.metrics)
+                      ("metrics", families)  with --metrics-port, every SNAPSHOT_INTERVAL_S (modeld.engine.metrics)
                       ("dead",)  the engine thread stopped unasked (the process exits within a second)
 A chunk is (ids, text or None, finished), the request's events of the pass merged; `final` (its last pass) holds
 what the complete message needs. The process ignores stop signals (the front stops it with "stop", and a front that
@@ -22,10 +22,10 @@ import time
 
 from memd.plan import ConfigError
 from modeld.config import ModeldConfig
-from modeld.heap_freeze import freeze_heap, refreeze
-from modeld.memd_link import StartupError
-from modeld.metrics import SNAPSHOT_INTERVAL_S, snapshot, watch_engine
-from modeld.output import take_events
+from modeld.engine.heap_freeze import freeze_heap, refreeze
+from modeld.engine.memd_link import StartupError
+from modeld.engine.metrics import SNAPSHOT_INTERVAL_S, snapshot, watch_engine
+from modeld.engine.output import take_events
 from modeld.request import Request
 
 STARTUP_ERRORS = (StartupError, ConfigError, FileNotFoundError, ValueError)  # a DraftError is a ValueError
@@ -74,7 +74,7 @@ def engine_main(cfg: ModeldConfig, conn) -> None:
 
 
 def run_engine(cfg: ModeldConfig, conn) -> None:
-    from modeld.engine_build import build_engine  # torch and the model code: imported here, never by the front
+    from modeld.engine.build import build_engine  # torch and the model code: imported here, never by the front
 
     lock = threading.Lock()  # the engine thread, memd's watcher and this thread all send
     front_gone = threading.Event()
@@ -122,7 +122,7 @@ def run_engine(cfg: ModeldConfig, conn) -> None:
 def serve_front(cfg: ModeldConfig, conn, engine, send) -> None:
     """The front's commands, until "stop", the end of the pipe, or the end of the engine thread (then this process
     exits, and the front fails what was open and turns NOT_SERVING)."""
-    from modeld.engine import make_generator  # imported by run_engine's build_engine already: no cost here
+    from modeld.engine.loop import make_generator  # imported by run_engine's build_engine already: no cost here
 
     metrics_due = time.monotonic() if cfg.metrics_port is not None else float("inf")
     while True:

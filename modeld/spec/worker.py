@@ -19,14 +19,14 @@ through the target):
 
 import torch
 
-from modeld.draft import DFlashDraft
-from modeld.draft_serving import ServingDraft
 from modeld.kernels.accept import accept_lengths
 from modeld.kernels.argmax import argmax_rows
 from modeld.kernels.draft_attention import PagedContext
 from modeld.kernels.kv_write import store_kv_prefix_valid, store_kv_translated
-from modeld.model import CausalLM, ForwardBatch
-from modeld.runner import StepInputs, StepOutput
+from modeld.model.causal_lm import CausalLM, ForwardBatch
+from modeld.runner.model_runner import StepInputs, StepOutput
+from modeld.spec.draft import DFlashDraft
+from modeld.spec.serving_draft import ServingDraft
 
 
 class DflashWorker:

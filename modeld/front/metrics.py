@@ -1,5 +1,5 @@
 """modeld's /metrics, served by the front (opt-in: `--metrics-port`) from the last snapshot the engine process sent
-(modeld.metrics: every SNAPSHOT_INTERVAL_S), plus what only the front knows: the engine restarts. The endpoint is
+(modeld.engine.metrics: every SNAPSHOT_INTERVAL_S), plus what only the front knows: the engine restarts. The endpoint is
 bound before the engine starts and outlives engine restarts (a restarted engine's counters start again from zero,
 which Prometheus reads as a counter reset)."""
 
@@ -21,7 +21,7 @@ class FrontMetrics(Collector):
         yield from self.families
         yield CounterMetricFamily(
             "modeld:engine_restarts",
-            "Engine processes the front restarted after one exited unasked (modeld.engine_supervisor)",
+            "Engine processes the front restarted after one exited unasked (modeld.front.engine_supervisor)",
             value=self.engine_restarts,
         )
 

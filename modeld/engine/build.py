@@ -1,6 +1,6 @@
 """Wiring an engine wherever it runs (modeld's engine process, benchmarks, tests): attach to memd, load the target
 (and draft), check memd's pools against them, capture CUDA graphs, build the scheduler, runner and engine. The gRPC
-front (modeld.server) never imports this: it needs neither torch nor the model code."""
+front (modeld.front.server) never imports this: it needs neither torch nor the model code."""
 
 import logging
 from dataclasses import dataclass
@@ -8,16 +8,16 @@ from dataclasses import dataclass
 import torch
 
 from modeld.config import PROMPT_TOKENS, ModeldConfig
-from modeld.cuda_graph import GraphRunner
-from modeld.dflash import DflashWorker
-from modeld.draft import load_draft
-from modeld.engine import Engine
-from modeld.fingerprint import model_fingerprint
-from modeld.loader import eos_token_ids, load_target
-from modeld.memd_link import MemdLink, StartupError
-from modeld.packed_inputs import FIELDS
-from modeld.runner import ModelRunner
-from modeld.scheduler import Scheduler
+from modeld.engine.loop import Engine
+from modeld.engine.memd_link import MemdLink, StartupError
+from modeld.engine.scheduler import Scheduler
+from modeld.model.fingerprint import model_fingerprint
+from modeld.model.loader import eos_token_ids, load_target
+from modeld.runner.graphs import GraphRunner
+from modeld.runner.model_runner import ModelRunner
+from modeld.runner.packed_inputs import FIELDS
+from modeld.spec.draft import load_draft
+from modeld.spec.worker import DflashWorker
 
 log = logging.getLogger("modeld")
 

@@ -67,7 +67,7 @@ class MemdLink:
         )
 
     def identify(self, fingerprint: str) -> None:
-        """Name the loaded model to memd (modeld.fingerprint): the session is replaced by one attached with the
+        """Name the loaded model to memd (modeld.model.fingerprint): the session is replaced by one attached with the
         fingerprint, which every re-attach sends too. The first session only told modeld the layout to load the
         model for and held nothing; its pools stay mapped unless memd made new ones meanwhile (then start-up checks
         the new layout)."""

@@ -12,9 +12,9 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from modeld.engine_client import EngineClient
-from modeld.front_metrics import FrontMetrics
-from modeld.memd_link import StartupError
+from modeld.engine.memd_link import StartupError
+from modeld.front.engine_client import EngineClient
+from modeld.front.metrics import FrontMetrics
 
 log = logging.getLogger("modeld")
 MAX_RESTARTS = 3  # restarts within the window the front makes; one more death and it exits 1

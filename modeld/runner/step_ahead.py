@@ -5,7 +5,7 @@ work, then device work, then host work in series (BENCHMARKS.md, bench.step_span
 step); this puts the host's part beside the device's.
 
 Step N+1 is the same batch one token further: its inputs are moved on by step N's tokens on the device
-(modeld.step_advance, as decode_chain does), so it is queued only when the scheduler would plan exactly that step
+(modeld.runner.step_advance, as decode_chain does), so it is queued only when the scheduler would plan exactly that step
 with no memd call due (Scheduler.continues) and nothing new has arrived. A request that finishes or is aborted at
 step N has computed one token too many in N+1: that token is dropped, and its K/V went to a position memd granted
 it (never another request's), which its release frees.
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from modeld.decode_chain import decode_chain
-from modeld.runner import ModelRunner, StepInputs
-from modeld.scheduler import StepItem
+from modeld.engine.scheduler import StepItem
+from modeld.runner.decode_chain import decode_chain
+from modeld.runner.model_runner import ModelRunner, StepInputs
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The gRPC front's handle on the engine process (modeld.engine_process): start it and wait until it serves, submit and
+"""The gRPC front's handle on the engine process (modeld.engine.process): start it and wait until it serves, submit and
 abort requests, ask for its counts, and turn what it sends into each request's events on the front's asyncio loop.
 
 Requests live here as modeld.request.Request objects too: the engine's chunks go into their `events` queue and
@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 
 from modeld.config import ModeldConfig
-from modeld.engine_process import engine_main
-from modeld.memd_link import StartupError
+from modeld.engine.memd_link import StartupError
+from modeld.engine.process import engine_main
 from modeld.request import Finish, Request
 
 log = logging.getLogger("modeld")

@@ -4,7 +4,7 @@ engine process's side.
 The engine thread updates them once per step (step time, first tokens) and once per finished request (tokens,
 latencies, accept length); nothing is done per token. Queue lengths, preemptions and the DFLASH counters are read
 by a collector when a snapshot is taken. The engine process serves no HTTP: every SNAPSHOT_INTERVAL_S it sends
-the front a snapshot of its registry (`snapshot`), and the front serves the last one (modeld.front_metrics), so
+the front a snapshot of its registry (`snapshot`), and the front serves the last one (modeld.front.metrics), so
 that scrapes, however frequent, cost the engine's interpreter nothing (served from the engine, a scrape loop
 flat out cut generation to 0.66x)."""
 

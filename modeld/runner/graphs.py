@@ -3,7 +3,7 @@ q = 1 (plain decode) or q = the DFLASH block (verify), B padded up to a bucket; 
 up to 128 tokens, padded up to 16, 32, 64 or 128 (an eager forward of a short prompt was mostly kernel launches:
 about 16 ms of a batch-1 request's first tokens on an H100, bench.step_span).
 
-A graph reads its inputs from one static device array (the rows of modeld.runner's packed inputs), written by one
+A graph reads its inputs from one static device array (the rows of modeld.runner.model_runner's packed inputs), written by one
 host->device copy per step, so nothing per step is frozen at capture: token ids, positions, slots, request rows,
 lengths and offsets are all data. Padding requests use row 0 of req_to_token, which memd never hands out (its
 entries are 0, the sink slot), and slot -1, which writes no K/V. A prompt chunk's padding rows (past its length)
@@ -17,7 +17,7 @@ logits: their argmax is that of their exact fp32 values), and with DFLASH a "gre
 whole verify step (draft, target, argmax, acceptance, draft K/V of the committed prefixes), so such a step is one
 replay and one copy of its tokens to the host. Greedy batches also have graphs of k such steps back to back (k in
 `repeats`: powers of two up to --steps-per-replay), each step's inputs made on the device from the one before
-(modeld.step_advance): the host's work and the replay's launch are paid once per k steps (decode steps from 16
+(modeld.runner.step_advance): the host's work and the replay's launch are paid once per k steps (decode steps from 16
 running, verify steps at every batch size). With DFLASH, the k decode steps of a batch too large to speculate
 also write the draft's context K/V of each step's tokens inside the graph (captured with the draft's graphs), on a
 second stream beside the next step's forward, joined before the graph ends.
@@ -31,9 +31,9 @@ import torch
 
 from modeld.config import PROMPT_TOKENS
 from modeld.kernels.argmax import argmax_rows
-from modeld.model import CausalLM, ForwardBatch
-from modeld.packed_inputs import IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
-from modeld.step_advance import advance_inputs
+from modeld.model.causal_lm import CausalLM, ForwardBatch
+from modeld.runner.packed_inputs import IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
+from modeld.runner.step_advance import advance_inputs
 
 log = logging.getLogger("modeld")
 # Several steps a replay pay at 16 concurrent requests and more (BENCHMARKS.md, eighth run: 1.06x / 1.40x plain at
@@ -42,7 +42,7 @@ log = logging.getLogger("modeld")
 # lookahead of 96, before the fused layers).
 SEVERAL_STEPS_FROM_BATCH = 16
 # Greedy DFLASH verify steps run several a replay at every batch size: a verify step's host work is not overlapped
-# with the device's (plain decoding's is: modeld.step_ahead), and paying it once per replay gave DFLASH at batch 1
+# with the device's (plain decoding's is: modeld.runner.step_ahead), and paying it once per replay gave DFLASH at batch 1
 # 1.06-1.25x the tokens/s of one verify step a replay in two runs (BENCHMARKS.md, "Several verify steps a replay from
 # batch 1"). With modeld's lookahead of 32 the spare of a verify step holds two blocks, so mostly two run a replay.
 SEVERAL_CYCLES_FROM_BATCH = 1
@@ -130,7 +130,7 @@ class GraphRunner:
         """Steps one engine step runs for a batch of `requests` in this (bucket, q) whose every request holds at
         least `spare` positions beyond what it computed: the most whose k steps reach no further (k * q <= spare),
         for verify steps only with a graph of k greedy cycles (decode steps without a fused graph of k run as a
-        chain of one-step replays: modeld.decode_chain); 1 for a batch smaller than `several_from` (decode steps) or
+        chain of one-step replays: modeld.runner.decode_chain); 1 for a batch smaller than `several_from` (decode steps) or
         `cycles_from` (verify steps)."""
         bucket, q = shape
         if requests < (self.several_from if q == 1 else self.cycles_from):
