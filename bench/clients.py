@@ -27,6 +27,7 @@ from bench.engine_speed import add_model_arguments, generate_all, memd_args, pro
 from bench.in_process import running_engine
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
+from modeld.engine.tuning import Tuning
 from modeld.model.fetch_default import ensure_default_model
 
 
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
                     target_model=args.target,
                     load_format=args.load_format,
                     draft_model=draft if dflash else None,
-                    alone_prompt_tokens=alone,
+                    tuning=Tuning(alone_prompt_tokens=alone),
                     speculative_algorithm="dflash" if dflash else "none",
                     speculative_disable_by_batch_size=below,
                 )

@@ -209,8 +209,6 @@ def run_variant(v: Variant, memd: str, args, prompts, ignore_eos: bool, breakdow
     engine = built.engine
     graphs = engine.runner.graphs
     if graphs is not None:
-        graphs.several_from = v.several_from
-        graphs.cycles_from = v.cycles_from
         if not v.prompt_graphs:  # one request's chunk then has a graph only in a verify block's shape, as before
             graphs.lone_tokens = [q for q in graphs.tokens_per_request if q > 1]
     engine.start()

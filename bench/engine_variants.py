@@ -4,6 +4,7 @@ modeld's defaults on CUDA (SERVED), and the ModeldConfig of each."""
 from dataclasses import dataclass
 
 from modeld.config import ModeldConfig
+from modeld.engine.tuning import Tuning
 
 
 @dataclass(frozen=True)
@@ -201,14 +202,16 @@ def variant_config(v: Variant, memd: str, args) -> ModeldConfig:
         load_format=args.load_format,
         draft_model=args.draft if v.dflash else None,
         speculative_algorithm="dflash" if v.dflash else "none",
-        decode_lookahead=v.lookahead,
         disable_cuda_graph=not v.graphs,
-        chunked_prefill_size=2048,
-        steps_per_replay=v.steps,
         speculative_disable_by_batch_size=v.speculate_below,
-        speculative_disable_sampled_by_batch_size=v.speculate_below_sampled,
-        disable_skinny_linear=not v.skinny,
-        disable_norm_fusion=not v.fuse_norms,
-        overlap_decode=v.overlap,
-        alone_prompt_tokens=None if v.prompt_graphs else 0,
+        tuning=Tuning(
+            steps_per_replay=v.steps,
+            speculate_below_sampled=v.speculate_below_sampled,
+            skinny_linear=v.skinny,
+            norm_fusion=v.fuse_norms,
+            overlap_decode=v.overlap,
+            alone_prompt_tokens=None if v.prompt_graphs else 0,
+            several_steps_from_batch=v.several_from,
+            several_cycles_from_batch=v.cycles_from,
+        ),
     )

@@ -107,7 +107,6 @@ def main(argv=None) -> int:
             memd=memd.address,
             target_model=str(folder),
             load_format="dummy",
-            decode_lookahead=32,
             speculative_algorithm="none",
         )
         grpc_rates = {(level, i): ([], []) for level in levels for i in intervals}  # tokens/s, CPU s per 1K tokens
@@ -122,8 +121,6 @@ def main(argv=None) -> int:
                     "dummy",
                     "--speculative-algorithm",
                     "none",
-                    "--decode-lookahead",
-                    "32",
                     "--stream-interval",
                     str(interval),
                     device=args.device,

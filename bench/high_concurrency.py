@@ -72,6 +72,8 @@ def main(argv=None) -> int:
         "bfloat16",
         "--draft-model",
         "none",
+        "--chunked-prefill-size",
+        "8192",
     ]
     gen = torch.Generator().manual_seed(0)
     prompts = [
@@ -83,8 +85,6 @@ def main(argv=None) -> int:
             memd=memd,
             target_model=args.target,
             load_format=args.load_format,
-            decode_lookahead=32,
-            chunked_prefill_size=8192,
         )
         with running_engine(cfg) as engine:
             generate_all(engine, prompts[:8], 8, True, "warm")

@@ -137,7 +137,6 @@ def main(argv=None) -> int:
             memd=memd,
             target_model=str(TINY),
             load_format="dummy",
-            decode_lookahead=32,
             speculative_algorithm="none",
         )
         with running_engine(cfg) as engine:

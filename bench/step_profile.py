@@ -22,6 +22,7 @@ from bench.engine_speed import prompts_for, submit_requests
 from bench.memd_process import memd_process
 from modeld.config import ModeldConfig
 from modeld.engine.build import build_engine
+from modeld.engine.tuning import Tuning
 from modeld.model.fetch_default import ensure_default_model
 
 DEFAULT_DRAFT = "modeld/default_draft"
@@ -71,10 +72,12 @@ def profile_config(memd: str, args, prompts, dflash: bool) -> str:
         memd=memd,
         target_model=args.target,
         load_format=args.load_format,
-        steps_per_replay=args.steps_per_replay,
-        disable_skinny_linear=args.disable_skinny_linear,
-        disable_norm_fusion=args.disable_norm_fusion,
-        overlap_decode=False if args.disable_overlap_decode else None,
+        tuning=Tuning(
+            steps_per_replay=args.steps_per_replay,
+            skinny_linear=not args.disable_skinny_linear,
+            norm_fusion=not args.disable_norm_fusion,
+            overlap_decode=False if args.disable_overlap_decode else None,
+        ),
         draft_model=args.draft if dflash else None,
         speculative_algorithm="dflash" if dflash else "none",
     )

@@ -25,6 +25,7 @@ from bench.memd_process import memd_process
 from bench.step_profile import run_in_this_thread
 from modeld.config import ModeldConfig
 from modeld.engine.build import build_engine
+from modeld.engine.tuning import Tuning
 from modeld.model.fetch_default import ensure_default_model
 
 PARTS = ("next_step", "prepare", "launch")
@@ -205,9 +206,8 @@ def main(argv=None) -> int:
             memd=memd,
             target_model=args.target,
             load_format=args.load_format,
-            steps_per_replay=args.steps_per_replay,
             speculative_algorithm="none",
-            overlap_decode=args.overlap_decode,
+            tuning=Tuning(steps_per_replay=args.steps_per_replay, overlap_decode=args.overlap_decode),
         )
         built = build_engine(cfg, lambda serving: None)
         engine, graphs = built.engine, built.engine.runner.graphs

@@ -24,7 +24,7 @@ class MemdConfig:
     decode_lookahead: int | None = None
     page_size: int = 1
     max_running_requests: int = 16
-    chunked_prefill_size: int = 2048
+    chunked_prefill_size: int = 512
     context_length: int | None = None  # default: the target's max_position_embeddings
     kv_cache_dtype: str = "auto"  # auto: the target's config dtype
     kv_budget_bytes: int | None = None
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--max-running-requests", type=int, default=16)
-    p.add_argument("--chunked-prefill-size", type=int, default=2048)
+    p.add_argument("--chunked-prefill-size", type=int, default=512)
     p.add_argument("--context-length", type=int)
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     budget = p.add_mutually_exclusive_group()

@@ -150,14 +150,21 @@ def shipped_draft_flags(block: int | None = None) -> list[str]:
 
 
 @contextlib.contextmanager
-def run_modeld(memd: MemdProcess, *args: str, device: str = "cpu", ready_timeout: float = 180, name: str = "modeld"):
+def run_modeld(
+    memd: MemdProcess,
+    *args: str,
+    device: str = "cpu",
+    ready_timeout: float = 180,
+    name: str = "modeld",
+    tuning: str = "",
+):
     """modeld attached to `memd`, on a Unix socket beside memd's (`name`.sock, log `name`.log: give each of several
-    modelds on one memd its own name); stopped with SIGTERM afterwards."""
+    modelds on one memd its own name), with MODELD_TUNING set to `tuning`; stopped with SIGTERM afterwards."""
     folder = pathlib.Path(memd.address[len("unix://") :]).parent
     address = f"unix://{folder / f'{name}.sock'}"
     log_path = folder / f"{name}.log"
     cmd = [sys.executable, "-m", "modeld", "--device", device, "--memd", memd.address, "--listen", address, *args]
-    proc = start_daemon(cmd, log_path)
+    proc = start_daemon(cmd, log_path, {"MODELD_TUNING": tuning})
     try:
         wait_ready(proc, log_path, "modeld ready", ready_timeout)
         proc.address, proc.log_path = address, log_path

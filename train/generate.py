@@ -229,9 +229,8 @@ def start_stack(args):
     @contextlib.contextmanager
     def stack():
         with start_memd(args) as memd:
-            extra = ["--chunked-prefill-size", str(args.chunked_prefill)]
             with run_modeld(
-                memd, "--target-model", args.target, "--speculative-algorithm", "none", *extra, device=args.device
+                memd, "--target-model", args.target, "--speculative-algorithm", "none", device=args.device
             ) as modeld:
                 yield modeld.address
 

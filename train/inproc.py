@@ -45,7 +45,6 @@ def generate_inproc(memd: str, jobs, tokenizer, temperatures, args, writer, stop
         memd=memd,
         target_model=args.target,
         speculative_algorithm="none",
-        chunked_prefill_size=args.chunked_prefill,
     )
     built = build_engine(cfg, lambda serving: None)
     engine, done = built.engine, queue.SimpleQueue()  # every request's "complete" (no chunks: stream=False)

@@ -33,9 +33,10 @@ def child_env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
-def start(cmd: list[str], log_path: pathlib.Path) -> subprocess.Popen:
+def start(cmd: list[str], log_path: pathlib.Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     with open(log_path, "w") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO)
+        env = {**child_env(), **(extra_env or {})}
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
 
 def wait_ready(proc: subprocess.Popen, log_path: pathlib.Path, marker: str, timeout: float) -> None:

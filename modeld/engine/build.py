@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from modeld.config import PROMPT_TOKENS, ModeldConfig
+from modeld.config import ModeldConfig
 from modeld.engine.loop import Engine
 from modeld.engine.memd_link import MemdLink, StartupError
 from modeld.engine.scheduler import Scheduler
@@ -86,7 +86,8 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     layout = link.layout
     dtype = layout.kv_dtype if cfg.dtype == "auto" else cfg.dtype
     model, tokenizer, hf_config = load_target(cfg.target_model, dtype, cfg.device, cfg.load_format)
-    model.use_skinny_linear(not cfg.disable_skinny_linear, fuse_norms=not cfg.disable_norm_fusion)
+    tuning = cfg.tuning
+    model.use_skinny_linear(tuning.skinny_linear, fuse_norms=tuning.norm_fusion)
     link.identify(model_fingerprint(model, hf_config, dtype, layout.kv_dtype))  # memd caches prefixes per model
     layout = link.layout
     draft = None
@@ -109,12 +110,12 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     check(layout)
     worker = DflashWorker(draft, model, link.pools) if draft is not None else None
     if worker is not None:
-        worker.draft.use_skinny_linear(not cfg.disable_skinny_linear, fuse_norms=not cfg.disable_norm_fusion)
-    limits = step_limits(cfg, layout, worker is not None)
+        worker.draft.use_skinny_linear(tuning.skinny_linear, fuse_norms=tuning.norm_fusion)
+    limits = step_limits(layout, worker is not None)
+    log.info("from memd's layout: prefill chunk %d tokens, decode lookahead %d", limits.chunk, limits.lookahead)
     graphed = cfg.device == "cuda" and not cfg.disable_cuda_graph
-    if cfg.alone_prompt_tokens and not graphed:  # asked for (None: the default, which follows the graphs)
-        log.warning("--alone-prompt-tokens is off: it needs CUDA graphs (a lone chunk alone would still run eagerly)")
-    alone = (max(PROMPT_TOKENS) if cfg.alone_prompt_tokens is None else cfg.alone_prompt_tokens) if graphed else 0
+    if tuning.alone_prompt_tokens and not graphed:  # asked for (None: the default, which follows the graphs)
+        log.warning("alone_prompt_tokens is off: it needs CUDA graphs (a lone chunk alone would still run eagerly)")
     scheduler = Scheduler(
         link.session,
         limits.max_running,
@@ -124,8 +125,8 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
         lookahead=limits.lookahead,
         async_top_ups=True,
         speculate_below=cfg.speculative_disable_by_batch_size,
-        speculate_below_sampled=cfg.speculative_disable_sampled_by_batch_size,
-        alone_prompt_tokens=alone,
+        speculate_below_sampled=tuning.speculate_below_sampled,
+        alone_prompt_tokens=tuning.alone_prompt_limit(graphed),
     )
     graphs = None
     if graphed:
@@ -134,7 +135,9 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
             (1, worker.block) if worker else (1,),
             FIELDS,
             cfg.device,
-            steps_per_replay=cfg.steps_per_replay,
+            steps_per_replay=tuning.steps_per_replay,
+            several_from=tuning.several_steps_from_batch,
+            cycles_from=tuning.several_cycles_from_batch,
         )
     runner = ModelRunner(model, link.pools, cfg.device, taps=worker.taps if worker else (), graphs=graphs)
     if worker is not None and graphs is not None:
@@ -152,7 +155,7 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
         dflash=worker,
         trim_draft=limits.trim_draft,
         stream_interval=cfg.stream_interval,
-        overlap_decode=cfg.overlaps_decode,
+        overlap_decode=tuning.overlaps_decode(cfg.device),
     )
     info = dict(
         target_model=cfg.target_model,
@@ -166,7 +169,7 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
     )
 
     def apply_limits(session, pools) -> None:  # a re-attached memd may run with other settings
-        new = step_limits(cfg, session.layout, worker is not None)
+        new = step_limits(session.layout, worker is not None)
         scheduler.set_limits(new.max_running, new.chunk, new.context_len, new.lookahead, async_top_ups=True)
         engine.trim_draft, engine.output.context_len = new.trim_draft, new.context_len
         info.update(layout_info(session.layout))
@@ -184,18 +187,17 @@ class StepLimits:
     trim_draft: bool  # a bounded draft pool: out-of-window draft slots are trimmed
 
 
-def step_limits(cfg: ModeldConfig, layout, speculative: bool) -> StepLimits:
-    """What memd's layout allows a step: its request cap holds one prefill chunk of its size (never prefill more),
-    and its bounded draft pool is sized for its own decode lookahead."""
-    chunk = min(cfg.chunked_prefill_size, layout.chunked_prefill_size)
-    if chunk < cfg.chunked_prefill_size:
-        log.info("prefill chunk lowered to memd's %d tokens", chunk)
+def step_limits(layout, speculative: bool) -> StepLimits:
+    """What memd's layout sets for a step: memd sizes its pools (the bounded draft pool's request cap holds one
+    prefill chunk and each request's decode lookahead), so modeld prefills and grants ahead exactly as much."""
     trim_draft = speculative and layout.draft_kv_ratio < 1
-    lookahead = cfg.decode_lookahead
-    if trim_draft and layout.decode_lookahead < lookahead:
-        lookahead = layout.decode_lookahead
-        log.info("decode lookahead lowered to memd's %d (its draft request cap holds no more)", lookahead)
-    return StepLimits(layout.max_running_requests, chunk, layout.context_len, lookahead, trim_draft)
+    return StepLimits(
+        layout.max_running_requests,
+        layout.chunked_prefill_size,
+        layout.context_len,
+        layout.decode_lookahead,
+        trim_draft,
+    )
 
 
 def layout_info(layout) -> dict:

@@ -29,23 +29,13 @@ import time
 import numpy as np
 import torch
 
-from modeld.config import PROMPT_TOKENS
+from modeld.engine.tuning import PROMPT_TOKENS, Tuning
 from modeld.kernels.argmax import argmax_rows
 from modeld.model.causal_lm import CausalLM, ForwardBatch
 from modeld.runner.packed_inputs import IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
 from modeld.runner.step_advance import advance_inputs
 
 log = logging.getLogger("modeld")
-# Several steps a replay pay at 16 concurrent requests and more (BENCHMARKS.md, eighth run: 1.06x / 1.40x plain at
-# 16 / 64, 1.04x / 1.23x DFLASH); at batch 1 they did not (0.98x plain, 0.79x DFLASH: short answers end inside a
-# replay), so a smaller batch runs one decode step a replay (verify steps: below; the 0.79x was four of them at a
-# lookahead of 96, before the fused layers).
-SEVERAL_STEPS_FROM_BATCH = 16
-# Greedy DFLASH verify steps run several a replay at every batch size: a verify step's host work is not overlapped
-# with the device's (plain decoding's is: modeld.runner.step_ahead), and paying it once per replay gave DFLASH at batch 1
-# 1.06-1.25x the tokens/s of one verify step a replay in two runs (BENCHMARKS.md, "Several verify steps a replay from
-# batch 1"). With modeld's lookahead of 32 the spare of a verify step holds two blocks, so mostly two run a replay.
-SEVERAL_CYCLES_FROM_BATCH = 1
 
 
 def batch_buckets(max_requests: int) -> list[int]:
@@ -92,8 +82,8 @@ class GraphRunner:
         fields: int,
         device: str,
         steps_per_replay: int = 1,
-        several_from: int = SEVERAL_STEPS_FROM_BATCH,
-        cycles_from: int = SEVERAL_CYCLES_FROM_BATCH,
+        several_from: int = Tuning.several_steps_from_batch,
+        cycles_from: int = Tuning.several_cycles_from_batch,
     ):
         self.buckets = batch_buckets(max_requests)
         self.tokens_per_request = tokens_per_request

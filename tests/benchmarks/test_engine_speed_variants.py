@@ -15,7 +15,7 @@ ARGS = argparse.Namespace(target="target", load_format="dummy", draft="draft")
 def test_every_variant_makes_a_modeld_config(variant):
     cfg = variant_config(variant, "unix:///nowhere", ARGS)
     assert cfg.speculative_algorithm == ("dflash" if variant.dflash else "none")
-    assert cfg.decode_lookahead == variant.lookahead
+    assert cfg.tuning.steps_per_replay == variant.steps
 
 
 def test_the_served_variants_have_modelds_defaults():
@@ -30,8 +30,10 @@ def test_the_served_variants_have_modelds_defaults():
             draft_model="draft" if kind == "dflash" else None,
             speculative_algorithm=kind if kind == "dflash" else "none",
         )
-        fields = ["decode_lookahead", "steps_per_replay", "disable_cuda_graph", "overlaps_decode"]
-        if kind == "dflash":
-            fields += ["speculative_disable_by_batch_size", "speculative_disable_sampled_by_batch_size"]
+        fields = ["disable_cuda_graph"] + (["speculative_disable_by_batch_size"] if kind == "dflash" else [])
         for field in fields:
             assert getattr(cfg, field) == getattr(default, field), (kind, field)
+        assert cfg.tuning.overlaps_decode("cuda") == default.tuning.overlaps_decode("cuda"), kind
+        assert cfg.tuning.steps_per_replay == default.tuning.steps_per_replay, kind
+        if kind == "dflash":
+            assert cfg.tuning.speculate_below_sampled == default.tuning.speculate_below_sampled

@@ -34,7 +34,7 @@ from tests.dflash import tiny_models as tm
 
 MAX_NEW = 40
 PROMPT_LENGTHS = (5, 16, 27, 38, 49, 60)
-CHUNK = 32  # memd's and modeld's prefill chunk: prompts longer than this are prefilled in pieces
+CHUNK = 32  # memd's prefill chunk, and so modeld's: prompts longer than this are prefilled in pieces
 MAX_RUNNING = 16
 LOOKAHEAD = 32  # the pools below are sized for it (memd's default with a draft, 96, needs larger ones)
 EVICTION_INTERVAL = 1
@@ -160,14 +160,12 @@ class Daemons:
         self.plain_mode: dict[str, str] = {}
         self.baselines: dict[tuple, tuple[int, ...]] = {}
 
-    def _start(self, name: str, target: str, memd_args: list[str], modeld_args: list[str]) -> Pair:
+    def _start(self, name: str, target: str, memd_args: list[str], modeld_args: list[str], tuning: str = "") -> Pair:
         stack = contextlib.ExitStack()
         try:
             memd = stack.enter_context(run_memd(self.models[target], *memd_args))
             modeld = stack.enter_context(
-                run_modeld(
-                    memd, "--target-model", str(self.models[target]), "--chunked-prefill-size", str(CHUNK), *modeld_args
-                )
+                run_modeld(memd, "--target-model", str(self.models[target]), *modeld_args, tuning=tuning)
             )
             c = stack.enter_context(client.Client(modeld.address, timeout=TIMEOUT))
         except BaseException:
@@ -197,15 +195,9 @@ class Daemons:
                 name,
                 s.target,
                 memd_cli(draft, page=s.page, ratio=s.ratio, window=s.window, tokens=s.tokens),
+                ["--draft-model", str(draft), "--speculative-algorithm", "dflash"],
                 # sampled requests verify blocks at every batch size (modeld's default: only alone)
-                [
-                    "--draft-model",
-                    str(draft),
-                    "--speculative-algorithm",
-                    "dflash",
-                    "--speculative-disable-sampled-by-batch-size",
-                    "0",
-                ],
+                tuning="speculate_below_sampled=0",
             ),
         )
 

@@ -30,7 +30,7 @@ from tests.daemons import is_idle, run_memd, run_modeld, start_daemon, stop_daem
 WINDOW = 256
 RATIO = 0.25
 MAX_RUNNING = 2
-CHUNK = 128  # memd's --chunked-prefill-size (modeld lowers its own prefill chunk to it)
+CHUNK = 128  # memd's --chunked-prefill-size, and so modeld's (it reads memd's layout)
 EVICTION_INTERVAL = 8  # memd's default --draft-eviction-interval
 DECODE_LOOKAHEAD = default_decode_lookahead(draft=True)  # memd's default --decode-lookahead with a draft pool
 LONG_NEW = 128  # new tokens of the long greedy generation (about 30 s a run on 2 CPU cores)

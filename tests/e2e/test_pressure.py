@@ -23,11 +23,13 @@ def test_small_pool_preempts_without_changing_greedy_output(default_model, chat_
         "none",
         "--kv-cache-dtype",
         "float32",
+        "--chunked-prefill-size",
+        "64",
         "--strict",
     ]
     with (
         run_memd(default_model, *args) as memd,
-        run_modeld(memd, "--target-model", str(default_model), "--chunked-prefill-size", "64") as modeld,
+        run_modeld(memd, "--target-model", str(default_model)) as modeld,
     ):
         with client.Client(modeld.address, timeout=600) as c:
             with concurrent.futures.ThreadPoolExecutor(6) as pool:
@@ -45,7 +47,7 @@ def test_small_pool_preempts_without_changing_greedy_output(default_model, chat_
 
 
 def test_modeld_prefills_no_more_than_memd_sized_for(default_model, chat_ids, hf_greedy):
-    """memd's request cap holds one prefill chunk of memd's size; modeld lowers its own to match."""
+    """memd's request cap holds one prefill chunk of memd's size; modeld prefills in chunks of that size."""
     args = [
         "--max-running-requests",
         "2",
@@ -61,9 +63,9 @@ def test_modeld_prefills_no_more_than_memd_sized_for(default_model, chat_ids, hf
     ]
     with (
         run_memd(default_model, *args) as memd,
-        run_modeld(memd, "--target-model", str(default_model), "--chunked-prefill-size", "512") as modeld,
+        run_modeld(memd, "--target-model", str(default_model)) as modeld,
     ):
         with client.Client(modeld.address, timeout=300) as c:
             result = c.generate(input_ids=chat_ids[0], max_new_tokens=8, temperature=0)
-        assert "prefill chunk lowered to memd's 16 tokens" in modeld.log_path.read_text()
+        assert "prefill chunk 16 tokens" in modeld.log_path.read_text()
     assert list(result.output_ids) == hf_greedy(chat_ids[0], 8)

@@ -63,19 +63,18 @@ def test_several_steps_a_replay_give_the_output_of_one(tmp_path, default_model, 
                 memd,
                 "--target-model",
                 str(default_model),
-                "--steps-per-replay",
-                str(steps),
                 "--metrics-port",
                 "0",
                 *extra,
                 device="cuda",
                 name=f"modeld-{steps}",
+                tuning=f"steps_per_replay={steps}",
             ) as modeld:
                 outputs[steps] = generate_all(modeld.address, prompts, sampled=mode == "sampled")
                 samples = settled(modeld.log_path.read_text())
                 replays = total(samples, "modeld:steps_per_replay_count")
                 ran = total(samples, "modeld:steps_per_replay_sum")
-                assert (ran > replays) == (steps > 1), f"{ran} steps in {replays} replays at --steps-per-replay {steps}"
+                assert (ran > replays) == (steps > 1), f"{ran} steps in {replays} replays at steps_per_replay={steps}"
     if mode == "sampled":
         assert all(len(a) == len(b) == MAX_NEW for a, b in zip(outputs[4], outputs[1]))
         return

@@ -4,7 +4,7 @@ decoding on the H200: BENCHMARKS.md), and every flag that says otherwise keeps p
 import pytest
 
 from memd import defaults
-from modeld.config import config_from_args
+from modeld.config import build_parser, config_from_args
 
 ADDRESSES = ["--memd", "127.0.0.1:5555", "--listen", "127.0.0.1:5556"]
 DRAFT = str(defaults.default_draft_dir())
@@ -44,13 +44,6 @@ def test_dflash_without_a_draft_off_cuda_is_refused():
         config_from_args([*ADDRESSES, "--device", "cpu", "--speculative-algorithm", "dflash"])
 
 
-def test_steps_per_replay():
-    assert config_from_args([*ADDRESSES, "--device", "cpu"]).steps_per_replay == 4
-    assert config_from_args([*ADDRESSES, "--device", "cpu", "--steps-per-replay", "1"]).steps_per_replay == 1
-    with pytest.raises(ValueError, match="--steps-per-replay must be >= 1"):
-        config_from_args([*ADDRESSES, "--device", "cpu", "--steps-per-replay", "0"])
-
-
 def test_stream_interval():
     assert config_from_args([*ADDRESSES, "--device", "cpu"]).stream_interval == 1
     assert config_from_args([*ADDRESSES, "--device", "cpu", "--stream-interval", "8"]).stream_interval == 8
@@ -66,46 +59,21 @@ def test_speculation_off_from_a_batch_size():
         config_from_args([*flags, "-1"])
 
 
-@pytest.mark.parametrize(
-    "flags,lookahead",
-    [
-        ([], 32),
-        (["--speculative-algorithm", "dflash", "--draft-model", "default"], 96),  # four verify blocks a replay fit
-        (["--speculative-algorithm", "dflash", "--draft-model", "default", "--decode-lookahead", "40"], 40),
-        (["--decode-lookahead", "0"], 0),
-    ],
-)
-def test_decode_lookahead_defaults_by_the_algorithm(flags, lookahead):
-    assert config_from_args([*ADDRESSES, "--device", "cpu", *flags]).decode_lookahead == lookahead
+def test_the_command_line_holds_user_flags_only():
+    """Tuning knobs are MODELD_TUNING's (modeld.engine.tuning); the prefill chunk and the decode lookahead are
+    memd's (modeld reads them from its layout): none of them is a flag of modeld's."""
+    parser = build_parser()
+    flags = [a for action in parser._actions for a in action.option_strings if a.startswith("--") and a != "--help"]
+    assert len(flags) <= 17, flags
+    for gone in ("--steps-per-replay", "--decode-lookahead", "--chunked-prefill-size", "--disable-norm-fusion"):
+        with pytest.raises(SystemExit):
+            config_from_args([*ADDRESSES, "--device", "cpu", gone, "1"])
 
 
-def test_sampled_requests_speculate_alone_by_default():
-    flags = [*ADDRESSES, "--device", "cpu"]
-    assert config_from_args(flags).speculative_disable_sampled_by_batch_size == 2
-    assert (
-        config_from_args(
-            [*flags, "--speculative-disable-sampled-by-batch-size", "4"]
-        ).speculative_disable_sampled_by_batch_size
-        == 4
-    )
-    with pytest.raises(ValueError, match="sampled-by-batch-size must be >= 0"):
-        config_from_args([*flags, "--speculative-disable-sampled-by-batch-size", "-1"])
-
-
-def test_decode_overlaps_on_cuda_unless_disabled():
-    def overlaps(*flags: str) -> bool:
-        return config_from_args([*ADDRESSES, *flags]).overlaps_decode
-
-    assert overlaps("--device", "cuda")
-    assert not overlaps("--device", "cuda", "--disable-overlap-decode")
-    assert not overlaps("--device", "cpu")  # a step queued ahead would run before the last one streams
-
-
-def test_alone_prompt_tokens_follows_the_graphs_by_default_and_is_bounded_by_the_largest_prompt_graph():
-    flags = [*ADDRESSES, "--device", "cpu"]
-    assert config_from_args(flags).alone_prompt_tokens is None  # the engine: 128 with CUDA graphs, else 0
-    assert config_from_args([*flags, "--alone-prompt-tokens", "0"]).alone_prompt_tokens == 0
-    assert config_from_args([*flags, "--alone-prompt-tokens", "128"]).alone_prompt_tokens == 128
-    for bad in ("-1", "129"):
-        with pytest.raises(ValueError, match=r"--alone-prompt-tokens must lie in \[0, 128\]"):
-            config_from_args([*flags, "--alone-prompt-tokens", bad])
+def test_tuning_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("MODELD_TUNING", "steps_per_replay=1,overlap_decode=false")
+    tuning = config_from_args([*ADDRESSES, "--device", "cuda"]).tuning
+    assert (tuning.steps_per_replay, tuning.overlaps_decode("cuda")) == (1, False)
+    monkeypatch.setenv("MODELD_TUNING", "steps_per_replay=0")
+    with pytest.raises(ValueError, match="steps_per_replay must be >= 1"):
+        config_from_args([*ADDRESSES, "--device", "cpu"])

@@ -11,6 +11,7 @@ import pytest
 
 from modeld.config import ModeldConfig
 from modeld.engine.build import build_engine
+from modeld.engine.tuning import Tuning
 from tests.daemons import memd_args, run_memd
 from tests.modeld.engine_workloads import context_draft, draft_settings, mixed_requests, wait_until_released
 from tests.modeld.test_scheduler import Sim, expected_outputs
@@ -92,7 +93,11 @@ def answers(
     of those dropped a request's token (it ended at the step before) and how many dropped every token."""
     built = build_engine(
         ModeldConfig(
-            device=device, memd=memd.address, target_model=str(model), overlap_decode=overlap, **draft_settings(draft)
+            device=device,
+            memd=memd.address,
+            target_model=str(model),
+            tuning=Tuning(overlap_decode=overlap),
+            **draft_settings(draft),
         ),
         lambda serving: None,
     )

@@ -1,4 +1,4 @@
-"""modeld's kernel flags reach what they switch: --disable-skinny-linear and --disable-norm-fusion set the target's
+"""modeld's kernel knobs reach what they switch: MODELD_TUNING's skinny_linear and norm_fusion set the target's
 projections and decoder layers, and the DFLASH draft's serving layers, to the unfused path (the default: both on).
 Through a real memd and the default model on the CPU, where the switches are kept though the kernels run on a GPU
 only. memd ends idle."""
@@ -23,14 +23,14 @@ def switches(built) -> tuple[set, set, tuple]:
 
 
 @pytest.mark.parametrize(
-    "flags,expected",
+    "tuning,expected",
     [
-        ([], ({True}, {True}, (True, True))),
-        (["--disable-norm-fusion"], ({True}, {False}, (True, False))),
-        (["--disable-skinny-linear"], ({False}, {True}, (False, True))),
+        ("", ({True}, {True}, (True, True))),
+        ("norm_fusion=false", ({True}, {False}, (True, False))),
+        ("skinny_linear=false", ({False}, {True}, (False, True))),
     ],
 )
-def test_the_flags_reach_the_target_and_the_draft(default_model, tmp_path, flags, expected):
+def test_the_knobs_reach_the_target_and_the_draft(default_model, tmp_path, monkeypatch, tuning, expected):
     from tests.dflash.tiny_models import write_draft
 
     draft = write_draft(
@@ -50,8 +50,8 @@ def test_the_flags_reach_the_target_and_the_draft(default_model, tmp_path, flags
             "dflash",
             "--device",
             "cpu",
-            *flags,
         ]
+        monkeypatch.setenv("MODELD_TUNING", tuning)
         built = build_engine(config_from_args(args), lambda serving: None)
         try:
             assert switches(built) == expected
