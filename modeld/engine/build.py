@@ -8,14 +8,15 @@ from dataclasses import dataclass
 import torch
 
 from modeld.config import ModeldConfig
+from modeld.engine.hooks import EngineHooks
 from modeld.engine.loop import Engine
 from modeld.engine.memd_link import MemdLink, StartupError
 from modeld.engine.scheduler import Scheduler
 from modeld.model.fingerprint import model_fingerprint
 from modeld.model.loader import eos_token_ids, load_target
 from modeld.runner.graphs import GraphRunner
+from modeld.runner.inputs import FIELDS
 from modeld.runner.model_runner import ModelRunner
-from modeld.runner.packed_inputs import FIELDS
 from modeld.spec.draft import load_draft
 from modeld.spec.worker import DflashWorker
 
@@ -80,8 +81,9 @@ class Built:
     vocab_size: int
 
 
-def build_engine(cfg: ModeldConfig, set_health) -> Built:
-    """Attach to memd, load the target (and draft), capture CUDA graphs, wire the engine (not started)."""
+def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None) -> Built:
+    """Attach to memd, load the target (and draft), capture CUDA graphs, wire the engine (not started); `hooks`:
+    an observer of its steps' phases (benchmarks, tests)."""
     link = MemdLink(cfg.memd, cfg.connect_timeout, set_health, writes_draft_kv=cfg.speculative_algorithm == "dflash")
     layout = link.layout
     dtype = layout.kv_dtype if cfg.dtype == "auto" else cfg.dtype
@@ -127,6 +129,7 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
         speculate_below=cfg.speculative_disable_by_batch_size,
         speculate_below_sampled=tuning.speculate_below_sampled,
         alone_prompt_tokens=tuning.alone_prompt_limit(graphed),
+        hooks=hooks,
     )
     graphs = None
     if graphed:
@@ -139,7 +142,15 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
             several_from=tuning.several_steps_from_batch,
             cycles_from=tuning.several_cycles_from_batch,
         )
-    runner = ModelRunner(model, link.pools, cfg.device, taps=worker.taps if worker else (), graphs=graphs)
+    runner = ModelRunner(
+        model,
+        link.pools,
+        cfg.device,
+        taps=worker.taps if worker else (),
+        graphs=graphs,
+        spec=worker,
+        overlap_decode=tuning.overlaps_decode(cfg.device),
+    )
     if worker is not None and graphs is not None:
         worker.use_graphs(graphs)
     link.rebinders += [lambda session, pools: scheduler.memd.rebind(session), lambda session, pools: runner.bind(pools)]
@@ -155,7 +166,7 @@ def build_engine(cfg: ModeldConfig, set_health) -> Built:
         dflash=worker,
         trim_draft=limits.trim_draft,
         stream_interval=cfg.stream_interval,
-        overlap_decode=tuning.overlaps_decode(cfg.device),
+        hooks=hooks,
     )
     info = dict(
         target_model=cfg.target_model,

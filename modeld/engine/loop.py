@@ -1,28 +1,26 @@
-"""The engine thread: schedule a step, run it (modeld.runner.model_runner: inputs -> forward; modeld.spec.worker: draft, acceptance,
-draft K/V), sample, hand the tokens to output processing (modeld.engine.output: stop rules, streaming), finish. One thread
-owns all request state; other threads talk to it through `submit` / `abort` and each request's queue. After each
-pass it hands the requests whose queues got events to `listener` (one call a pass: in modeld's engine process, one
-message to the gRPC front)."""
+"""The engine thread. Each pass is one step: plan (the scheduler's next batch, or the decode step already pending on
+the device), run (modeld.runner.model_runner: inputs, draft, forward, sampling, acceptance), commit (each request's
+computed position, memd's commits, checkpoints and draft trims), emit (output processing, modeld.engine.output: stop
+rules, streaming; finished requests end). One thread owns all request state; other threads talk to it through
+`submit` / `abort` and each request's queue. After each pass it hands the requests whose queues got events to
+`listener` (one call a pass: in modeld's engine process, one message to the gRPC front)."""
 
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from itertools import accumulate
 
 import grpc
 import torch
 
 from modeld.engine import metrics
+from modeld.engine.hooks import EngineHooks
 from modeld.engine.memd_link import MemdLink
 from modeld.engine.output import OutputProcessor
 from modeld.engine.scheduler import Scheduler, StepItem
 from modeld.request import Finish, Request
-from modeld.runner.decode_chain import decode_chain
-from modeld.runner.model_runner import ModelRunner, row_index
-from modeld.runner.sampling import sample
-from modeld.runner.step_ahead import HostCopy, StepAhead
+from modeld.runner.model_runner import ItemResult, ModelRunner
 from modeld.spec.worker import DflashWorker
 
 log = logging.getLogger("modeld")
@@ -40,7 +38,7 @@ class Engine:
         dflash: DflashWorker | None = None,
         trim_draft: bool = False,
         stream_interval: int = 1,
-        overlap_decode: bool = False,
+        hooks: EngineHooks | None = None,
     ):
         self.runner = runner
         self.link = link
@@ -51,7 +49,7 @@ class Engine:
             dflash.block if dflash is not None else 0
         )  # [a]: verifies accepting a drafts
         self.scheduler = scheduler
-        self.ahead = StepAhead(runner, dflash, overlap_decode)  # a decode step queued before the last is committed
+        self.hooks = hooks or EngineHooks()  # phase boundaries, for benchmarks and tests (no-ops by default)
         self.output = OutputProcessor(tokenizer, eos_ids, context_len, stream_interval)
         self.inbox: queue.Queue = queue.Queue()
         self.wake = threading.Event()
@@ -150,141 +148,84 @@ class Engine:
                 self._complete(req)
 
     def _step(self) -> bool:
+        """One pass: False when there was nothing to run."""
         started = time.perf_counter()
-        queued = self.ahead.take()
-        if queued is None:
+        self.hooks.enter("plan")
+        pending = self.runner.ahead.take()
+        if pending is None:
             items, hopeless = self.scheduler.next_step()
             for req in hopeless:
                 self._complete(req)
-            if not items:
+        else:  # a request finished or aborted since that step was queued: its token there is dropped
+            items = [item for item in pending.items if item.req.finish is None]
+        self.hooks.leave("plan")
+        if not items:
+            if pending is None:
                 self.scheduler.memd.release_idle()
                 return False
-        else:  # a request finished or aborted since that step was queued: its token there is dropped
-            items = [item for item in queued.items if item.req.finish is None]
-            if not items:
-                queued.copy.wait()  # the device is done with it before memd frees what it wrote
-                return True
+            pending.copy.wait()  # the device is done with it before memd frees what it wrote
+            return True
+        self.hooks.enter("run")
         try:
-            committed = self._run(items) if queued is None else self._run_queued(queued, items)
+            if pending is None:
+                results = self.runner.run(items, lambda: self._follows(items))
+            else:
+                results = self.runner.finish_pending(pending, items, lambda: self._follows(items))
         except Exception as exc:  # a bug or a device error: fail the batch, keep serving
             log.exception("step failed")
-            self.ahead.drop()
+            self.runner.ahead.drop()
             for item in items:
                 item.req.finish = Finish("abort", error_code="INTERNAL", error=f"step failed: {exc}")
                 self._complete(item.req)
             return True
-        metrics.step_done(started, committed)
-        for item, tokens, per_step in committed:
+        finally:
+            self.hooks.leave("run")
+        self.hooks.enter("commit")
+        self._commit(results)
+        self.hooks.leave("commit")
+        metrics.step_done(started, results)
+        self.hooks.enter("emit")
+        self._emit(results)
+        self.hooks.leave("emit")
+        return True
+
+    def _follows(self, items: list[StepItem]) -> bool:
+        """Whether the next pass would plan these items one token further (so that step may be queued now): nothing
+        new arrived and the scheduler plans no change."""
+        return self.inbox.empty() and self.scheduler.continues(items)
+
+    def _commit(self, results: list[ItemResult]) -> None:
+        """Advances every request by what its item computed in each step of the replay: memd commits a verify's
+        accepted positions (it releases the rest of the block), caches a prompt once it is computed, and trims a
+        bounded draft pool's out-of-window slots."""
+        memd = self.scheduler.memd
+        for result in results:
+            item = result.item
+            req, before = item.req, item.req.computed
+            if item.verify:
+                req.computed += len(result.tokens)  # each block's first token and its accepted drafts
+                memd.commit(req, req.computed)
+            else:
+                req.computed += item.num_tokens * len(result.steps)
+                if before < len(req.prompt_ids) <= req.computed:
+                    memd.checkpoint(req)  # the prompt is computed: memd caches it now
+            if self.trim_draft:
+                memd.trim(req)
+
+    def _emit(self, results: list[ItemResult]) -> None:
+        """The committed tokens into each request's output (stop rules, streaming); finished requests end."""
+        for result in results:
+            item, tokens = result.item, result.tokens
             before = len(item.req.output_ids)
             finished = bool(tokens) and self.output.append(item.req, tokens)
             if tokens and item.req.stream:
                 self.delivered.append(item.req)
             if item.verify:
-                self._count_verifies(item.req, per_step, len(item.req.output_ids) - before)
+                self._count_verifies(item.req, [len(step) for step in result.steps], len(item.req.output_ids) - before)
             elif self.dflash is not None and before:  # a decode that verified nothing (the prompt's token is not one)
                 item.req.unverified_tokens += len(item.req.output_ids) - before
             if finished:
                 self._complete(item.req)
-        return True
-
-    def _queues_next(self, items: list[StepItem]) -> bool:
-        """Whether to queue the decode step after these items before committing them (modeld.runner.step_ahead)."""
-        return self.ahead.enabled and self.inbox.empty() and self.scheduler.continues(items)
-
-    def _run_queued(self, queued, items: list[StepItem]) -> list[tuple[StepItem, list[int], list[int]]]:
-        """The tokens of a decode step queued ahead (`items`: its requests still running), after queueing the step
-        after it when the batch goes on unchanged."""
-        if len(items) == len(queued.items) and self._queues_next(items):
-            self.ahead.queue_next(items, queued.inputs, queued.tokens)
-        host = queued.copy.values()
-        live = {id(item) for item in items}
-        return self._commit_tokens(items, [[[token]] for item, token in zip(queued.items, host) if id(item) in live])
-
-    def _run(self, items: list[StepItem]) -> list[tuple[StepItem, list[int], list[int]]]:
-        """Draft (DFLASH), one target forward, sampling, acceptance: the tokens each item commits. Everything
-        stays on the device until one copy of the step's sampled tokens (and accepted lengths) to the host. A batch
-        whose requests hold the slots may run several such steps before that copy (steps_ahead): greedy verify steps
-        and greedy decode steps in one graph replay, other decode steps as a chain of replays (decode_chain)."""
-        inputs = self.runner.prepare(items)
-        verify = inputs.verify
-        greedy = all(item.req.params.greedy for item in items)
-        k = self.runner.steps_ahead(items, inputs)
-        cycles = self.dflash.replay_greedy_cycles(inputs, k) if verify and greedy else None
-        if cycles is not None:  # whole verify steps in one graph: per step, its tokens, then its committed lengths
-            block, width = self.dflash.block, inputs.graph[0] * self.dflash.block
-            host = cycles.tolist()
-            return self._commit_tokens(
-                items, [[row[i * block : i * block + row[width + i]] for row in host] for i in range(len(items))]
-            )
-        if k > 1 and not verify:  # decode steps back to back: one graph of k greedy steps, else a chain of replays
-            if greedy and self.runner.has_decode_steps(inputs, k):
-                steps = self.runner.replay_decode_steps(inputs, k)
-            else:
-                steps = decode_chain(
-                    self.runner,
-                    self.dflash,
-                    inputs,
-                    [item.req.params for item in items],
-                    [item.req.generator for item in items],
-                    k,
-                )
-            host = steps.tolist()
-            return self._commit_tokens(items, [[[row[i]] for row in host] for i in range(len(items))])
-        drafts = self.dflash.propose_into(inputs, max(items[i].req.computed for i in verify)) if verify else None
-        out = self.runner.forward(inputs)
-        # Rows sampled per item: a verify block's every row; otherwise the last row, once the item's
-        # pending tokens are all computed (a prompt chunk short of the end samples nothing).
-        counts = [item.num_tokens if item.verify else int(item.num_tokens == item.req.pending) for item in items]
-        owners = [item for item, n in zip(items, counts) for _ in range(n)]
-        firsts = [0, *accumulate(counts)][:-1]  # each item's first sampled row
-        sampled = None
-        if owners:
-            rows = [off + item.num_tokens - n + j for item, off, n in zip(items, out.offsets, counts) for j in range(n)]
-            picked = row_index(rows, len(out.hidden), out.hidden.device)
-            if out.greedy is not None and greedy:  # the decode graph took the argmax of every row
-                sampled = out.greedy[picked]
-            else:
-                logits = self.runner.model.logits(out.hidden[picked])
-                sampled = sample(logits, [o.req.params for o in owners], [o.req.generator for o in owners])
-        lengths = None
-        if self.dflash is not None:
-            verify_rows = [firsts[i] + j for i in verify for j in range(counts[i])]
-            target = sampled[row_index(verify_rows, len(owners), sampled.device)] if verify else None
-            lengths = self.dflash.after_forward(inputs, out, drafts, target)
-        if lengths is None and owners and self._queues_next(items):  # the next step first, then this one's tokens
-            copied = HostCopy.of(sampled)
-            self.ahead.queue_next(items, inputs, sampled)
-            host = copied.values()
-        else:
-            host = (sampled if lengths is None else torch.cat([sampled, lengths])).tolist() if owners else []
-        committed_lens = iter(host[len(owners) :])
-        return self._commit_tokens(
-            items,
-            [
-                [host[first : first + n][: next(committed_lens) if item.verify else n]]
-                for item, n, first in zip(items, counts, firsts)
-            ],
-        )
-
-    def _commit_tokens(self, items, steps: list[list[list[int]]]) -> list[tuple[StepItem, list[int], list[int]]]:
-        """Advances every request by what its item computed in each step of the replay (steps[i]: item i's tokens per
-        step: a verify's committed tokens, a decode's token, a prompt chunk's sampled token or none). Returns, per
-        item, its tokens and how many it committed in each step."""
-        results, memd = [], self.scheduler.memd
-        for item, per_step in zip(items, steps):
-            req, before = item.req, item.req.computed
-            tokens = [t for step in per_step for t in step]
-            if item.verify:
-                req.computed += len(tokens)  # each block's first token and its accepted drafts
-                memd.commit(req, req.computed)
-            else:
-                req.computed += item.num_tokens * len(per_step)
-                if before < len(req.prompt_ids) <= req.computed:
-                    memd.checkpoint(req)  # the prompt is computed: memd caches it now
-            if self.trim_draft:
-                memd.trim(req)
-            results.append((item, tokens, [len(step) for step in per_step]))
-        return results
 
     def _count_verifies(self, req: Request, committed: list[int], output: int) -> None:
         """Counts the verified blocks whose tokens reached the output (`output` tokens did): a block a replay ran
@@ -310,7 +251,7 @@ class Engine:
         self.delivered.append(req)
 
     def _fail_all(self, code: str, message: str, memd_alive: bool) -> None:
-        self.ahead.drop()  # before any release reaches memd
+        self.runner.ahead.drop()  # before any release reaches memd
         for req in list(self.requests.values()):
             req.finish = Finish("abort", error_code=code, error=message)
             if not memd_alive:

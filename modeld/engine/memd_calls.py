@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import grpc
 
 from memd.attach import MemdSession
+from modeld.engine.hooks import EngineHooks
 from modeld.request import Request
 
 log = logging.getLogger("modeld")
@@ -29,8 +30,16 @@ class InFlight:
 class MemdCalls:
     """A scheduler's memd session and what goes over it (modeld.engine.scheduler holds one)."""
 
-    def __init__(self, session: MemdSession, running: list[Request], lookahead: int, async_top_ups: bool):
+    def __init__(
+        self,
+        session: MemdSession,
+        running: list[Request],
+        lookahead: int,
+        async_top_ups: bool,
+        hooks: EngineHooks | None = None,
+    ):
         self.session = session
+        self.hooks = hooks or EngineHooks()
         # The scheduler's running requests: its own list, changed in place and never rebound, so always current here.
         self.running = running
         self.set_lookahead(lookahead, async_top_ups)
@@ -53,7 +62,9 @@ class MemdCalls:
         """One Alloc of a step's positions, carrying the releases due. A refusal (grpc.RpcError) changed nothing in
         memd and leaves the releases pending."""
         commits = self.outgoing_commits(lean)
-        answer = self.session.alloc(extends=extends, grows=grows, **self._release_args(lean))
+        answer = self._waited(
+            "memd alloc", self.session.alloc, extends=extends, grows=grows, **self._release_args(lean)
+        )
         self._sent(commits)
         return answer
 
@@ -124,7 +135,7 @@ class MemdCalls:
         if self.releases or self.commits or self.trims:
             commits = self.outgoing_commits(lean=True)
             try:
-                self.session.free(**self._release_args(lean=True))
+                self._waited("memd free", self.session.free, **self._release_args(lean=True))
             except grpc.RpcError as exc:
                 if exc.code() in MEMD_GONE:
                     raise
@@ -157,7 +168,7 @@ class MemdCalls:
         ]
         for op in ops:
             try:
-                self.session.free(**op)
+                self._waited("memd free", self.session.free, **op)
             except grpc.RpcError as exc:
                 if exc.code() in MEMD_GONE:
                     raise
@@ -183,7 +194,15 @@ class MemdCalls:
 
     def _await_answer(self, future):
         """memd's answer to a call sent ahead (the engine waits here only when a step needs it)."""
-        return future.result()
+        return future.result() if future.done() else self._waited("memd answer", future.result)
+
+    def _waited(self, phase: str, call, *args, **kwargs):
+        """A call to memd the engine thread waits for, between the hooks' boundaries."""
+        self.hooks.enter(phase)
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self.hooks.leave(phase)
 
     def settle_in_flight(self, wait: bool) -> None:
         """Applies the call in flight once memd answered (waiting for it when `wait`). memd refused it: nothing
@@ -224,7 +243,7 @@ class MemdCalls:
         the same call when it has room (the request's first chunk: an admission in one round trip). False
         when memd has no request row free now."""
         try:
-            answer = self.session.match_prefix(r.rid, r.all_ids[:-1], extend_to=extend_to)
+            answer = self._waited("memd match", self.session.match_prefix, r.rid, r.all_ids[:-1], extend_to=extend_to)
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise
@@ -245,7 +264,9 @@ class MemdCalls:
     def match_batch(self, picks: list[tuple[Request, int]]) -> bool:
         """Registers waiting requests in memd in one MatchPrefixBatch, each (request, where the positions granted with
         its match end; 0: none). Those memd has no row for stay unmatched: True when there were such."""
-        answers = self.session.match_prefix_batch([(r.rid, r.all_ids[:-1], end) for r, end in picks])
+        answers = self._waited(
+            "memd match", self.session.match_prefix_batch, [(r.rid, r.all_ids[:-1], end) for r, end in picks]
+        )
         for (r, _), answer in zip(picks, answers):
             self._matched(r, answer)
         return len(answers) < len(picks)

@@ -76,15 +76,16 @@ ACCEPT_LENGTH = Histogram(
 )
 
 
-def step_done(started: float, committed) -> None:
-    """Once per step, before its tokens are output: its duration, the steps it ran in one replay; the first-token
-    time of the requests that commit their first tokens."""
+def step_done(started: float, results) -> None:
+    """Once per step, before its tokens are output (results: modeld.runner.model_runner.ItemResult per item): its
+    duration, the steps it ran in one replay; the first-token time of the requests that commit their first
+    tokens."""
     now = time.perf_counter()
     STEP.observe(now - started)
-    STEPS_PER_REPLAY.observe(max(len(per_step) for _, _, per_step in committed))
-    for item, tokens, _ in committed:
-        if tokens and not item.req.first_token_at:
-            item.req.first_token_at = now
+    STEPS_PER_REPLAY.observe(max(len(result.steps) for result in results))
+    for result in results:
+        if result.steps[0] and not result.item.req.first_token_at:
+            result.item.req.first_token_at = now
 
 
 def request_done(req: Request) -> None:

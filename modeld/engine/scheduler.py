@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import grpc
 
 from memd.attach import MemdSession
+from modeld.engine.hooks import EngineHooks
 from modeld.engine.memd_calls import MEMD_GONE, MemdCalls
 from modeld.request import Finish, Request
 
@@ -66,6 +67,7 @@ class Scheduler:
         speculate_below: int = 0,
         speculate_below_sampled: int = 0,
         alone_prompt_tokens: int = 0,
+        hooks: EngineHooks | None = None,
     ):
         self.max_running = max_running
         self.chunk_tokens = chunk_tokens
@@ -78,7 +80,7 @@ class Scheduler:
         self.alone_last = False  # the last step ran a prompt chunk alone while requests decoded
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # shared with self.memd: changed in place only
-        self.memd = MemdCalls(session, self.running, lookahead, async_top_ups)
+        self.memd = MemdCalls(session, self.running, lookahead, async_top_ups, hooks)
         self.left_out: dict[str, grpc.RpcError | None] = {}  # requests memd refused alone this step (None: no room)
         self.preemptions = 0
 

@@ -25,7 +25,7 @@ class Tuning:
     # host: one graph replay for greedy batches, a chain of one-step replays otherwise
     steps_per_replay: int = 4
     # a plain decode step of an unchanged batch queued on the device before the last one is committed
-    # (modeld.runner.step_ahead); None: on CUDA only (on the CPU the queued step would run before the last streams)
+    # (modeld.runner.steps_ahead); None: on CUDA only (on the CPU the queued step would run before the last streams)
     overlap_decode: bool | None = None
     # with CUDA graphs, a lone prompt chunk of at most this many tokens runs in a step of its own while requests
     # decode (a graph of one request instead of an eager step of the batch); 0: off; None: max(PROMPT_TOKENS) with

@@ -13,16 +13,17 @@ so they are captured again whenever modeld maps new pools (a re-attach). Triton 
 each shape before its capture.
 
 Greedy steps need no logits on the host side: a decode graph also takes the argmax of every row (the LM head's bf16
-logits: their argmax is that of their exact fp32 values), and with DFLASH a "greedy cycle" graph per bucket runs a
-whole verify step (draft, target, argmax, acceptance, draft K/V of the committed prefixes), so such a step is one
-replay and one copy of its tokens to the host. Greedy batches also have graphs of k such steps back to back (k in
-`repeats`: powers of two up to --steps-per-replay), each step's inputs made on the device from the one before
-(modeld.runner.step_advance): the host's work and the replay's launch are paid once per k steps (decode steps from 16
-running, verify steps at every batch size). With DFLASH, the k decode steps of a batch too large to speculate
-also write the draft's context K/V of each step's tokens inside the graph (captured with the draft's graphs), on a
-second stream beside the next step's forward, joined before the graph ends.
+logits: their argmax is that of their exact fp32 values). Greedy batches also have graphs of k decode steps back to
+back (k in `repeats`: powers of two up to Tuning.steps_per_replay), each step's inputs made on the device from the
+one before (modeld.runner.inputs.advance_inputs): the host's work and the replay's launch are paid once per k steps.
+Such a graph may run side work after each step on a stream of its own, beside the next step's forward (with DFLASH:
+the draft's context K/V of the step's tokens).
+
+The runner knows the target alone. Other graphs over the same static inputs and memory pool (the DFLASH worker's
+draft, commit and cycle graphs: modeld.spec.graphs) are captured through `capture_steps` inside `capturing()`.
 """
 
+import contextlib
 import logging
 import time
 
@@ -32,8 +33,7 @@ import torch
 from modeld.engine.tuning import PROMPT_TOKENS, Tuning
 from modeld.kernels.argmax import argmax_rows
 from modeld.model.causal_lm import CausalLM, ForwardBatch
-from modeld.runner.packed_inputs import IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
-from modeld.runner.step_advance import advance_inputs
+from modeld.runner.inputs import IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS, advance_inputs
 
 log = logging.getLogger("modeld")
 
@@ -98,35 +98,27 @@ class GraphRunner:
         self.graphs: dict[
             tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, list[torch.Tensor], torch.Tensor | None]
         ] = {}
-        self.draft_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.context_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # bucket -> the draft context of a decode replay
-        # (bucket, k) -> (graph, [k, tokens of every block row (bucket * block) | committed lengths (bucket)])
-        self.cycle_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.decode_steps: dict[
-            tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]
-        ] = {}  # k > 1: [k, bucket] argmax
-        self.pools = None  # (kv_pool, req_to_token) of the last capture: the greedy cycles' target pools
-        # the draft context writes of k decode steps in one graph, beside the next step's forward (_decode_steps)
-        self.context_stream = torch.cuda.Stream(device=device)
-        self.commit_lengths = torch.zeros(max_requests, dtype=torch.int64, device=device)
+        # (bucket, k > 1) -> (graph, [k, bucket] argmax) of k greedy decode steps
+        self.decode_steps: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pools = None  # (model, kv_pool, req_to_token) of the last capture
+        self.side_stream = torch.cuda.Stream(device=device)  # side work of k decode steps in one graph
         self.pool = None
+        self.stream = None  # the capture stream, inside capturing()
 
     def shape_for(self, q_lens: list[int]) -> tuple[int, int] | None:
         """(bucket, q) of the graph that runs requests of these token counts, or None (eager)."""
         return graph_shape(q_lens, self.buckets, self.tokens_per_request, self.lone_tokens)
 
-    def steps_for(self, shape: tuple[int, int], requests: int, spare: int) -> int:
+    def steps_for(self, shape: tuple[int, int], requests: int, spare: int, fused: set[int] | None = None) -> int:
         """Steps one engine step runs for a batch of `requests` in this (bucket, q) whose every request holds at
         least `spare` positions beyond what it computed: the most whose k steps reach no further (k * q <= spare),
-        for verify steps only with a graph of k greedy cycles (decode steps without a fused graph of k run as a
-        chain of one-step replays: modeld.runner.decode_chain); 1 for a batch smaller than `several_from` (decode steps) or
-        `cycles_from` (verify steps)."""
-        bucket, q = shape
+        and for steps of several tokens (verify blocks) only a k in `fused`, the step counts with a graph of their
+        own (decode steps without a fused graph of k run as a chain of one-step replays: modeld.runner.steps_ahead);
+        1 for a batch smaller than `several_from` (decode steps) or `cycles_from` (verify steps)."""
+        q = shape[1]
         if requests < (self.several_from if q == 1 else self.cycles_from):
             return 1
-        fused = (lambda k: True) if q == 1 else (lambda k: (bucket, k) in self.cycle_graphs)
-        return max([k for k in self.repeats if k * q <= spare and fused(k)], default=1)
+        return max([k for k in self.repeats if k * q <= spare and (q == 1 or k in (fused or ()))], default=1)
 
     def has_decode_steps(self, bucket: int, k: int) -> bool:
         """Whether one graph runs k greedy decode steps of this bucket (with DFLASH, writing the draft's context)."""
@@ -140,29 +132,6 @@ class GraphRunner:
         self.static[:, :width].copy_(self.staging[:, :width], non_blocking=True)
         return self.static
 
-    def replay_draft(self, bucket: int) -> torch.Tensor:
-        """The DFLASH drafts [bucket, block - 1] of a verify step whose inputs are in the static array."""
-        graph, drafts = self.draft_graphs[bucket]
-        graph.replay()
-        return drafts
-
-    def replay_commit(self, bucket: int, lengths: torch.Tensor) -> None:
-        """Draft K/V of the committed prefix of each verified block of the last verify replay (padding commits 0)."""
-        self.commit_lengths.zero_()
-        self.commit_lengths[: len(lengths)] = lengths
-        self.commit_graphs[bucket].replay()
-
-    def replay_context(self, bucket: int) -> None:
-        """Draft K/V of every row of the last replay of the (bucket, 1) decode graph (padding rows write none)."""
-        self.context_graphs[bucket].replay()
-
-    def replay_cycles(self, bucket: int, k: int) -> torch.Tensor:
-        """k whole greedy verify steps whose first inputs are in the static array: [k, target tokens of every block
-        row (bucket * block) | committed lengths (bucket; 0 for padding)]."""
-        graph, out = self.cycle_graphs[(bucket, k)]
-        graph.replay()
-        return out
-
     def replay_decode_steps(self, bucket: int, k: int) -> torch.Tensor:
         """k greedy decode steps whose first inputs are in the static array: the argmax of every row [k, bucket]."""
         graph, out = self.decode_steps[(bucket, k)]
@@ -174,7 +143,8 @@ class GraphRunner:
         graph.replay()
         return hidden, captured, greedy
 
-    def _batch(self, bucket: int, q: int, req_to_token: torch.Tensor) -> ForwardBatch:
+    def batch(self, bucket: int, q: int) -> ForwardBatch:
+        """The forward batch of `bucket` requests of q tokens each whose inputs are the static array's rows."""
         s, n = self.static, bucket * q
         return ForwardBatch(
             input_ids=s[IDS, :n],
@@ -184,11 +154,11 @@ class GraphRunner:
             q_starts=s[STARTS, :bucket],
             q_lens=s[LENS, :bucket],
             kv_lens=s[KV_LENS, :bucket],
-            req_to_token=req_to_token,
+            req_to_token=self.pools[2],
             qo_indptr=s[INDPTR, :bucket],
         )
 
-    def _pad_inputs(self, bucket: int, q: int) -> None:
+    def pad_inputs(self, bucket: int, q: int) -> None:
         """Every request a padding request: a warm-up or capture run writes no K/V."""
         self.static.zero_()
         self.static[SLOTS].fill_(-1)
@@ -196,31 +166,57 @@ class GraphRunner:
         self.static[KV_LENS, :bucket] = q
         self.static[INDPTR, :bucket] = torch.arange(bucket, device=self.static.device) * q
 
+    def forward_outputs(self, bucket: int, q: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The hidden states and taps' outputs the (bucket, q) forward graph writes: later graphs may read them."""
+        _, hidden, captured, _ = self.graphs[(bucket, q)]
+        return hidden, captured
+
+    @contextlib.contextmanager
+    def capturing(self):
+        """The stream capture_steps captures on, joined with the current stream (and synchronised) afterwards."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        self.stream = stream
+        try:
+            with torch.cuda.stream(stream):
+                yield
+        finally:
+            self.stream = None
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+
+    def capture_steps(self, bucket: int, q: int, steps) -> tuple[torch.cuda.CUDAGraph, object]:
+        """A graph of `steps()` over `bucket` padding requests of q tokens (they write no K/V and commit nothing), in
+        the shared memory pool, after one eager run (kernels chosen and loaded); the inputs are padding again at
+        capture (the eager run may have advanced them). Inside capturing(). Returns the graph and what steps()
+        returned at capture (tensors the replays write)."""
+        self.pad_inputs(bucket, q)
+        steps()
+        self.pad_inputs(bucket, q)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+            out = steps()
+        return graph, out
+
     @torch.inference_mode()
     def capture(self, model: CausalLM, kv_pool: torch.Tensor, req_to_token: torch.Tensor, taps=()) -> None:
-        """(Re)captures every (bucket, q) graph over these pools, largest first, in one shared memory pool."""
+        """(Re)captures every (bucket, q) forward graph over these pools, largest first, in one shared memory pool;
+        and, for a target without taps, its graphs of k greedy decode steps (a target with taps has them captured
+        with the side work its taps feed: capture_decode_steps)."""
         began = time.monotonic()
         self.graphs.clear()
         self.decode_steps.clear()
-        self.pools = (kv_pool, req_to_token)
+        self.pools = (model, kv_pool, req_to_token)
         self.pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            forward = (stream, model, kv_pool, req_to_token, taps)
+        with self.capturing():
             for q in self.tokens_per_request:
                 for bucket in reversed(self.buckets):
-                    self.graphs[(bucket, q)] = self._capture_forward(*forward, bucket, q)
+                    self.graphs[(bucket, q)] = self._capture_forward(taps, bucket, q)
             for q in (q for q in self.lone_tokens if q not in self.tokens_per_request):  # one request's prompt chunk
-                self.graphs[(1, q)] = self._capture_forward(*forward, 1, q)
-            for k in self.repeats if 1 in self.tokens_per_request and not taps else ():
+                self.graphs[(1, q)] = self._capture_forward(taps, 1, q)
+            if 1 in self.tokens_per_request and not taps:
                 for bucket in reversed(self.buckets):
-                    batch = self._batch(bucket, 1, req_to_token)
-                    self.decode_steps[(bucket, k)] = self._capture(
-                        stream, bucket, 1, lambda: self._decode_steps(model, batch, kv_pool, req_to_token, k)
-                    )
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
+                    self.capture_decode_steps(bucket)
         log.info(
             "captured %d CUDA graphs (batch buckets %s, tokens per request %s, steps per replay %s) in %.1f s",
             len(self.graphs) + len(self.decode_steps),
@@ -230,130 +226,52 @@ class GraphRunner:
             time.monotonic() - began,
         )
 
-    def _capture_forward(self, stream, model: CausalLM, kv_pool, req_to_token, taps, bucket: int, q: int):
+    def capture_decode_steps(self, bucket: int, taps=(), side=None) -> None:
+        """(Re)captures this bucket's graphs of k greedy decode steps (k in `repeats`). With side(taps' outputs,
+        positions, slots), each step also runs it on the side stream beside the next step's forward (nothing in a
+        decode step may read what it writes). Inside capturing()."""
+        model, kv_pool, _ = self.pools
+        batch = self.batch(bucket, 1)
+        for k in self.repeats:
+            self.decode_steps[(bucket, k)] = self.capture_steps(
+                bucket, 1, lambda k=k: self._decode_steps(model, batch, kv_pool, k, taps, side)
+            )
+
+    def _capture_forward(self, taps, bucket: int, q: int):
         """(graph, hidden, taps' outputs, argmax of every row (q = 1; else None)) of one forward of `bucket` padding
         requests of q tokens, after one eager run that compiles the Triton kernels of this shape."""
-        self._pad_inputs(bucket, q)
-        batch = self._batch(bucket, q, req_to_token)
+        model, kv_pool, _ = self.pools
+        self.pad_inputs(bucket, q)
+        batch = self.batch(bucket, q)
         model(batch, kv_pool, capture_layers=taps)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
             hidden, captured = model(batch, kv_pool, capture_layers=taps)
             greedy = argmax_rows(model.lm_head(hidden)) if q == 1 else None
         return graph, hidden, captured, greedy
 
-    def _capture(self, stream, bucket: int, q: int, steps) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """A graph of `steps()` over padding requests (they write no K/V and commit nothing), after one eager run
-        (kernels chosen and loaded); the inputs are padding again at capture (the eager run advanced them)."""
-        self._pad_inputs(bucket, q)
-        steps()
-        self._pad_inputs(bucket, q)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-            out = steps()
-        return graph, out
-
-    def _decode_steps(
-        self, model: CausalLM, batch: ForwardBatch, kv_pool, req_to_token, k: int, worker=None
-    ) -> torch.Tensor:
+    def _decode_steps(self, model: CausalLM, batch: ForwardBatch, kv_pool, k: int, taps, side) -> torch.Tensor:
         """k greedy decode steps of the batch in the static array, each fed the argmax of the one before: [k, bucket].
-        With a DFLASH worker, each step also writes the draft's context K/V of its tokens (padding: slot -1, none),
-        on a stream of its own beside the next step's forward (nothing in a decode step reads the draft pool): the
-        write waits for its step's taps, and the steps' end waits for every write."""
+        With `side`, each step also runs side(its taps' outputs, positions, slots) (padding: slot -1) on the side
+        stream: it waits for its step's forward, and the steps' end waits for every side run."""
         bucket = len(batch.rows)
         ones = torch.ones(bucket, dtype=torch.int64, device=self.static.device)
         out = torch.empty((k, bucket), dtype=torch.int64, device=self.static.device)
         main = torch.cuda.current_stream()
-        # What the side stream's writes read, alive until the join: no later step's allocation reuses it meanwhile.
+        # What the side stream's work reads, alive until the join: no later step's allocation reuses it meanwhile.
         held = []
         for step in range(k):
             if step:
-                advance_inputs(self.static, bucket, 1, ones, out[step - 1], req_to_token)
-            hidden, captured = model(batch, kv_pool, capture_layers=() if worker is None else worker.taps)
-            if worker is not None:
+                advance_inputs(self.static, bucket, 1, ones, out[step - 1], batch.req_to_token)
+            hidden, captured = model(batch, kv_pool, capture_layers=taps)
+            if side is not None:
                 # this step's positions and slots (rows POSITIONS, SLOTS): the next step's advance rewrites them
                 where = self.static[POSITIONS : SLOTS + 1, :bucket].clone()
-                self.context_stream.wait_stream(main)
-                with torch.cuda.stream(self.context_stream):
-                    worker.write_context(captured, where[0], where[1])
+                self.side_stream.wait_stream(main)
+                with torch.cuda.stream(self.side_stream):
+                    side(captured, where[0], where[1])
                 held.append((captured, where))
             out[step] = argmax_rows(model.lm_head(hidden))
         if held:
-            main.wait_stream(self.context_stream)
+            main.wait_stream(self.side_stream)
         return out
-
-    def _cycles(self, worker, batch: ForwardBatch, kv_pool, req_to_token, k: int) -> torch.Tensor:
-        """k greedy verify steps (DflashWorker.greedy_cycle) of the batch in the static array, each starting where
-        the one before committed: [k, tokens | lengths] as replay_cycles returns them."""
-        bucket, block = len(batch.rows), worker.block
-        out = torch.empty((k, bucket * block + bucket), dtype=torch.int64, device=self.static.device)
-        for step in range(k):
-            if step:
-                lengths = out[step - 1, bucket * block :]
-                last = (
-                    out[step - 1, : bucket * block].view(bucket, block).gather(1, (lengths - 1).clamp(min=0)[:, None])
-                )
-                advance_inputs(self.static, bucket, block, lengths, last[:, 0], req_to_token)
-            out[step] = worker.greedy_cycle(batch, kv_pool)
-        return out
-
-    @torch.inference_mode()
-    def capture_draft(self, worker) -> None:
-        """(Re)captures the DFLASH draft's propose() per batch bucket of verify steps (q = the block), reading the
-        verify items' rows, first positions and last tokens from the static array as the target's graph does; and
-        the draft K/V write of the committed prefixes, reading the verify graph's taps and `commit_lengths`; and the
-        greedy cycle (worker.greedy_cycle) over the target of the last capture; and, for decode steps (a batch too
-        large to speculate), the draft context K/V write of a one-step replay, reading its taps, and k greedy decode
-        steps that write it."""
-        block = worker.block
-        if block not in self.tokens_per_request:
-            return
-        self.draft_graphs.clear()
-        self.commit_graphs.clear()
-        self.cycle_graphs.clear()
-        self.context_graphs.clear()
-        kv_pool, req_to_token = self.pools
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for bucket in reversed(self.buckets):
-                self._pad_inputs(bucket, block)
-                s = self.static
-                args = (s[ROWS, :bucket], s[STARTS, :bucket], s[IDS, : bucket * block].view(bucket, block)[:, 0])
-                worker.propose(*args, max_start=worker.graph_width)  # warm-up: kernels chosen and loaded
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    drafts = worker.propose(*args, max_start=worker.graph_width)
-                self.draft_graphs[bucket] = (graph, drafts)
-                _, _, captured, _ = self.graphs[(bucket, block)]
-                commit = (
-                    captured,
-                    s[POSITIONS, : bucket * block],
-                    s[SLOTS, : bucket * block].view(bucket, block),
-                    self.commit_lengths[:bucket],
-                )
-                worker.write_committed(*commit)  # padding: every length 0, nothing is written
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    worker.write_committed(*commit)
-                self.commit_graphs[bucket] = graph
-                batch = self._batch(bucket, block, req_to_token)
-                for k in [1, *self.repeats]:
-                    self.cycle_graphs[(bucket, k)] = self._capture(
-                        stream, bucket, block, lambda: self._cycles(worker, batch, kv_pool, req_to_token, k)
-                    )
-                if 1 in self.tokens_per_request:
-                    _, _, captured, _ = self.graphs[(bucket, 1)]
-                    batch = self._batch(bucket, 1, req_to_token)
-                    self.context_graphs[bucket] = self._capture(
-                        stream, bucket, 1, lambda: worker.write_context(captured, batch.positions, batch.out_slots)
-                    )[0]
-                    for k in self.repeats:
-                        self.decode_steps[(bucket, k)] = self._capture(
-                            stream,
-                            bucket,
-                            1,
-                            lambda: self._decode_steps(worker.target, batch, kv_pool, req_to_token, k, worker),
-                        )
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()

@@ -1,8 +1,17 @@
-"""Turns a scheduled step into one forward over memd's pools: the step's inputs are packed on the host and
-copied to the device in one transfer, and the forward replays a CUDA graph when the step has a captured shape
-(every request decoding one token, or every request verifying one DFLASH block), else runs eagerly."""
+"""Runs a scheduled step on the device and returns what each item commits. `run` packs the step's inputs on the
+host (one copy to the device), then dispatches by the step's kind:
 
+- greedy verify steps whose shape has graphs: whole DFLASH cycles, k of them in one replay (the spec worker's);
+- decode steps the batch may run several of without the host: k greedy steps in one replay, else a decode chain;
+- otherwise one step: the draft (DFLASH verify items), one target forward (a graph replay when the step has a
+  captured shape, else eager), sampling, and acceptance; a plain decode step may queue the next one before its
+  tokens are read (modeld.runner.steps_ahead).
+
+Everything stays on the device until one copy of the step's tokens (and accepted lengths) to the host."""
+
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 import torch
@@ -10,46 +19,23 @@ import torch
 from modeld.engine.scheduler import StepItem
 from modeld.model.causal_lm import CausalLM, ForwardBatch
 from modeld.runner.graphs import GraphRunner
-from modeld.runner.packed_inputs import DRAFT_AT, FIELDS, IDS, INDPTR, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
-
-
-@dataclass
-class StepInputs:
-    batch: ForwardBatch
-    offsets: list[int]  # first token of each item
-    num_tokens: int  # real tokens (the batch may be padded to a graph's shape)
-    draft_at: torch.Tensor  # [V * (block - 1)]: where the verify items' drafts go in input_ids
-    verify: list[int]  # indexes of the verify items
-    graph: tuple[int, int] | None  # (bucket, tokens per request) when a captured graph runs the step
-    packed: torch.Tensor  # [fields, width] on the device: the batch's tensors are views of its rows
-
-    def verify_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The verify items' req_to_token rows, first new positions and last committed tokens, on the device."""
-        b, n = self.batch, len(self.verify)
-        if n == len(self.offsets):  # every item verifies a block: the common step, read in place
-            block = self.num_tokens // n
-            return b.rows[:n], b.q_starts[:n], b.input_ids[: n * block].view(n, block)[:, 0]
-        idx = torch.tensor(self.verify, dtype=torch.int64, device=b.rows.device)
-        firsts = torch.tensor([self.offsets[i] for i in self.verify], dtype=torch.int64, device=b.rows.device)
-        return b.rows[idx], b.q_starts[idx], b.input_ids[firsts]
-
-    def put_drafts(self, drafts: torch.Tensor) -> None:
-        """The proposed drafts [V, block - 1] (on the device) into the verify items' input ids."""
-        self.batch.input_ids.index_copy_(0, self.draft_at, drafts.reshape(-1))
-
-
-def advances_on_device(items: list[StepItem]) -> bool:
-    """Whether the step after this one is each item's own output fed back, as modeld.runner.step_advance makes it on the
-    device: every item a verify block, or one token that samples (a decode, or a prompt's last token). A prompt
-    chunk of several tokens is neither, even one as long as a DFLASH block (whose verify graph it replays)."""
-    return all(item.verify or item.num_tokens == 1 == item.req.pending for item in items)
-
-
-def row_index(rows: list[int], total: int, device) -> slice | torch.Tensor:
-    """An index of `rows` out of `total`: a slice when it is all of them in order (no copy to the device)."""
-    if len(rows) == total and rows == list(range(total)):
-        return slice(None)
-    return torch.tensor(rows, dtype=torch.int64, device=device)
+from modeld.runner.inputs import (
+    DRAFT_AT,
+    FIELDS,
+    IDS,
+    INDPTR,
+    KV_LENS,
+    LENS,
+    POSITIONS,
+    ROWS,
+    SLOTS,
+    STARTS,
+    StepInputs,
+    advances_on_device,
+    row_index,
+)
+from modeld.runner.sampling import sample
+from modeld.runner.steps_ahead import HostCopy, PendingStep, StepAhead, decode_chain
 
 
 @dataclass
@@ -68,14 +54,40 @@ class StepOutput:
         return row_index(rows, len(self.hidden), self.hidden.device)
 
 
+@dataclass(slots=True)
+class ItemResult:
+    """What one item of a step committed: its tokens in each device step the engine step ran, in order (a verify
+    block's first token and accepted drafts; a decode's one token; a prompt chunk's sampled token, or none)."""
+
+    item: StepItem
+    steps: list[list[int]]
+
+    @property
+    def tokens(self) -> list[int]:
+        return [token for step in self.steps for token in step]
+
+
+def results(items: list[StepItem], per_item: list[list[list[int]]]) -> list[ItemResult]:
+    return [ItemResult(item, steps) for item, steps in zip(items, per_item)]
+
+
 class ModelRunner:
     def __init__(
-        self, model: CausalLM, pools: dict[str, torch.Tensor], device: str, taps=(), graphs: GraphRunner | None = None
+        self,
+        model: CausalLM,
+        pools: dict[str, torch.Tensor],
+        device: str,
+        taps=(),
+        graphs: GraphRunner | None = None,
+        spec=None,
+        overlap_decode: bool = False,
     ):
         self.model = model
         self.device = device
         self.taps = tuple(taps)
         self.graphs = graphs
+        self.spec = spec  # the DFLASH worker (modeld.spec.worker), or None
+        self.ahead = StepAhead(self, spec, overlap_decode)  # a decode step queued before the last is committed
         self.bind(pools)
 
     def bind(self, pools: dict[str, torch.Tensor]) -> None:
@@ -147,20 +159,97 @@ class ModelRunner:
     def steps_ahead(self, items: list[StepItem], inputs: StepInputs) -> int:
         """Steps one engine step may run for this batch: 1, or more when the step replays a graph, every item steps
         on by its own output (advances_on_device) and every request holds the positions the steps can reach
-        (modeld.runner.step_advance's invariant). Verify steps run several only as greedy cycles."""
+        (modeld.runner.inputs' invariant). Verify steps run several only as greedy cycles."""
         if inputs.graph is None or not advances_on_device(items):
             return 1
         if inputs.verify and not all(item.req.params.greedy for item in items):
             return 1
-        return self.graphs.steps_for(inputs.graph, len(items), min(item.req.held - item.req.computed for item in items))
+        spare = min(item.req.held - item.req.computed for item in items)
+        fused = self.spec.cycle_steps(inputs.graph[0]) if inputs.verify else None
+        return self.graphs.steps_for(inputs.graph, len(items), spare, fused)
 
-    def has_decode_steps(self, inputs: StepInputs, k: int) -> bool:
-        """Whether one graph runs k greedy decode steps of the prepared batch."""
-        return inputs.graph is not None and self.graphs.has_decode_steps(inputs.graph[0], k)
+    # ---- one engine step ---------------------------------------------------------------------------------------
+    def run(self, items: list[StepItem], may_queue_next: Callable[[], bool]) -> list[ItemResult]:
+        """The step's tokens per item. `may_queue_next()`: whether the engine would plan the same batch one token
+        further next (asked only of a plain decode step that could queue it)."""
+        inputs = self.prepare(items)
+        greedy = all(item.req.params.greedy for item in items)
+        k = self.steps_ahead(items, inputs)
+        if inputs.verify and greedy and self.spec.verify_graphed(inputs):
+            return self._greedy_cycles(items, inputs, k)
+        if k > 1 and not inputs.verify:
+            return self._decode_steps(items, inputs, k, greedy)
+        return self._one_step(items, inputs, greedy, may_queue_next)
 
-    def replay_decode_steps(self, inputs: StepInputs, k: int) -> torch.Tensor:
-        """k greedy decode steps of the prepared batch in one replay: the argmax of each [k, bucket]."""
-        return self.graphs.replay_decode_steps(inputs.graph[0], k)
+    def finish_pending(
+        self, pending: PendingStep, items: list[StepItem], may_queue_next: Callable[[], bool]
+    ) -> list[ItemResult]:
+        """The tokens of the decode step queued ahead (`items`: its requests still running), after queueing the
+        step after it when the batch goes on unchanged."""
+        if len(items) == len(pending.items) and self.ahead.enabled and may_queue_next():
+            self.ahead.queue_next(items, pending.inputs, pending.tokens)
+        host = pending.copy.values()
+        live = {id(item) for item in items}
+        return results(items, [[[token]] for item, token in zip(pending.items, host) if id(item) in live])
+
+    def _greedy_cycles(self, items: list[StepItem], inputs: StepInputs, k: int) -> list[ItemResult]:
+        """k whole greedy verify steps in one graph: per step, its tokens, then its committed lengths."""
+        block, width = self.spec.block, inputs.graph[0] * self.spec.block
+        host = self.spec.replay_greedy_cycles(inputs, k).tolist()
+        return results(
+            items, [[row[i * block : i * block + row[width + i]] for row in host] for i in range(len(items))]
+        )
+
+    def _decode_steps(self, items: list[StepItem], inputs: StepInputs, k: int, greedy: bool) -> list[ItemResult]:
+        """k decode steps back to back: one graph of k greedy steps, else a chain of one-step replays."""
+        if greedy and self.graphs.has_decode_steps(inputs.graph[0], k):
+            steps = self.graphs.replay_decode_steps(inputs.graph[0], k)
+        else:
+            params = [item.req.params for item in items]
+            steps = decode_chain(self, self.spec, inputs, params, [item.req.generator for item in items], k)
+        host = steps.tolist()
+        return results(items, [[[row[i]] for row in host] for i in range(len(items))])
+
+    def _one_step(
+        self, items: list[StepItem], inputs: StepInputs, greedy: bool, may_queue_next: Callable[[], bool]
+    ) -> list[ItemResult]:
+        """The draft (verify items), one target forward, sampling, acceptance."""
+        verify = inputs.verify
+        drafts = self.spec.propose_into(inputs, max(items[i].req.computed for i in verify)) if verify else None
+        out = self.forward(inputs)
+        # Rows sampled per item: a verify block's every row; otherwise the last row, once the item's pending tokens
+        # are all computed (a prompt chunk short of the end samples nothing).
+        counts = [item.num_tokens if item.verify else int(item.num_tokens == item.req.pending) for item in items]
+        owners = [item for item, n in zip(items, counts) for _ in range(n)]
+        firsts = [0, *accumulate(counts)][:-1]  # each item's first sampled row
+        sampled = None
+        if owners:
+            rows = [off + item.num_tokens - n + j for item, off, n in zip(items, out.offsets, counts) for j in range(n)]
+            picked = row_index(rows, len(out.hidden), out.hidden.device)
+            if out.greedy is not None and greedy:  # the decode graph took the argmax of every row
+                sampled = out.greedy[picked]
+            else:
+                logits = self.model.logits(out.hidden[picked])
+                sampled = sample(logits, [o.req.params for o in owners], [o.req.generator for o in owners])
+        lengths = None
+        if self.spec is not None:
+            verify_rows = [firsts[i] + j for i in verify for j in range(counts[i])]
+            target = sampled[row_index(verify_rows, len(owners), sampled.device)] if verify else None
+            lengths = self.spec.after_forward(inputs, out, drafts, target)
+        if lengths is None and owners and self.ahead.enabled and may_queue_next():  # the next step, then these tokens
+            copied = HostCopy.of(sampled)
+            self.ahead.queue_next(items, inputs, sampled)
+            host = copied.values()
+        else:
+            host = (sampled if lengths is None else torch.cat([sampled, lengths])).tolist() if owners else []
+        committed_lens = iter(host[len(owners) :])
+        return results(
+            items,
+            [
+                [host[first : first + n][: next(committed_lens) if item.verify else n]]
+                for item, n, first in zip(items, counts, firsts)
+            ],
+        )
 
     def forward(self, inputs: StepInputs) -> StepOutput:
         """Computes (and stores) the K/V of every item's new tokens; returns the taps' outputs too."""

@@ -24,8 +24,10 @@ from modeld.kernels.argmax import argmax_rows
 from modeld.kernels.draft_attention import PagedContext
 from modeld.kernels.kv_write import store_kv_prefix_valid, store_kv_translated
 from modeld.model.causal_lm import CausalLM, ForwardBatch
-from modeld.runner.model_runner import StepInputs, StepOutput
+from modeld.runner.inputs import StepInputs
+from modeld.runner.model_runner import StepOutput
 from modeld.spec.draft import DFlashDraft
+from modeld.spec.graphs import SpecGraphs
 from modeld.spec.serving_draft import ServingDraft
 
 
@@ -44,14 +46,14 @@ class DflashWorker:
         self.mapping = pools["target_to_draft"]
         self.req_to_token = pools["req_to_token"]
         if self.graphs is not None:
-            self.graphs.capture_draft(self)
+            self.graphs.capture(self)
 
-    def use_graphs(self, graphs) -> None:
-        """Propose through CUDA graphs on verify steps that replay a target graph (a draft whose every layer slides,
-        the kind memd's bounded draft pool serves)."""
+    def use_graphs(self, target_graphs) -> None:
+        """Propose through CUDA graphs of its own (modeld.spec.graphs) on verify steps that replay a target graph
+        (a draft whose every layer slides, the kind memd's bounded draft pool serves)."""
         if None not in self.draft.spec.windows:
-            self.graphs = graphs
-            graphs.capture_draft(self)
+            self.graphs = SpecGraphs(target_graphs)
+            self.graphs.capture(self)
 
     @property
     def graph_width(self) -> int:
@@ -60,9 +62,13 @@ class DflashWorker:
         return max(self.draft.spec.windows) - 1
 
     # ---- the speculative parts of one engine step --------------------------------------------------------------
-    def _graphed(self, inputs: StepInputs) -> bool:
-        """The step replays the target's verify graph with every item verifying: the draft's graphs serve it."""
+    def verify_graphed(self, inputs: StepInputs) -> bool:
+        """The step replays the target's verify graph with every item verifying: the worker's graphs serve it."""
         return self.graphs is not None and inputs.graph is not None and len(inputs.verify) == len(inputs.offsets)
+
+    def cycle_steps(self, bucket: int) -> set[int]:
+        """The counts of greedy verify steps one replay may run for this bucket."""
+        return self.graphs.cycle_counts.get(bucket, set()) if self.graphs is not None else set()
 
     def _graphed_decode(self, inputs: StepInputs) -> bool:
         """The step replayed a one-token graph (every item decodes or is a one-token chunk): its context graph
@@ -71,17 +77,17 @@ class DflashWorker:
             self.graphs is not None
             and inputs.graph is not None
             and inputs.graph[1] == 1
-            and inputs.graph[0] in self.graphs.context_graphs
+            and inputs.graph[0] in self.graphs.context
         )
 
-    def replay_greedy_cycles(self, inputs: StepInputs, k: int) -> torch.Tensor | None:
-        """k whole verify steps of greedy requests from one graph, when the step has one: [k, target tokens of every
-        block row (bucket * B) | committed lengths (bucket)] on the device; None otherwise."""
-        return self.graphs.replay_cycles(inputs.graph[0], k) if self._graphed(inputs) else None
+    def replay_greedy_cycles(self, inputs: StepInputs, k: int) -> torch.Tensor:
+        """k whole verify steps of greedy requests from one graph (verify_graphed): [k, target tokens of every
+        block row (bucket * B) | committed lengths (bucket)] on the device."""
+        return self.graphs.replay_cycles(inputs.graph[0], k)
 
     def propose_into(self, inputs: StepInputs, max_start: int) -> torch.Tensor:
         """Proposes the verify items' drafts [V, B-1] and places them in the step's input ids."""
-        if self._graphed(inputs):
+        if self.verify_graphed(inputs):
             drafts = self.graphs.replay_draft(inputs.graph[0])[: len(inputs.verify)]
         else:
             drafts = self.propose(*inputs.verify_inputs(), max_start=max_start)
@@ -102,7 +108,7 @@ class DflashWorker:
         if not inputs.verify:
             return None
         lengths = accept_lengths(drafts, target.view(len(inputs.verify), -1))
-        if self._graphed(inputs):
+        if self.verify_graphed(inputs):
             self.graphs.replay_commit(inputs.graph[0], lengths)
         else:
             rows = out.rows_of(inputs.verify)

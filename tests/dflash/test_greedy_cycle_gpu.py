@@ -13,8 +13,8 @@ from modeld.engine.scheduler import StepItem
 from modeld.model.loader import load_target
 from modeld.request import Request
 from modeld.runner.graphs import GraphRunner
+from modeld.runner.inputs import FIELDS
 from modeld.runner.model_runner import ModelRunner
-from modeld.runner.packed_inputs import FIELDS
 from modeld.sampling_params import SamplingParams
 from modeld.spec.draft import load_draft
 from modeld.spec.worker import DflashWorker

@@ -16,8 +16,8 @@ from modeld.engine.scheduler import StepItem
 from modeld.model.loader import load_target
 from modeld.request import Request
 from modeld.runner.graphs import GraphRunner, batch_buckets, graph_shape, lone_sizes, replay_repeats
+from modeld.runner.inputs import FIELDS
 from modeld.runner.model_runner import ModelRunner
-from modeld.runner.packed_inputs import FIELDS
 from modeld.sampling_params import SamplingParams
 from tests.modeld.paged import PagedPools
 
@@ -221,7 +221,7 @@ def test_decode_steps_in_one_replay_equal_single_replays(model):
     reqs[0].held -= 1
     assert runner.steps_ahead(items, inputs) == 2, "a request short of slots still ran four steps"
     assert runner.steps_ahead(items[:2], inputs) == 1, "a batch under several_from ran several steps"
-    multi = runner.replay_decode_steps(inputs, 4)[:, : len(reqs)].T.tolist()
+    multi = runner.graphs.replay_decode_steps(inputs.graph[0], 4)[:, : len(reqs)].T.tolist()
     after = pools.kv.clone()
     pools.kv.copy_(before)  # in place: the graphs hold its address
     single = [[] for _ in reqs]

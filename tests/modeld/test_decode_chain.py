@@ -1,4 +1,4 @@
-"""Decode steps chained on the device (modeld.runner.decode_chain: each step's inputs made from the one before, one copy of
+"""Decode steps chained on the device (modeld.runner.steps_ahead.decode_chain: each step's inputs made from the one before, one copy of
 the tokens at the end) against the same steps one at a time, each packed on the host, from the same pools and
 generators: the same tokens per step (greedy and seeded sampled requests in one batch), the same target K/V and,
 with a DFLASH draft, the same draft context K/V. On the CPU the forward is eager; on the GPU it replays the one-step
@@ -14,10 +14,10 @@ from modeld.engine.loop import make_generator
 from modeld.engine.scheduler import StepItem
 from modeld.model.loader import load_target
 from modeld.request import Request
-from modeld.runner.decode_chain import decode_chain
 from modeld.runner.graphs import GraphRunner
+from modeld.runner.inputs import FIELDS
 from modeld.runner.model_runner import ModelRunner
-from modeld.runner.packed_inputs import FIELDS
+from modeld.runner.steps_ahead import decode_chain
 from modeld.sampling_params import SamplingParams
 from modeld.spec.draft import load_draft
 from modeld.spec.worker import DflashWorker
@@ -155,8 +155,8 @@ def test_one_graph_of_greedy_steps_writes_the_draft_context(setup):
     reqs = prefilled(setup, rows=(7, 8, 9), lengths=(33, 5, 18), params=params)
     before = {k: bound[k].clone() for k in ("target_kv", "draft_kv")}
     inputs = runner.prepare(decode_items(reqs, pools))
-    assert inputs.graph == (4, 1) and runner.has_decode_steps(inputs, STEPS)
-    fused = runner.replay_decode_steps(inputs, STEPS)[:, :3].T.tolist()
+    assert inputs.graph == (4, 1) and runner.graphs.has_decode_steps(inputs.graph[0], STEPS)
+    fused = runner.graphs.replay_decode_steps(inputs.graph[0], STEPS)[:, :3].T.tolist()
     after = {k: bound[k].clone() for k in before}
     restore(bound, before)
     assert fused == one_at_a_time(runner, worker, reqs, pools, params, [None] * 3)

@@ -1,4 +1,4 @@
-"""The engine's decode chains (Engine._run -> modeld.runner.decode_chain) on the CPU, through a real memd and the default
+"""The engine's decode chains (ModelRunner.run -> modeld.runner.steps_ahead.decode_chain) on the CPU, through a real memd and the default
 model. On the GPU, chains follow a graph's choice of steps; on the CPU steps always run one at a time, so here
 the runner's choice is replaced by the same rule without graphs: up to 4 steps while every request holds the
 slots. The same requests must then give the same tokens as one step at a time: greedy and seeded sampled ones,

@@ -1,4 +1,4 @@
-"""The next step's inputs made on the device (modeld.runner.step_advance), against the values the host would pack: every
+"""The next step's inputs made on the device (modeld.runner.inputs.advance_inputs), against the values the host would pack: every
 request moves on by what it committed, feeds back its last token, and reads its new positions' slots from
 req_to_token; padding requests keep slot -1 and write nothing."""
 
@@ -6,9 +6,18 @@ import torch
 
 from modeld.engine.scheduler import StepItem
 from modeld.request import Request
-from modeld.runner.model_runner import advances_on_device
-from modeld.runner.packed_inputs import FIELDS, IDS, KV_LENS, LENS, POSITIONS, ROWS, SLOTS, STARTS
-from modeld.runner.step_advance import advance_inputs
+from modeld.runner.inputs import (
+    FIELDS,
+    IDS,
+    KV_LENS,
+    LENS,
+    POSITIONS,
+    ROWS,
+    SLOTS,
+    STARTS,
+    advance_inputs,
+    advances_on_device,
+)
 from modeld.sampling_params import SamplingParams
 
 

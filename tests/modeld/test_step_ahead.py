@@ -1,4 +1,4 @@
-"""A decode step queued before the step before it is committed (modeld.runner.step_ahead; on CUDA by default).
+"""A decode step queued before the step before it is committed (modeld.runner.steps_ahead; on CUDA by default).
 
 The scheduler's side (Scheduler.continues) through the scheduler tests' simulator over a real memd allocator: a
 step it lets the engine queue ahead is one the scheduler would have planned itself, the same requests one token
@@ -102,18 +102,19 @@ def answers(
         lambda serving: None,
     )
     engine, queued, dropped, committed = built.engine, [0], [0], [0]
-    queue_next, run_queued = engine.ahead.queue_next, engine._run_queued
+    ahead, runner = engine.runner.ahead, engine.runner
+    queue_next, finish_pending = ahead.queue_next, runner.finish_pending
 
     def counted_queue(*a):
         queued[0] += 1
         return queue_next(*a)
 
-    def counted_run(ahead, items):
-        dropped[0] += len(items) < len(ahead.items)
+    def counted_finish(pending, items, may_queue_next):
+        dropped[0] += len(items) < len(pending.items)
         committed[0] += 1
-        return run_queued(ahead, items)
+        return finish_pending(pending, items, may_queue_next)
 
-    engine.ahead.queue_next, engine._run_queued = counted_queue, counted_run
+    ahead.queue_next, runner.finish_pending = counted_queue, counted_finish
     failures, fail_all = [], engine._fail_all  # a step that raised past its own handler (before the stop's)
 
     def recorded_failure(code, message, memd_alive):
@@ -134,7 +135,7 @@ def answers(
             while r.events.get(timeout=120)[0] != "complete":
                 pass
         wait_until_released(memd, engine)
-        assert engine.requests == {} and engine.live == {} and engine.ahead.queued is None and not failures
+        assert engine.requests == {} and engine.live == {} and ahead.pending is None and not failures
         assert engine.scheduler.running == [] and engine.scheduler.memd.releases == []
     finally:
         engine.stop()
