@@ -163,7 +163,7 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
         eos_token_ids(tokenizer, hf_config, cfg.target_model),
         limits.context_len,
         link,
-        dflash=worker,
+        spec_block=worker.block if worker else 0,
         trim_draft=limits.trim_draft,
         stream_interval=cfg.stream_interval,
         hooks=hooks,

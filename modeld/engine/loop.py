@@ -18,10 +18,10 @@ from modeld.engine import metrics
 from modeld.engine.hooks import EngineHooks
 from modeld.engine.memd_link import MemdLink
 from modeld.engine.output import OutputProcessor
-from modeld.engine.scheduler import Scheduler, StepItem
+from modeld.engine.scheduler import Scheduler
+from modeld.engine.step_items import StepItem
 from modeld.request import Finish, Request
 from modeld.runner.model_runner import ItemResult, ModelRunner
-from modeld.spec.worker import DflashWorker
 
 log = logging.getLogger("modeld")
 
@@ -35,19 +35,17 @@ class Engine:
         eos_ids: set[int],
         context_len: int,
         link: MemdLink,
-        dflash: DflashWorker | None = None,
+        spec_block: int = 0,
         trim_draft: bool = False,
         stream_interval: int = 1,
         hooks: EngineHooks | None = None,
     ):
         self.runner = runner
         self.link = link
-        self.dflash = dflash
+        self.spec_block = spec_block  # the DFLASH block verify steps run (0: no speculation)
         self.trim_draft = trim_draft  # bounded draft pool: ask memd to free out-of-window draft slots each step
         self.spec = {"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
-        self.verifies_by_accepted = [0] * (
-            dflash.block if dflash is not None else 0
-        )  # [a]: verifies accepting a drafts
+        self.verifies_by_accepted = [0] * spec_block  # [a]: verifies accepting a drafts
         self.scheduler = scheduler
         self.hooks = hooks or EngineHooks()  # phase boundaries, for benchmarks and tests (no-ops by default)
         self.output = OutputProcessor(tokenizer, eos_ids, context_len, stream_interval)
@@ -222,7 +220,7 @@ class Engine:
                 self.delivered.append(item.req)
             if item.verify:
                 self._count_verifies(item.req, [len(step) for step in result.steps], len(item.req.output_ids) - before)
-            elif self.dflash is not None and before:  # a decode that verified nothing (the prompt's token is not one)
+            elif self.spec_block and before:  # a decode that verified nothing (the prompt's token is not one)
                 item.req.unverified_tokens += len(item.req.output_ids) - before
             if finished:
                 self._complete(item.req)
@@ -236,7 +234,7 @@ class Engine:
             output -= n
             req.spec_verify_ct += 1
             self.spec["spec_drafts"] += 1
-            self.spec["spec_draft_tokens"] += self.dflash.block - 1
+            self.spec["spec_draft_tokens"] += self.spec_block - 1
             self.spec["spec_accepted_tokens"] += n - 1
             self.verifies_by_accepted[n - 1] += 1
 

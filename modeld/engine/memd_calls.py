@@ -9,6 +9,7 @@ import grpc
 
 from memd.attach import MemdSession
 from modeld.engine.hooks import EngineHooks
+from modeld.engine.step_items import PlanItem
 from modeld.request import Request
 
 log = logging.getLogger("modeld")
@@ -174,6 +175,24 @@ class MemdCalls:
                     raise
                 log.error("memd refused %s (%s: %s): dropped", sorted(op), exc.code().name, exc.details())
         self._sent(commits)
+
+    def allocs_one_by_one(self, plan: list[PlanItem]) -> tuple[dict, dict[str, grpc.RpcError | None]]:
+        """Each request's allocation of a plan on its own (a request memd refuses fails alone, never the batch).
+        Returns the answers by request id, and the requests left out: those memd refused outright (with its error)
+        and those it has no room for (None), which sit this step out."""
+        answers, left_out = {}, {}
+        for p in plan:
+            if not p.ask:
+                continue  # runs on slots it holds
+            r = p.req
+            op = dict(grows=[(r.rid, p.ask)]) if p.decode else dict(extends=[(r.rid, r.held, p.ask)])
+            try:
+                answers.update({a.rid: a for a in self._waited("memd alloc", self.session.alloc, **op).requests})
+            except grpc.RpcError as exc:
+                if exc.code() in MEMD_GONE:
+                    raise
+                left_out[r.rid] = None if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else exc
+        return answers, left_out
 
     def send_ahead(self, grows: list[tuple[str, int]]) -> None:
         """One Alloc of these top-ups (rid, positions) with the releases due, without waiting: its answer is applied

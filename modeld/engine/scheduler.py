@@ -11,8 +11,8 @@ plan). A request is admitted from the usable cached prefix memd matches for it (
 arrivals in one MatchPrefixBatch): only the rest is prefilled. An arrival whose prompt fits the step, with no
 earlier admission of the step asking memd after it, asks memd to grant the prompt (and the lookahead) in that same
 call, so that a lone arrival or a burst is admitted in one round trip.
-With `alone_prompt_tokens` (modeld's --alone-prompt-tokens: 128 by default with CUDA graphs, else off), a lone prompt
-chunk that short runs in a step of its own while requests decode: it then replays a graph of one request instead
+With `alone_prompt_tokens` (modeld.engine.tuning: 128 by default with CUDA graphs, else off), a lone prompt chunk that
+short runs in a step of its own while requests decode: it then replays a graph of one request instead
 of an eager forward of the whole batch (mostly kernel launches for a small model), and the decodes wait that one
 step; never two such steps in a row, so a stream of arrivals cannot hold them back.
 When memd answers RESOURCE_EXHAUSTED nothing changed there, and the step is planned again: first without new
@@ -23,35 +23,16 @@ does not change).
 
 import logging
 from collections import deque
-from dataclasses import dataclass
 
 import grpc
 
 from memd.attach import MemdSession
 from modeld.engine.hooks import EngineHooks
 from modeld.engine.memd_calls import MEMD_GONE, MemdCalls
+from modeld.engine.step_items import PlanItem, StepItem
 from modeld.request import Finish, Request
 
 log = logging.getLogger("modeld")
-
-
-@dataclass
-class StepItem:
-    req: Request
-    num_tokens: int
-    row: int
-    slots: list[int]  # target slots of the new positions
-    verify: bool = False  # a DFLASH block: [last token, drafts] (the drafts are proposed on the device)
-
-
-@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ cost about 8 us a step at 16 requests
-class PlanItem:
-    """A request's part of a planned step, before memd answers (then a StepItem)."""
-
-    req: Request
-    num_tokens: int
-    decode: bool  # a decode (one token, or a DFLASH verify block); else a prompt chunk
-    ask: int  # positions to ask memd for beyond those the request holds (0: it runs on slots it holds)
 
 
 class Scheduler:
@@ -170,26 +151,10 @@ class Scheduler:
                 raise
             log.error("memd refused a step (%s: %s): its operations go one by one", exc.code().name, exc.details())
             memd.releases_one_by_one(lean)
-            return self._allocs_one_by_one(plan)
+            answers, left_out = memd.allocs_one_by_one(plan)
+            self.left_out.update(left_out)
+            return answers
         return {a.rid: a for a in answer.requests}
-
-    def _allocs_one_by_one(self, plan: list[PlanItem]) -> dict:
-        """Each request's allocation on its own (a request memd refuses fails alone, never the batch): the ones memd
-        refuses outright fail, the ones it has no room for sit this step out. Returns the answers; the rest of the
-        plan is marked in `self.left_out`."""
-        answer = {}
-        for p in plan:
-            if not p.ask:
-                continue  # runs on slots it holds
-            r = p.req
-            op = dict(grows=[(r.rid, p.ask)]) if p.decode else dict(extends=[(r.rid, r.held, p.ask)])
-            try:
-                answer.update({a.rid: a for a in self.memd.session.alloc(**op).requests})
-            except grpc.RpcError as exc:
-                if exc.code() in MEMD_GONE:
-                    raise
-                self.left_out[r.rid] = None if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else exc
-        return answer
 
     def _send_top_ups(self, items: list[StepItem]) -> None:
         """After a step that needed no call, once a decode's spare is under half the lookahead or releases are pending

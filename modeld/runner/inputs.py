@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from modeld.engine.scheduler import StepItem
+from modeld.engine.step_items import StepItem
 from modeld.model.causal_lm import ForwardBatch
 
 IDS, POSITIONS, SLOTS, ROWS, STARTS, LENS, KV_LENS, INDPTR, DRAFT_AT = range(9)

@@ -16,7 +16,7 @@ from itertools import accumulate
 import numpy as np
 import torch
 
-from modeld.engine.scheduler import StepItem
+from modeld.engine.step_items import StepItem
 from modeld.model.causal_lm import CausalLM, ForwardBatch
 from modeld.runner.graphs import GraphRunner
 from modeld.runner.inputs import (

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from modeld.engine.scheduler import StepItem
+from modeld.engine.step_items import StepItem
 from modeld.runner.inputs import StepInputs, advance_inputs
 from modeld.runner.sampling import sample
 from modeld.sampling_params import SamplingParams

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 import torch
 
-from modeld.engine.scheduler import StepItem
+from modeld.engine.step_items import StepItem
 from modeld.model.loader import load_target
 from modeld.request import Request
 from modeld.runner.graphs import GraphRunner

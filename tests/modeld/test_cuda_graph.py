@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from modeld.engine.scheduler import StepItem
+from modeld.engine.step_items import StepItem
 from modeld.model.loader import load_target
 from modeld.request import Request
 from modeld.runner.graphs import GraphRunner, batch_buckets, graph_shape, lone_sizes, replay_repeats

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from modeld.engine.loop import make_generator
-from modeld.engine.scheduler import StepItem
+from modeld.engine.step_items import StepItem
 from modeld.model.loader import load_target
 from modeld.request import Request
 from modeld.runner.graphs import GraphRunner

@@ -14,7 +14,7 @@ from tests.daemons import is_idle, memd_args, run_memd
 def switches(built) -> tuple[set, set, tuple]:
     """The skinny switch of every target projection, the fusion switch of every decoder layer, the draft's pair."""
     model = built.engine.runner.model
-    draft = built.engine.dflash.draft
+    draft = built.engine.runner.spec.draft
     return (
         {m.skinny for m in model.modules() if isinstance(m, RowLinear)},
         {m.fuse_norms for m in model.modules() if isinstance(m, DecoderLayer)},

@@ -6,11 +6,11 @@ and a real in-process memd.slots.SlotManager serves them. memd's errors come bac
 grpc.RpcError carrying memd's status codes. After every call the allocator's structural
 invariants are checked.
 
-A small simulator plays the engine around the scheduler. It advances `computed`, appends
-output tokens (token n of every request is 1000 + n), verifies DFLASH blocks (accepting a
-chosen number of drafts, then commit + trim), finishes requests, fails hopeless ones, and
-flushes releases when idle. It also keeps a fake KV cache: the token id written at every
-target slot the scheduler handed to a step. So after each step we check more than memd's
+The scheduler runs inside the real engine (modeld.engine.loop.Engine: each step planned, run,
+committed and emitted as modeld does it, releases flushed when idle, hopeless requests failed)
+over a fake runner in place of the model: token n of every request's output is 1000 + n, and a
+DFLASH verify block accepts a chosen number of drafts. The fake runner also keeps a fake KV
+cache: the token id written at every target slot the scheduler handed to a step. So after each step we check more than memd's
 bookkeeping. Every computed position of every running request must be backed, through memd's
 req_to_token, by the K/V of the right token. That is what makes preemption + recompute and
 commit-after-verify observable without a model.
@@ -27,8 +27,12 @@ from memd.errors import MemdError
 from memd.invariants import check_structure
 from memd.service import release_from_message, request_slots
 from memd.slots import DraftMode, Release, SlotManager
-from modeld.engine.scheduler import Scheduler, StepItem
+from modeld.engine.loop import Engine
+from modeld.engine.scheduler import Scheduler
+from modeld.engine.step_items import StepItem
 from modeld.request import Request
+from modeld.runner.model_runner import ItemResult
+from modeld.runner.steps_ahead import StepAhead
 from modeld.sampling_params import SamplingParams
 from protos import memd_pb2
 
@@ -201,8 +205,23 @@ class FakeSession:
 # ---- the simulated engine ---------------------------------------------------------------------
 
 
+class FakeRunner:
+    """The engine's runner without a model (modeld.runner.model_runner.ModelRunner.run): it checks each item's slots
+    against memd's tables, writes the item's token ids into the simulation's KV, and returns what a model would
+    commit. Nothing runs ahead of the host here (no pending step)."""
+
+    def __init__(self, sim: "Sim"):
+        self.sim = sim
+        self.ahead = StepAhead(self, None, enabled=False)
+
+    def run(self, items: list[StepItem], may_queue_next) -> list[ItemResult]:
+        self.sim.items = items
+        return [ItemResult(item, [self.sim.run_item(item)]) for item in items]
+
+
 class Sim:
-    """The engine's use of the scheduler (modeld/engine/loop.py _step / _run / _append / _complete)."""
+    """The real engine's step (modeld.engine.loop.Engine._step) over the scheduler, memd's allocator behind a fake
+    transport, and a fake runner."""
 
     def __init__(
         self,
@@ -246,12 +265,23 @@ class Sim:
             async_top_ups=async_top_ups,
             alone_prompt_tokens=alone_prompt_tokens,
         )
+        self.engine = Engine(
+            FakeRunner(self),
+            self.sched,
+            tokenizer=None,  # no request here has stop strings: the engine thread detokenizes nothing
+            eos_ids=set(),
+            context_len=context,
+            link=None,
+            spec_block=block,
+            trim_draft=bool(block),  # a bounded draft pool: out-of-window draft slots trimmed every step
+        )
         self.context = context
         self.block = block
         self.accept = accept or (lambda req: block - 1)  # drafts accepted by a verify of `req`
         self.kv = np.full((pages + 1) * P, -1, np.int64)  # token whose K/V sits at each target slot
         self.done: dict[str, Request] = {}
         self.failed: dict[str, Request] = {}
+        self.items: list[StepItem] = []  # the items of the last step
         self.verified: list[tuple[Request, int, int]] = []  # (request, L before, accepted) of the last step
         self.starts: dict[str, int] = {}  # computed before the last step, per item
         self._serial = 0
@@ -263,27 +293,30 @@ class Sim:
         req = Request(
             rid=rid, prompt_ids=prompt, params=SamplingParams(max_new_tokens=max_new, temperature=temperature)
         )
+        self.engine.requests[rid] = req  # what the engine's inbox does with a submitted request
         self.sched.add(req)
         return req
 
     # -- one engine step
     def step(self) -> tuple[list[StepItem], list[Request]]:
-        self.verified, self.starts = [], {}
-        items, hopeless = self.sched.next_step()
-        for req in hopeless:
-            self.failed[req.rid] = req
-            self.sched.remove(req)  # engine._complete
-        if not items:
-            self.sched.memd.release_idle()  # what the engine does on a pass with no step
-        else:
-            produced = [self._run(item) for item in items]
-            for item, tokens in zip(items, produced):
-                if tokens:
-                    self._append(item.req, tokens)
+        """One engine pass: the items it ran and the requests it failed as hopeless."""
+        self.items, self.verified, self.starts = [], [], {}
+        self.engine._step()
+        hopeless = []
+        for req in self.engine.delivered:  # requests given events in this pass: those that ended
+            if req.finish is None or req.rid in self.done or req.rid in self.failed:
+                continue
+            if req.finish.reason == "abort":
+                self.failed[req.rid] = req
+                hopeless.append(req)
+            else:
+                self.done[req.rid] = req
+        self.engine.delivered = []
         self.check()
-        return items, hopeless
+        return self.items, hopeless
 
-    def _run(self, item: StepItem) -> list[int]:
+    def run_item(self, item: StepItem) -> list[int]:
+        """What the model would commit for one item; its K/V written into the simulation's cache."""
         req, n, start = item.req, item.num_tokens, item.req.computed
         self.starts[req.rid] = start
         held = self._held()[req.rid]
@@ -296,26 +329,11 @@ class Sim:
             drafts = [out_token(base + i) for i in range(k)] + [-7] * (n - 1 - k)  # rejected drafts are wrong
             item.tokens = [req.all_ids[start]] + drafts
             self.kv[item.slots] = item.tokens
-            tokens = [out_token(base + i) for i in range(k + 1)]  # accepted drafts and the bonus token
-            req.computed += k + 1
-            self.sched.memd.commit(req, req.computed)
             self.verified.append((req, start, k))
-        else:
-            assert 1 <= n <= req.pending
-            self.kv[item.slots] = req.all_ids[start : start + n]
-            tokens = [out_token(len(req.output_ids))] if n == req.pending else []
-            req.computed += n
-        if self.block:  # engine.trim_draft: a bounded draft pool
-            self.sched.memd.trim(req)
-        return tokens
-
-    def _append(self, req: Request, tokens: list[int]) -> None:
-        for token in tokens:
-            req.output_ids.append(token)
-            if len(req.output_ids) >= req.params.max_new_tokens or len(req.all_ids) >= self.context:
-                self.done[req.rid] = req
-                self.sched.remove(req)
-                return
+            return [out_token(base + i) for i in range(k + 1)]  # accepted drafts and the bonus token
+        assert 1 <= n <= req.pending
+        self.kv[item.slots] = req.all_ids[start : start + n]
+        return [out_token(len(req.output_ids))] if n == req.pending else []
 
     # -- checks after every step
     def _held(self) -> dict:
@@ -671,11 +689,12 @@ def test_preemption_releases_the_newest_and_recomputes_it_later():
     assert snapshot["waiting"] == ["c", "d"]
     assert snapshot["computed"] == 0 and not snapshot["in_memd"] and "c" not in snapshot["held"]
     assert snapshot["outputs"] == expected_outputs(len(snapshot["outputs"])) and snapshot["outputs"]
-    # re-admitted later with prompt + outputs recomputed in one chunk, before d
+    # re-admitted later, before d: its prompt's full page from memd's prefix cache (the engine checkpointed the
+    # computed prompt), the rest of the prompt and its outputs recomputed in one chunk
     readmit = next(k for k, call in enumerate(calls) if k > i and call.ok and any(r == "c" for r, _, _ in call.extends))
     assert readmit > i
-    assert ("c", 0, 6 + len(snapshot["outputs"])) in calls[readmit].extends
-    assert admissions(calls) == ["a", "b", "c", "c", "d"]
+    assert ("c", P, 6 + len(snapshot["outputs"]) - P) in calls[readmit].extends
+    assert admissions(calls) == ["a", "b", "c", "d"]
     # every request ends with exactly its tokens, and the pool is empty
     assert {rid: r.output_ids for rid, r in sim.done.items()} == {rid: expected_outputs(10) for rid in "abcd"}
     assert not sim.failed and set(sim.session.errors()) == {"RESOURCE_EXHAUSTED"}

@@ -4,7 +4,7 @@ req_to_token; padding requests keep slot -1 and write nothing."""
 
 import torch
 
-from modeld.engine.scheduler import StepItem
+from modeld.engine.step_items import StepItem
 from modeld.request import Request
 from modeld.runner.inputs import (
     FIELDS,
