@@ -1,8 +1,8 @@
-# On the GPU machine (the last part call of scripts/draft-session/prepare: carry the last .gpucache/pN, .whl and
+# On the GPU machine (the last part call of dev/draft-session/prepare: carry the last .gpucache/pN, .whl and
 # .gpucache/smoke): the last folder's model part and prompt files (device-part.sh), both checked whole (the model's
 # sha256; every file manifest.json lists, by size and sha256), the wheels, the default model converted, then a
 # smoke run of generation (SECONDS, start-up included; none with 0) whose answers the full run keeps.
-bash scripts/draft-session/device-part.sh || exit 1
+bash dev/draft-session/device-part.sh || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 cat /tmp/smol/part[0-9]* > /tmp/smol/smol.gguf || exit 1  # every part, in order

@@ -4,7 +4,7 @@
 # --schedule-seconds T for a run that later calls of device-train-more.sh continue on this held machine); the
 # bf16 draft comes back in parts ($OUT/draft.safetensors.part-*: cat them).
 export PYTHONPATH=/tmp/site:$PWD
-bash scripts/draft-session/need-setup.sh "${0##*/}" || exit 1
+bash dev/draft-session/need-setup.sh "${0##*/}" || exit 1
 seconds=$1
 shift
 # A profile of a few steps first (the op table goes to $OUT/train.txt with the whole log): the blocks a second buy

@@ -2,7 +2,7 @@
 # bench.draft_accept run (one memd, one no-draft baseline; tables in $OUT), then the losslessness tests with the new
 # draft in modeld/default_draft (on this copy only).
 export PYTHONPATH=/tmp/site:$PWD
-bash scripts/draft-session/need-setup.sh "${0##*/}" || exit 1
+bash dev/draft-session/need-setup.sh "${0##*/}" || exit 1
 python3 -m bench.draft_accept --prompts /tmp/prompts/eval/mtbench.jsonl --draft /tmp/draft --blocks 8,16 \
     --baseline modeld/default_draft > "$OUT/accept.md" 2> "$OUT/accept.log"; cat "$OUT/accept.md"
 cp /tmp/draft/* modeld/default_draft/ \

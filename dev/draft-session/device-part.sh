@@ -1,4 +1,4 @@
-# On the GPU machine, each part call of scripts/draft-session/prepare (one carried .gpucache/pK a call;
+# On the GPU machine, each part call of dev/draft-session/prepare (one carried .gpucache/pK a call;
 # device-setup.sh runs it too, for the last folder): the folder's model parts (partNN) into /tmp/smol and its
 # prompt files (pK/prompts/, their paths in the build kept) into /tmp/prompts. A folder may hold either or both;
 # folders of earlier calls still on this held machine are copied again, unchanged. device-setup.sh checks the whole.

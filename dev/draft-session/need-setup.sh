@@ -2,5 +2,5 @@
 # the calling script, when /tmp/prompts is not there: the machine started bare (the last was given back).
 [ -f /tmp/prompts/manifest.json ] && exit 0
 echo "$1: no /tmp/prompts: this machine started bare (the last was given back): run the part calls and" \
-    "device-setup.sh again (scripts/draft-session/prepare lists them)" >&2
+    "device-setup.sh again (dev/draft-session/prepare lists them)" >&2
 exit 1
