@@ -1,10 +1,10 @@
-"""bench.paired_speed's pairing and report (the runs themselves need a GPU)."""
+"""bench.engine.paired_speed's pairing and report (the runs themselves need a GPU)."""
 
 import argparse
 
 import pytest
 
-from bench.paired_speed import main, pair_ratios, report, run_order
+from bench.engine.paired_speed import main, pair_ratios, report, run_order
 
 ARGS = argparse.Namespace(concurrency=[16], sampled_concurrency=[16])
 

@@ -1,4 +1,4 @@
-"""Where an in-process engine's decode steps spend their time, phase by phase (bench.engine_speed's breakdown): its
+"""Where an in-process engine's decode steps spend their time, phase by phase (bench.engine.speed's breakdown): its
 runner, draft, sampler and memd calls wrapped with timers that synchronise the device after each phase."""
 
 import time

@@ -5,7 +5,7 @@ every tile in the sweep, and the bandwidth each reaches.
 Each timing is a CUDA graph of many launches over enough copies of the weight (at least 512 MB) that none is read
 from L2, as in a model whose layers each have their own weights; device time per launch from CUDA events.
 
-    python -m bench.skinny_linear [--rows 1,16] [--quick] [--only qkv,down]
+    python -m bench.kernels.skinny_linear [--rows 1,16] [--quick] [--only qkv,down]
 
 Prints a markdown table per shape (cuBLAS, the five fastest tiles, and last the tile TILES holds for the shape), then
 the fastest tile per shape at one row, in the form of the `TILES` entries the kernel reads.

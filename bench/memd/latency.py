@@ -1,7 +1,7 @@
 """memd's round trip as modeld sees it, side by side in one run: memd's CPU (shared memory) and CUDA backends, with
 the GPU idle and with the GPU kept busy by another process's small kernels (as modeld's decode steps keep it).
 
-    python -m bench.memd_latency [--target bench/configs/llama3-8b] [--calls 200]
+    python -m bench.memd.latency [--target bench/configs/llama3-8b] [--calls 200]
 
 Each call sequence is a request's admission and release: MatchPrefix, an Alloc of 16 tokens, a Free, after a
 gRPC health check on the same channel (what any call costs: the rest is memd's own work); as unary RPCs, then the
@@ -21,7 +21,7 @@ import time
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.memd_process import memd_process
+from bench.common.memd_process import memd_process
 from memd.attach import MemdSession
 from protos import memd_pb2
 

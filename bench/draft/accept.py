@@ -8,7 +8,7 @@ many greedy answers equal the no-draft answer (bf16: a near-tie may differ, test
 then the accept length per prompt category (the prompts' "category" field) at --concurrency, and per draft position the
 share of verify steps that accepted it (from modeld's metrics, over the --concurrency run).
 
-    python -m bench.draft_accept --prompts DIR/eval/mtbench.jsonl [--draft modeld/default_draft] [--blocks 8,16]
+    python -m bench.draft.accept --prompts DIR/eval/mtbench.jsonl [--draft modeld/default_draft] [--blocks 8,16]
         [--baseline OTHER_DRAFT] [--max-new-tokens 128] [--batch1 8] [--concurrency 16] [--ratio 0.25] [--page 64]
 """
 
@@ -22,7 +22,8 @@ import time
 from transformers import AutoTokenizer
 
 import client
-from bench.metrics_scrape import metric_samples
+from bench.common.metrics_scrape import metric_samples
+from memd import defaults
 from modeld.model.fetch_default import ensure_default_model
 from train.stack import memd_args, run_memd, run_modeld
 
@@ -90,9 +91,9 @@ def draft_geometry(folder: str) -> tuple:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.draft_accept", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.draft.accept", description=__doc__.splitlines()[0])
     p.add_argument("--prompts", required=True, help="JSON lines {prompt}, held out of the draft's training")
-    p.add_argument("--draft", default=str(pathlib.Path(__file__).parents[1] / "modeld" / "default_draft"))
+    p.add_argument("--draft", default=str(defaults.default_draft_dir()))
     p.add_argument("--target", help="target folder (default: the converted default model)")
     p.add_argument("--blocks", default="8,16")
     p.add_argument("--baseline", help="another draft (the shipped one, say) at the largest block, in the same run")

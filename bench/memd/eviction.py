@@ -2,7 +2,7 @@
 running server's steady state, where every admission evicts. In-process (memd.slots on numpy tables, no gRPC, no
 GPU), so only the allocator's own work is timed.
 
-    python -m bench.memd_eviction [--nodes 1000,10000,100000] [--calls 400]
+    python -m bench.memd.eviction [--nodes 1000,10000,100000] [--calls 400]
 
 For each size, a pool of exactly that many cached prompts (each its own node of 3 pages: 48 tokens at page size 16),
 a bounded draft pool at ratio 0.25 with a window of 256 as modeld's default draft has; then --calls admissions of a

@@ -3,7 +3,8 @@
 machine. One table: training steps of the 4-layer draft at each anchors-per-sequence setting, with seconds per
 step, anchors (blocks) per second, model FLOP utilisation and peak memory.
 
-    python -m bench.train_step [--anchors 512] [--batch-anchors 4096] [--steps 12] [--profile 3] [--before DIR[,DIR]]
+    python -m bench.draft.train_step [--anchors 512] [--batch-anchors 4096] [--steps 12] [--profile 3]
+        [--before DIR[,DIR]]
 
 With --before DIR (an earlier commit's train/ package: `git archive REV train | tar -x -C DIR`; several,
 comma-separated), that trainer is timed too at each anchors setting's first --batch-anchors (the earlier trainer
@@ -31,7 +32,7 @@ import torch
 from train import fit_budget
 from train import train_draft as td
 
-CONFIG = pathlib.Path(__file__).parent / "configs" / "smollm2-135m"
+CONFIG = pathlib.Path(__file__).parents[1] / "configs" / "smollm2-135m"
 DENSE_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4}  # the datasheets' dense bf16 rate (SXM)
 
 
@@ -126,7 +127,7 @@ def before_figures(before: str, args, anchors: int, batch_anchors: int) -> dict:
         [
             sys.executable,
             "-m",
-            "bench.train_step",
+            "bench.draft.train_step",
             "--steps-only",
             "--anchors",
             str(anchors),
@@ -164,7 +165,7 @@ def row(name: str, anchors: int, figures: dict, flops: float, peak: float | None
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.train_step", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.draft.train_step", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--anchors", default="512", help="anchors per sequence, comma-separated: one row each")
     p.add_argument("--batch-anchors", default="4096", help="anchors a step at most, comma-separated: one row each")

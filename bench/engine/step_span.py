@@ -6,7 +6,7 @@ when the host keeps up), with nothing between the launches and with what the eng
 copy, the wait on memd's table event, a synchronise), to find what makes the engine's launch cost more. The passes
 that admit a request (its MatchPrefix, the prompt's prefill: its first tokens) are timed apart from decode steps.
 
-    python -m bench.step_span [--target DIR] [--load-format dummy] [--new-tokens 128] [--steps-per-replay 4]
+    python -m bench.engine.step_span [--target DIR] [--load-format dummy] [--new-tokens 128] [--steps-per-replay 4]
         [--several-from N]
 
 A step whose wall time is well above the back-to-back replay's is host-bound: the host's parts say where the
@@ -19,10 +19,10 @@ import time
 
 import torch
 
-from bench.engine_speed import prompts_for
-from bench.in_process import Patches
-from bench.memd_process import memd_process
-from bench.step_profile import run_in_this_thread
+from bench.common.in_process import Patches
+from bench.common.memd_process import memd_process
+from bench.common.requests import prompts_for
+from bench.engine.step_profile import run_in_this_thread
 from modeld.config import ModeldConfig
 from modeld.engine.build import build_engine
 from modeld.engine.tuning import Tuning
@@ -167,7 +167,7 @@ def launch_conditions(runner) -> dict[str, object]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.step_span", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.engine.step_span", description=__doc__.splitlines()[0])
     p.add_argument("--target", help="default: the converted default model")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--new-tokens", type=int, default=128)

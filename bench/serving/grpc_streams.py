@@ -1,7 +1,7 @@
 """Tokens/s through modeld's gRPC streams at high concurrency, side by side with the same engine in this process (no
 gRPC): what the serving front (Generate handlers, detokenization, one message per chunk) costs on top of the engine.
 
-    python -m bench.grpc_streams [--concurrency 64,256] [--new-tokens 64] [--prompt-tokens 32] [--rounds 3]
+    python -m bench.serving.grpc_streams [--concurrency 64,256] [--new-tokens 64] [--prompt-tokens 32] [--rounds 3]
         [--device cpu] [--target bench/configs/tiny-host] [--stream-intervals 1,4]
 
 A model so small that the forward is cheap (bench/configs/tiny-host, dummy weights; on the GPU --target
@@ -9,7 +9,7 @@ bench/configs/smollm2-135m gives the default model's shape) with the default mod
 as they do for real; memd and modeld child processes, modeld as served (decode
 lookahead 32). Every request answers --new-tokens greedy tokens (ignore_eos) to random prompt ids, all sent at once
 from an asyncio client (client.aio) in this process. Rounds alternate between the daemons and the in-process engine
-(whose streams this process's main thread reads, as bench.host_overhead does). Prints per concurrency the median
+(whose streams this process's main thread reads, as bench.engine.host_overhead does). Prints per concurrency the median
 over rounds of both tokens/s, their ratio, and modeld's CPU seconds per 1,000 tokens (all its processes and threads);
 with several --stream-intervals, a modeld for each runs in every round (the in-process engine reads every token).
 """
@@ -24,9 +24,9 @@ import sys
 import tempfile
 import time
 
-from bench.engine_speed import generate_all
-from bench.host_overhead import TINY, many_requests_memd_flags, random_prompts
-from bench.in_process import running_engine
+from bench.common.in_process import running_engine
+from bench.common.requests import generate_all
+from bench.common.tiny_host import TINY, many_requests_memd_flags, random_prompts
 from client.aio import AsyncClient
 from modeld.config import ModeldConfig
 from modeld.model.fetch_default import ensure_default_model
@@ -77,7 +77,7 @@ def through_grpc(address: str, pid: int, prompts, new_tokens: int) -> tuple[floa
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.grpc_streams", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.serving.grpc_streams", description=__doc__.splitlines()[0])
     p.add_argument("--concurrency", default="64,256")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=32)

@@ -11,12 +11,12 @@ fused kernels for at most 16 rows, and against its path above that, norm + cuBLA
 - DFLASH's acceptance rule in one launch (modeld/kernels/accept.py) against its torch operations, the cycle graph's
   padding mask included, per verified block of 16.
 
-Timing as in bench.skinny_linear: a CUDA graph of many launches over weight copies that do not fit in L2, device
+Timing as in bench.kernels.skinny_linear: a CUDA graph of many launches over weight copies that do not fit in L2, device
 time per launch from CUDA events. The fused kernel is timed with the tile modeld uses (its FUSED_TILES or
 ATTENTION_TILES entry); where modeld has none (it runs the ops apart there), and with --sweep, also with 18 other
 tiles (for the attention input those of at most half a head's columns), and the fastest is printed after it.
 
-    python -m bench.fused_kernels [--rows 1,16,64,256] [--sweep] [--only 8B|135M|DFLASH]
+    python -m bench.kernels.fused [--rows 1,16,64,256] [--sweep] [--only 8B|135M|DFLASH]
 """
 
 import argparse
@@ -24,7 +24,7 @@ import itertools
 
 import torch
 
-from bench.skinny_linear import ROTATION_BYTES, device_us
+from bench.kernels.skinny_linear import ROTATION_BYTES, device_us
 from modeld.kernels import norm_linear as fused_norm
 from modeld.kernels.accept import accept_lengths_torch, accept_lengths_triton
 from modeld.kernels.argmax import argmax_rows

@@ -2,7 +2,7 @@
 while a thread scrapes its endpoint as fast as it answers, against the same requests with no scraper, in alternating
 rounds of one run.
 
-    python -m bench.metrics_cost [--device cpu|cuda] [--rounds 4] [--requests 4] [--new-tokens 64]
+    python -m bench.serving.metrics_cost [--device cpu|cuda] [--rounds 4] [--requests 4] [--new-tokens 64]
 
 Prints tokens/s without and with the scraper (median over rounds), their ratio, and the scrapes a second.
 """
@@ -41,7 +41,7 @@ def scrape_until(url: str, stop: threading.Event, count: list[int]) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.metrics_cost", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.serving.metrics_cost", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--requests", type=int, default=4, help="requests a round, one at a time")

@@ -3,12 +3,14 @@ engine in this process (CUDA graphs as served), the ops by their own device time
 per step the wall time against the device's busy time (a step whose device time is well under its wall time is
 host-bound).
 
-    python -m bench.step_profile [--target DIR] [--load-format dummy] [--draft DIR] [--batch 1] [--new-tokens 64]
-        [--rows 20] [--device cuda|cpu] [--steps-per-replay 1] [--disable-overlap-decode] [--trace PREFIX]
+    python -m bench.engine.step_profile [--target DIR] [--load-format dummy] [--draft DIR] [--batch 1]
+        [--new-tokens 64] [--rows 20] [--device cuda|cpu] [--steps-per-replay 1] [--disable-overlap-decode]
+        [--trace PREFIX]
 
-One memd (a child process) serves both configurations in turn; requests are `--batch` chat prompts generating
-`--new-tokens` each (EOS ignored), after a warm-up that leaves graphs captured and kernels compiled. The engine's
-loop runs in this thread, not its own (the profiler records the host ops of its own thread).
+Each configuration runs against a memd child process of its own (plain's without a draft pool); requests are
+`--batch` chat prompts generating `--new-tokens` each (EOS ignored), after a warm-up that leaves graphs captured and
+kernels compiled. The engine's loop runs in this thread, not its own (the profiler records the host ops of its own
+thread).
 """
 
 import argparse
@@ -18,8 +20,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.engine_speed import prompts_for, submit_requests
-from bench.memd_process import memd_process
+from bench.common.memd_process import memd_process
+from bench.common.requests import prompts_for, submit_requests
 from modeld.config import ModeldConfig
 from modeld.engine.build import build_engine
 from modeld.engine.tuning import Tuning
@@ -29,8 +31,10 @@ DEFAULT_DRAFT = "modeld/default_draft"
 HOST_OR_COPY = ("aten::", "cuda", "cuLaunch", "Memcpy", "Memset")  # profiler keys of host calls and copies
 
 
-def memd_flags(args) -> list[str]:
-    return [
+def memd_flags(args, dflash: bool) -> list[str]:
+    """memd for one configuration: with the draft's bounded pool for DFLASH, without a draft pool for plain, and
+    otherwise memd's defaults for that kind (modeld takes its decode lookahead and prefill chunk from them)."""
+    flags = [
         "--device",
         args.device,
         "--target-model",
@@ -43,13 +47,10 @@ def memd_flags(args) -> list[str]:
         "65536",
         "--kv-cache-dtype",
         "bfloat16",
-        "--draft-model",
-        args.draft,
-        "--draft-kv-ratio",
-        "0.25",
-        "--draft-window",
-        "256",
     ]
+    if not dflash:
+        return flags + ["--draft-model", "none"]
+    return flags + ["--draft-model", args.draft, "--draft-kv-ratio", "0.25", "--draft-window", "256"]
 
 
 def run_in_this_thread(engine, prompts: list[list[int]], new_tokens: int, tag: str) -> tuple[int, int, int, float]:
@@ -116,7 +117,7 @@ def profile_config(memd: str, args, prompts, dflash: bool) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.step_profile", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.engine.step_profile", description=__doc__.splitlines()[0])
     p.add_argument("--target", help="default: the converted default model")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto", help="dummy: random weights (8B)")
     p.add_argument("--draft", default=DEFAULT_DRAFT)
@@ -138,8 +139,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.target = args.target or str(ensure_default_model())
     prompts = prompts_for(args.target, args.load_format, max(args.batch, 2))
-    with memd_process(*memd_flags(args)) as memd:
-        for dflash in (False, True):
+    for dflash in (False, True):
+        with memd_process(*memd_flags(args, dflash)) as memd:
             print(profile_config(memd, args, prompts, dflash), flush=True)
     return 0
 

@@ -5,7 +5,7 @@ lookahead 32, calls sent ahead); the model's forward, its logits and sampling ar
 what is left is the Python a GPU step waits on too (on the GPU, where a decode step of the 135M model at 256
 requests computes in about a millisecond, it is most of the step).
 
-    python -m bench.host_overhead [--concurrency 64,256] [--new-tokens 64] [--prompt-tokens 32] [--rounds 3]
+    python -m bench.engine.host_overhead [--concurrency 64,256] [--new-tokens 64] [--prompt-tokens 32] [--rounds 3]
 
 Every request answers --new-tokens greedy tokens (ignore_eos) to random prompt ids, all submitted at once, while
 this process's main thread reads every request's stream as gRPC handlers do. Prints, per concurrency, the median
@@ -14,40 +14,16 @@ microseconds per request-step, and the memd calls the engine sent (waited for or
 """
 
 import argparse
-import pathlib
 import statistics
 import sys
 import time
 
-import torch
-
 import modeld.engine.loop
-from bench.engine_speed import generate_all
-from bench.in_process import Patches, running_engine
-from bench.memd_process import memd_process
+from bench.common.in_process import Patches, running_engine
+from bench.common.memd_process import memd_process
+from bench.common.requests import generate_all
+from bench.common.tiny_host import TINY, many_requests_memd_flags, random_prompts
 from modeld.config import ModeldConfig
-
-TINY = pathlib.Path(__file__).parent / "configs" / "tiny-host"
-
-
-def random_prompts(count: int, tokens: int) -> list[list[int]]:
-    """count prompts of random ids (seeded: every run and every benchmark that uses them gets the same)."""
-    gen = torch.Generator().manual_seed(0)
-    return [torch.randint(100, 2000, (tokens,), generator=gen).tolist() for _ in range(count)]
-
-
-def many_requests_memd_flags(requests: int) -> list[str]:
-    """memd's pool flags for `requests` requests of up to 256 tokens at once (page 16, no draft)."""
-    return [
-        "--page-size",
-        "16",
-        "--max-running-requests",
-        str(requests),
-        "--max-total-tokens",
-        str(requests * 256),
-        "--draft-model",
-        "none",
-    ]
 
 
 class ModelTime:
@@ -118,7 +94,7 @@ class ModelTime:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.engine.host_overhead", description=__doc__.splitlines()[0])
     p.add_argument("--concurrency", default="64,256")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=32)

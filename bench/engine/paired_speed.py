@@ -1,36 +1,29 @@
 """DFLASH as served against plain as served, in alternating runs (plain, DFLASH, then DFLASH, plain, ...): the
 tokens/s ratio of each adjacent pair at batch 1 and at each concurrency, greedy and sampled, and the median and
-range of those ratios. One bench.engine_speed run compares cells of about half a second each, and rows that should
-agree moved by up to 20% from one run to the next on one machine (BENCHMARKS.md, the twenty-first and
-twenty-second sessions): telling a few percent apart (is DFLASH at 16 as fast as plain?) needs several pairs.
+range of those ratios. One bench.engine.speed run compares cells of about half a second each, and rows that should
+agree moved by up to 20% from one run to the next on one machine (docs/benchmarks-history.md): telling a few percent
+apart (is DFLASH at 16 as fast as plain?) needs several pairs.
 
-    python -m bench.paired_speed [--pairs 4] [--concurrency 16] [--sampled-concurrency 16] [--rounds 4]
+    python -m bench.engine.paired_speed [--pairs 4] [--concurrency 16] [--sampled-concurrency 16] [--rounds 4]
         [--batch1 1] [--new-tokens 128] [--ignore-eos] [--target DIR] [--load-format dummy] [--draft DIR]
 
-Each run builds its configuration's engine afresh against one memd (a child process), as bench.engine_speed's
-variants do, and skips that bench's per-step breakdown. Both configurations first run once unmeasured: a fresh
+Each run builds its configuration's engine afresh, as bench.engine.speed's rows do, against a memd of its kind (two
+child processes: plain's without a draft pool, DFLASH's with one, each with memd's defaults for that kind), and
+skips that bench's per-step breakdown. Both configurations first run once unmeasured: a fresh
 machine's first run compiles Triton's kernels for the workload's shapes (on one machine the first run's plain
 batch-1 row came out at 0.64x the next one's).
 """
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 
-from bench.engine_speed import (
-    add_model_arguments,
-    add_run_arguments,
-    largest_batch,
-    memd_args,
-    prompts_for,
-    resolve_run_arguments,
-    run_variant,
-)
-from bench.engine_variants import SERVED, VARIANTS
-from bench.memd_process import memd_process
-
-KINDS = ("plain", "dflash")
+from bench.common.requests import prompts_for
+from bench.common.rows import KINDS, Row, add_model_arguments
+from bench.common.served_memd import served_memd
+from bench.engine.row_speed import add_run_arguments, largest_batch, memd_settings, resolve_run_arguments, run_row
 
 
 def run_order(pairs: int) -> list[str]:
@@ -90,7 +83,7 @@ def report(runs: list[dict], args) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.paired_speed", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.engine.paired_speed", description=__doc__.splitlines()[0])
     add_model_arguments(p)
     add_run_arguments(p, batch1=1, concurrency="16", sampled_concurrency="16", rounds=4)
     p.add_argument("--pairs", type=int, default=4)
@@ -101,14 +94,13 @@ def main(argv=None) -> int:
         p.error("a paired run compares DFLASH with plain decoding: it needs a draft")
     ignore_eos = resolve_run_arguments(args)
     prompts = prompts_for(args.target, args.load_format, largest_batch(args))
-    served = {v.name: v for v in VARIANTS}
     runs = []
-    with memd_process(*memd_args(args.target, args.draft, args)) as memd:
+    with contextlib.ExitStack() as stack:
+        memd = {kind: stack.enter_context(served_memd(kind, memd_settings(args))) for kind in KINDS}
         for kind in KINDS:  # unmeasured: kernels compiled, caches filled
-            run_variant(served[SERVED[kind]], memd, args, prompts, ignore_eos=ignore_eos, breakdown=False)
+            run_row(Row(kind), memd[kind], args, prompts, ignore_eos=ignore_eos, breakdown=False)
         for kind in run_order(args.pairs):
-            row = run_variant(served[SERVED[kind]], memd, args, prompts, ignore_eos=ignore_eos, breakdown=False)
-            runs.append({"kind": kind, **row})
+            runs.append(run_row(Row(kind), memd[kind], args, prompts, ignore_eos=ignore_eos, breakdown=False))
             print(json.dumps(runs[-1]), flush=True)
     print(report(runs, args))
     return 0

@@ -4,7 +4,7 @@ logic and so the same on any machine; the times are this machine's (on the CPU t
 relative to the others, not a share of a GPU step). Runs on the CPU (memd's shared-memory backend) or, with
 --device cuda, on the GPU.
 
-    python -m bench.memd_waits [--device cpu] [--new-tokens 64] [--batch1 3] [--concurrency 16] [--draft DIR]
+    python -m bench.memd.waits [--device cpu] [--new-tokens 64] [--batch1 3] [--concurrency 16] [--draft DIR]
         [--switch-interval S]
 
 Kinds: "MatchPrefix" (a lone arrival's match, with its first chunk's grant), "MatchPrefixBatch" (a burst of
@@ -25,10 +25,10 @@ import statistics
 import sys
 import time
 
-from bench.engine_speed import generate_all, prompts_for
-from bench.in_process import Patches, running_engine
-from bench.memd_process import memd_process
-from bench.metrics_scrape import metric_samples
+from bench.common.in_process import Patches, running_engine
+from bench.common.memd_process import memd_process
+from bench.common.metrics_scrape import metric_samples
+from bench.common.requests import generate_all, prompts_for
 from memd import defaults
 from modeld.config import ModeldConfig
 from modeld.model.fetch_default import ensure_default_model
@@ -36,7 +36,7 @@ from modeld.model.fetch_default import ensure_default_model
 
 class Waits:
     """Counts and times the memd calls an engine waits for, by kind, and its decode steps (a replay of k steps
-    counts k, as bench.engine_speed's breakdown does)."""
+    counts k, as bench.engine.speed's breakdown does)."""
 
     def __init__(self, engine):
         self.times = collections.defaultdict(list)  # kind -> seconds of each call
@@ -114,7 +114,7 @@ class HandlerTimes:
     """memd's own time per call, by method, between two reads of its metrics (memd started with --metrics-port)."""
 
     def __init__(self, memd_address: str):
-        self.log = pathlib.Path(memd_address.removeprefix("unix://")).parent / "memd.log"  # bench.memd_process's
+        self.log = pathlib.Path(memd_address.removeprefix("unix://")).parent / "memd.log"  # bench.common.memd_process's
         self.start = self._read()
 
     def _read(self) -> dict[str, tuple[float, float]]:
@@ -138,7 +138,7 @@ class HandlerTimes:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.memd_waits", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.memd.waits", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--target", help="HF folder (default: the project's SmolLM2-135M-Instruct)")
     p.add_argument("--new-tokens", type=int, default=64)

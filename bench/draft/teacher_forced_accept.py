@@ -5,7 +5,7 @@ and
 server agree; far above it on the training side means the draft learned its data, or its answers loop (a loop's
 copies are accepted in long runs: the last column leaves them out, as the trainer's anchors do).
 
-    python -m bench.teacher_forced_accept [--draft modeld/default_draft] [--count 16] [--device cpu]
+    python -m bench.draft.teacher_forced_accept [--draft modeld/default_draft] [--count 16] [--device cpu]
         [--responses train/data/responses] [--prompts .cache/train/prompts] [--sources chat-templates,...]
 
 Training side: `--count` single-turn answers of `--sources` from the response packs (a seeded choice). Held-out
@@ -22,6 +22,7 @@ import sys
 import numpy as np
 import torch
 
+from memd import defaults
 from modeld.model.fetch_default import ensure_default_model
 from modeld.spec.draft import load_draft
 from train import batches, chat, responses
@@ -84,8 +85,8 @@ def accept_per_sequence(draft, target, seqs: list[dict], tc: td.TrainConfig, dev
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.teacher_forced_accept", description=__doc__.splitlines()[0])
-    p.add_argument("--draft", default=str(pathlib.Path(__file__).parents[1] / "modeld" / "default_draft"))
+    p = argparse.ArgumentParser(prog="python -m bench.draft.teacher_forced_accept", description=__doc__.splitlines()[0])
+    p.add_argument("--draft", default=str(defaults.default_draft_dir()))
     p.add_argument("--target", help="default: the converted default model")
     p.add_argument("--responses", default="train/data/responses")
     p.add_argument("--prompts", default=".cache/train/prompts", help="the prompt build (its eval/ is held out)")
