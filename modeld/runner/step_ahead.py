@@ -1,7 +1,7 @@
 """A plain decode step queued on the device before the host reads the tokens of the step before it (on CUDA by
 default; `--disable-overlap-decode` turns it off): while the GPU computes step N+1, the engine thread commits
 step N's tokens, streams them and decides whether N+2 can follow. A batch-1 step of the default model was host
-work, then device work, then host work in series (BENCHMARKS.md, bench.step_span: 0.70 ms of GPU in a 1.39 ms
+work, then device work, then host work in series (BENCHMARKS.md, bench.engine.step_span: 0.70 ms of GPU in a 1.39 ms
 step); this puts the host's part beside the device's.
 
 Step N+1 is the same batch one token further: its inputs are moved on by step N's tokens on the device
