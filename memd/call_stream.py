@@ -1,6 +1,6 @@
 """memd's Calls stream: a client's allocation calls (Alloc, Free, MatchPrefix, MatchPrefixBatch) over one long-lived
 bidirectional stream instead of one unary RPC each. Python gRPC spends about half of a unary round trip setting the
-call up; a message on an open stream skips that (bench.memd_latency measures both).
+call up; a message on an open stream skips that (bench.memd.latency measures both).
 
 Each call is answered by the same handler its unary RPC runs, so limits, session checks, errors and invariants are
 the unary ones. What differs is only how a refusal travels: the handler's abort becomes a CallError answer for that

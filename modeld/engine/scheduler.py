@@ -311,7 +311,7 @@ class Scheduler:
     def _match_ahead(self, count: int, budget: int, lean: bool) -> bool:
         """Registers in memd the waiting requests this step may admit (up to `count`) in one MatchPrefixBatch: one
         round trip and one call's work in memd for a burst of arrivals (on the CPU, 16 MatchPrefix calls in flight
-        together took 4.0 ms, one batch of 16 0.85 ms: bench.memd_latency). All of them, not only those whose prompts
+        together took 4.0 ms, one batch of 16 0.85 ms: bench.memd.latency). All of them, not only those whose prompts
         fit the token budget: their cached prefixes are unknown until matched, and what is cached is not prefilled,
         so the admission loop may admit more than the whole prompts' budget says. The leading ones whose whole prompt
         fits the budget ask for their first chunk with the match (`_admission_end`), until the first that does not or

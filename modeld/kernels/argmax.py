@@ -5,7 +5,7 @@ among equals).
 Why: torch's argmax over the 8B geometry's 128,256 logits of one row took 36 µs of a 4.7 ms step (BENCHMARKS.md, the
 8B step profile), far above the time to read them; greedy decode, DFLASH verify and the draft's proposals
 each take one a step. Here the first launch spreads a row over vocab / BLOCK programs: 4-9x torch's at one row
-on an H100 (bench.fused_kernels, BENCHMARKS.md).
+on an H100 (bench.kernels.fused, BENCHMARKS.md).
 
 The answer is torch.argmax's: the first index of the largest value, NaN counted larger than any number (the first
 NaN, or +inf before it, where a row has both: either way a row of garbage). Grids depend only on shapes and nothing

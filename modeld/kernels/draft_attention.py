@@ -17,8 +17,8 @@ import triton.language as tl
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # The torch path's attention never runs on cuDNN, which builds a plan for every new shape (about 19 ms of host
-# time each on the H200, bench.step_profile): the memory-efficient kernel takes the block mask and builds nothing;
-# flash (no masks) and math stay for what it refuses (the CPU: math). On the GPU, serving runs the Triton kernel
+# time each on the H200, bench.engine.step_profile): the memory-efficient kernel takes the block mask and builds
+# nothing; flash (no masks) and math stay for what it refuses (the CPU: math). On the GPU, serving runs the Triton kernel
 # below; the draft module (training) runs this path.
 DRAFT_ATTENTION_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 

@@ -25,7 +25,7 @@ from modeld.kernels.skinny_linear import MAX_ROWS, linear
 from modeld.kernels.tile_fitting import launch_fitting
 
 # (N, K, gate|up with SiLU-mul) of a projection after a norm -> the fused kernel's tile, only for the shapes where
-# `python -m bench.fused_kernels --sweep` measured the fused launch faster than the norm, skinny projection (and
+# `python -m bench.kernels.fused --sweep` measured the fused launch faster than the norm, skinny projection (and
 # SiLU-mul) launches it replaces, at the rows modeld sends it (BENCHMARKS.md, H100): the default model's and its
 # draft's gate|up, 1.17x at one row and 1.13x at 16. q|k|v alone is not here: the target's attention input takes
 # the norm, q|k|v and rotary in one launch (norm_qkv_rotary), so this kernel's q|k|v served only the draft's block of

@@ -20,7 +20,7 @@ from modeld.kernels.norm_linear import normed_dot_pair
 from modeld.kernels.tile_fitting import launch_fitting
 
 # q|k|v weight shape (N, K) -> (BLOCK_J, BLOCK_K, warps, stages), only where the one launch was measured faster than
-# the norm, skinny q|k|v and rotary_store launches it replaces (`python -m bench.fused_kernels --sweep`, H100,
+# the norm, skinny q|k|v and rotary_store launches it replaces (`python -m bench.kernels.fused --sweep`, H100,
 # BENCHMARKS.md): the default model's, 1.14x at one row with this tile. The 8B geometry's ran at best 0.97x, so it
 # runs them apart.
 ATTENTION_TILES: dict[tuple[int, int], tuple[int, int, int, int]] = {(960, 576): (32, 256, 4, 3)}

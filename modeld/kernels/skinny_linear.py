@@ -4,7 +4,8 @@ kernel that streams W once.
 Why: at one row cuBLAS runs the 8B geometry's QKV and o_proj at 66-67% of the H200's bandwidth and splits o_proj over
 K, which adds a reduction kernel (BENCHMARKS.md, the 8B step profile). Here every program owns BLOCK_N
 output columns of every row and walks all of K, so there is one launch and no reduction. The kernel runs only for the
-weight shapes where `python -m bench.skinny_linear` measured it faster than cuBLAS (TILES); other shapes stay on cuBLAS.
+weight shapes where `python -m bench.kernels.skinny_linear` measured it faster than cuBLAS (TILES); other shapes stay
+on cuBLAS.
 
 Rows are padded to 16 (the smallest tensor-core tile), so a row's result depends on W, b and that row only: one
 request decoded alone gives the same logits as inside a block of 16 rows. The tile sizes depend on (N, K) only, for
@@ -59,8 +60,8 @@ def _skinny_kernel(
     tl.store(out, acc.to(y.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
 
 
-# (block_n, block_k, num_warps, num_stages) by the weight's (N, K): the fastest tile of `python -m bench.skinny_linear`
-# at one row on an H100 (BENCHMARKS.md), for the shapes where it beat cuBLAS. The 8B geometry (Llama-3-8B): QKV,
+# (block_n, block_k, num_warps, num_stages) by the weight's (N, K): the fastest tile of
+# `python -m bench.kernels.skinny_linear` at one row on an H100 (BENCHMARKS.md), for the shapes where it beat cuBLAS. The 8B geometry (Llama-3-8B): QKV,
 # o_proj, gate|up, down; the default model (SmolLM2-135M): the same four.
 TILES: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (6144, 4096): (64, 256, 4, 4),

@@ -1,7 +1,7 @@
 """CUDA graphs of the target forward for the shapes decoding repeats every step: B requests of q tokens each,
 q = 1 (plain decode) or q = the DFLASH block (verify), B padded up to a bucket; and one request's prompt chunk of
 up to 128 tokens, padded up to 16, 32, 64 or 128 (an eager forward of a short prompt was mostly kernel launches:
-about 16 ms of a batch-1 request's first tokens on an H100, bench.step_span).
+about 16 ms of a batch-1 request's first tokens on an H100, bench.engine.step_span).
 
 A graph reads its inputs from one static device array (the rows of modeld.runner.model_runner's packed inputs), written by one
 host->device copy per step, so nothing per step is frozen at capture: token ids, positions, slots, request rows,
