@@ -150,6 +150,7 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
         graphs=graphs,
         spec=worker,
         overlap_decode=tuning.overlaps_decode(cfg.device),
+        hooks=hooks,
     )
     if worker is not None and graphs is not None:
         worker.use_graphs(graphs)

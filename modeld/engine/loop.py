@@ -181,6 +181,7 @@ class Engine:
         self.hooks.enter("commit")
         self._commit(results)
         self.hooks.leave("commit")
+        self.hooks.committed(results)
         metrics.step_done(started, results)
         self.hooks.enter("emit")
         self._emit(results)

@@ -63,7 +63,7 @@ class MemdCalls:
         """One Alloc of a step's positions, carrying the releases due. A refusal (grpc.RpcError) changed nothing in
         memd and leaves the releases pending."""
         commits = self.outgoing_commits(lean)
-        answer = self._waited(
+        answer = self._observed(
             "memd alloc", self.session.alloc, extends=extends, grows=grows, **self._release_args(lean)
         )
         self._sent(commits)
@@ -136,7 +136,7 @@ class MemdCalls:
         if self.releases or self.commits or self.trims:
             commits = self.outgoing_commits(lean=True)
             try:
-                self._waited("memd free", self.session.free, **self._release_args(lean=True))
+                self._observed("memd free", self.session.free, **self._release_args(lean=True))
             except grpc.RpcError as exc:
                 if exc.code() in MEMD_GONE:
                     raise
@@ -169,7 +169,7 @@ class MemdCalls:
         ]
         for op in ops:
             try:
-                self._waited("memd free", self.session.free, **op)
+                self._observed("memd free", self.session.free, **op)
             except grpc.RpcError as exc:
                 if exc.code() in MEMD_GONE:
                     raise
@@ -187,7 +187,7 @@ class MemdCalls:
             r = p.req
             op = dict(grows=[(r.rid, p.ask)]) if p.decode else dict(extends=[(r.rid, r.held, p.ask)])
             try:
-                answers.update({a.rid: a for a in self._waited("memd alloc", self.session.alloc, **op).requests})
+                answers.update({a.rid: a for a in self._observed("memd alloc", self.session.alloc, **op).requests})
             except grpc.RpcError as exc:
                 if exc.code() in MEMD_GONE:
                     raise
@@ -198,8 +198,13 @@ class MemdCalls:
         """One Alloc of these top-ups (rid, positions) with the releases due, without waiting: its answer is applied
         before the next step that needs it (or at once if it is there). Only while no call is in flight."""
         sent = InFlight(None, self.releases, self.cache, self.trims, tops_up=bool(grows))
-        sent.future = self.session.alloc_async(
-            grows=grows, trims=sorted(sent.trims.items()), finishes=sent.finishes, cache=list(sent.cache.items())
+        sent.future = self._observed(
+            "memd send",
+            self.session.alloc_async,
+            grows=grows,
+            trims=sorted(sent.trims.items()),
+            finishes=sent.finishes,
+            cache=list(sent.cache.items()),
         )
         self.in_flight = sent
         self.releases, self.cache, self.trims = [], {}, {}
@@ -213,10 +218,10 @@ class MemdCalls:
 
     def _await_answer(self, future):
         """memd's answer to a call sent ahead (the engine waits here only when a step needs it)."""
-        return future.result() if future.done() else self._waited("memd answer", future.result)
+        return future.result() if future.done() else self._observed("memd answer", future.result)
 
-    def _waited(self, phase: str, call, *args, **kwargs):
-        """A call to memd the engine thread waits for, between the hooks' boundaries."""
+    def _observed(self, phase: str, call, *args, **kwargs):
+        """A call to memd (the engine thread waits for it, or for its sending alone), between the hooks' boundaries."""
         self.hooks.enter(phase)
         try:
             return call(*args, **kwargs)
@@ -262,7 +267,7 @@ class MemdCalls:
         the same call when it has room (the request's first chunk: an admission in one round trip). False
         when memd has no request row free now."""
         try:
-            answer = self._waited("memd match", self.session.match_prefix, r.rid, r.all_ids[:-1], extend_to=extend_to)
+            answer = self._observed("memd match", self.session.match_prefix, r.rid, r.all_ids[:-1], extend_to=extend_to)
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise
@@ -283,8 +288,8 @@ class MemdCalls:
     def match_batch(self, picks: list[tuple[Request, int]]) -> bool:
         """Registers waiting requests in memd in one MatchPrefixBatch, each (request, where the positions granted with
         its match end; 0: none). Those memd has no row for stay unmatched: True when there were such."""
-        answers = self._waited(
-            "memd match", self.session.match_prefix_batch, [(r.rid, r.all_ids[:-1], end) for r, end in picks]
+        answers = self._observed(
+            "memd match batch", self.session.match_prefix_batch, [(r.rid, r.all_ids[:-1], end) for r, end in picks]
         )
         for (r, _), answer in zip(picks, answers):
             self._matched(r, answer)

@@ -16,6 +16,7 @@ from itertools import accumulate
 import numpy as np
 import torch
 
+from modeld.engine.hooks import EngineHooks
 from modeld.engine.step_items import StepItem
 from modeld.model.causal_lm import CausalLM, ForwardBatch
 from modeld.runner.graphs import GraphRunner
@@ -81,8 +82,10 @@ class ModelRunner:
         graphs: GraphRunner | None = None,
         spec=None,
         overlap_decode: bool = False,
+        hooks: EngineHooks | None = None,
     ):
         self.model = model
+        self.hooks = hooks or EngineHooks()
         self.device = device
         self.taps = tuple(taps)
         self.graphs = graphs
@@ -172,7 +175,10 @@ class ModelRunner:
     def run(self, items: list[StepItem], may_queue_next: Callable[[], bool]) -> list[ItemResult]:
         """The step's tokens per item. `may_queue_next()`: whether the engine would plan the same batch one token
         further next (asked only of a plain decode step that could queue it)."""
+        hooks = self.hooks
+        hooks.enter("prepare")
         inputs = self.prepare(items)
+        hooks.leave("prepare")
         greedy = all(item.req.params.greedy for item in items)
         k = self.steps_ahead(items, inputs)
         if inputs.verify and greedy and self.spec.verify_graphed(inputs):
@@ -187,7 +193,9 @@ class ModelRunner:
         """The tokens of the decode step queued ahead (`items`: its requests still running), after queueing the
         step after it when the batch goes on unchanged."""
         if len(items) == len(pending.items) and self.ahead.enabled and may_queue_next():
+            self.hooks.enter("forward")
             self.ahead.queue_next(items, pending.inputs, pending.tokens)
+            self.hooks.leave("forward")
         host = pending.copy.values()
         live = {id(item) for item in items}
         return results(items, [[[token]] for item, token in zip(pending.items, host) if id(item) in live])
@@ -195,18 +203,23 @@ class ModelRunner:
     def _greedy_cycles(self, items: list[StepItem], inputs: StepInputs, k: int) -> list[ItemResult]:
         """k whole greedy verify steps in one graph: per step, its tokens, then its committed lengths."""
         block, width = self.spec.block, inputs.graph[0] * self.spec.block
-        host = self.spec.replay_greedy_cycles(inputs, k).tolist()
+        self.hooks.enter("forward")  # the drafts included
+        cycles = self.spec.replay_greedy_cycles(inputs, k)
+        self.hooks.leave("forward")
+        host = cycles.tolist()
         return results(
             items, [[row[i * block : i * block + row[width + i]] for row in host] for i in range(len(items))]
         )
 
     def _decode_steps(self, items: list[StepItem], inputs: StepInputs, k: int, greedy: bool) -> list[ItemResult]:
         """k decode steps back to back: one graph of k greedy steps, else a chain of one-step replays."""
+        self.hooks.enter("forward")  # a chain's sampling and draft context included
         if greedy and self.graphs.has_decode_steps(inputs.graph[0], k):
             steps = self.graphs.replay_decode_steps(inputs.graph[0], k)
         else:
             params = [item.req.params for item in items]
             steps = decode_chain(self, self.spec, inputs, params, [item.req.generator for item in items], k)
+        self.hooks.leave("forward")
         host = steps.tolist()
         return results(items, [[[row[i]] for row in host] for i in range(len(items))])
 
@@ -214,15 +227,22 @@ class ModelRunner:
         self, items: list[StepItem], inputs: StepInputs, greedy: bool, may_queue_next: Callable[[], bool]
     ) -> list[ItemResult]:
         """The draft (verify items), one target forward, sampling, acceptance."""
-        verify = inputs.verify
-        drafts = self.spec.propose_into(inputs, max(items[i].req.computed for i in verify)) if verify else None
+        verify, hooks = inputs.verify, self.hooks
+        drafts = None
+        if verify:
+            hooks.enter("draft")
+            drafts = self.spec.propose_into(inputs, max(items[i].req.computed for i in verify))
+            hooks.leave("draft")
+        hooks.enter("forward")
         out = self.forward(inputs)
+        hooks.leave("forward")
         # Rows sampled per item: a verify block's every row; otherwise the last row, once the item's pending tokens
         # are all computed (a prompt chunk short of the end samples nothing).
         counts = [item.num_tokens if item.verify else int(item.num_tokens == item.req.pending) for item in items]
         owners = [item for item, n in zip(items, counts) for _ in range(n)]
         firsts = [0, *accumulate(counts)][:-1]  # each item's first sampled row
         sampled = None
+        hooks.enter("sample")
         if owners:
             rows = [off + item.num_tokens - n + j for item, off, n in zip(items, out.offsets, counts) for j in range(n)]
             picked = row_index(rows, len(out.hidden), out.hidden.device)
@@ -231,6 +251,7 @@ class ModelRunner:
             else:
                 logits = self.model.logits(out.hidden[picked])
                 sampled = sample(logits, [o.req.params for o in owners], [o.req.generator for o in owners])
+        hooks.leave("sample")
         lengths = None
         if self.spec is not None:
             verify_rows = [firsts[i] + j for i in verify for j in range(counts[i])]
@@ -238,7 +259,9 @@ class ModelRunner:
             lengths = self.spec.after_forward(inputs, out, drafts, target)
         if lengths is None and owners and self.ahead.enabled and may_queue_next():  # the next step, then these tokens
             copied = HostCopy.of(sampled)
+            hooks.enter("forward")
             self.ahead.queue_next(items, inputs, sampled)
+            hooks.leave("forward")
             host = copied.values()
         else:
             host = (sampled if lengths is None else torch.cat([sampled, lengths])).tolist() if owners else []
