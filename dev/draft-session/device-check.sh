@@ -25,16 +25,16 @@ if [ "${1:-}" = dummy ] || [ "${1:-}" = dummy-speed ] || [ "${1:-}" = accept ]; 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 if [ "${1:-}" = accept ]; then  # on a bare machine (carry .whl only): the one-launch acceptance rule, in and out of graphs
-    python3 -m pytest -q tests/kernels/test_accept.py tests/kernels/test_argmax.py tests/modeld/test_device_sampling.py \
-        tests/dflash/test_greedy_cycle_gpu.py tests/dflash/test_dummy_draft.py tests/dflash/test_draft_serving.py \
-        tests/modeld/test_cuda_graph.py tests/modeld/test_decode_chain.py > "$OUT/suite-accept.txt" 2>&1
+    python3 -m pytest -q tests/modeld/kernels/test_accept.py tests/modeld/kernels/test_argmax.py tests/modeld/runner/test_device_sampling.py \
+        tests/modeld/spec/test_greedy_cycle_gpu.py tests/modeld/spec/test_dummy_draft.py tests/modeld/spec/test_draft_serving.py \
+        tests/modeld/runner/test_cuda_graph.py tests/modeld/runner/test_decode_chain.py > "$OUT/suite-accept.txt" 2>&1
     tail -3 "$OUT/suite-accept.txt"
     timeout 60 python3 -m bench.kernels.fused --rows 1,16 --only DFLASH > "$OUT/accept.md" 2>&1; cat "$OUT/accept.md"
     exit 0
 fi
 if [ "${1:-}" = dummy ]; then
-    python3 -m pytest -q tests/kernels/test_norm_linear.py tests/kernels/test_norm_qkv_rotary.py \
-        tests/kernels/test_qk_norm_rotary.py tests/kernels/test_argmax.py > "$OUT/suite-fused.txt" 2>&1
+    python3 -m pytest -q tests/modeld/kernels/test_norm_linear.py tests/modeld/kernels/test_norm_qkv_rotary.py \
+        tests/modeld/kernels/test_qk_norm_rotary.py tests/modeld/kernels/test_argmax.py > "$OUT/suite-fused.txt" 2>&1
     tail -2 "$OUT/suite-fused.txt"
     # modeld's tiles (FUSED_TILES, ATTENTION_TILES) and 18 others at the rows modeld fuses (1 and 16; about 150 s)
     timeout 240 python3 -m bench.kernels.fused --rows 1,16 --sweep > "$OUT/fused_kernels.md" 2>&1
@@ -104,13 +104,13 @@ if [ "${1:-}" = threshold ]; then  # where DFLASH stops paying: needs the model 
 fi
 if [ "${1:-}" != speed ]; then  # `device-check.sh speed`: the benchmarks alone, after a `suites` call on this machine
 if [ "${1:-}" != model ]; then  # `device-check.sh model`: the model suite and the shipped draft alone
-python3 -m pytest -q tests/kernels tests/memd/test_tables_written.py tests/modeld/test_cuda_graph.py tests/modeld/test_device_sampling.py \
-    tests/dflash/test_dummy_draft.py tests/dflash/test_draft_serving.py tests/dflash/test_greedy_cycle_gpu.py \
-    tests/dflash/test_draft_attention.py tests/modeld/test_decode_chain.py > "$OUT/suite-kernels.txt" 2>&1; tail -3 "$OUT/suite-kernels.txt"
+python3 -m pytest -q tests/modeld/kernels tests/memd/test_tables_written.py tests/modeld/runner/test_cuda_graph.py tests/modeld/runner/test_device_sampling.py \
+    tests/modeld/spec/test_dummy_draft.py tests/modeld/spec/test_draft_serving.py tests/modeld/spec/test_greedy_cycle_gpu.py \
+    tests/modeld/spec/test_draft_attention.py tests/modeld/runner/test_decode_chain.py > "$OUT/suite-kernels.txt" 2>&1; tail -3 "$OUT/suite-kernels.txt"
 fi
-python3 -m pytest -q tests/modeld/test_forward_vs_hf.py tests/e2e/test_generate.py tests/dflash/test_dflash_gpu.py \
-    tests/e2e/test_several_steps_gpu.py tests/modeld/test_step_ahead.py -k "cuda or gpu or graph or several" > "$OUT/suite-model.txt" 2>&1; tail -3 "$OUT/suite-model.txt"
-python3 -m pytest -q tests/dflash/test_default_draft.py 2>&1 | tail -2  # the shipped draft, lossless (its daemons run on the CPU)
+python3 -m pytest -q tests/modeld/model/test_forward_vs_hf.py tests/e2e/test_generate.py tests/modeld/spec/test_dflash_gpu.py \
+    tests/e2e/test_several_steps_gpu.py tests/modeld/runner/test_step_ahead.py -k "cuda or gpu or graph or several" > "$OUT/suite-model.txt" 2>&1; tail -3 "$OUT/suite-model.txt"
+python3 -m pytest -q tests/modeld/spec/test_default_draft.py 2>&1 | tail -2  # the shipped draft, lossless (its daemons run on the CPU)
 [ "${1:-}" = suites ] || [ "${1:-}" = model ] && exit 0  # `device-check.sh suites`: the suites alone (about half the call), no benchmarks
 fi
 python3 -m bench.memd.waits --device cuda --batch1 20 --new-tokens 32 > "$OUT/memd_waits.md" 2> "/tmp/memd_waits.log"

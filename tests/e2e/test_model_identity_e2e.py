@@ -1,5 +1,5 @@
 """The prefix cache belongs to a model identity, end to end: memd (--strict) and three modelds on the CPU in fp32,
-on tiny random Qwen3 targets of one shape (tests/dflash/tiny_models.py): `first`, `second` (other weights), and a
+on tiny random Qwen3 targets of one shape (tests/tiny_models.py): `first`, `second` (other weights), and a
 copy of `first` in another folder. modeld sends a fingerprint of its config, dtypes and weights at Attach
 (modeld.model.fingerprint), and memd matches a session's prompts only against its own model's cached prefixes: `second`
 finds nothing of `first`'s prompt and gives its own model's output, while the copy of `first` hits it. Capacity
@@ -14,8 +14,8 @@ import torch
 
 import client
 from memd.attach import MemdSession
+from tests import tiny_models as tm
 from tests.daemons import memd_args, run_memd, run_modeld
-from tests.dflash import tiny_models as tm
 
 NEW_TOKENS = 8
 PROMPT = random.Random(10).choices(range(1, 512), k=48)

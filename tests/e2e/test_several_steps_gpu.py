@@ -3,7 +3,7 @@ daemons on the GPU (default model, bf16): 16 requests at once give the output of
 (plain, a (random) DFLASH draft verifying, and the draft's context written by plain decodes while the batch is too
 large to speculate) except where bf16 rounding decides a near-tie (their batches differ over time, so their GEMMs
 may too); seeded sampled ones run their whole length (the same tokens as steps one at a time are checked on the
-device's own inputs in tests/modeld/test_decode_chain.py: here the arrivals' batches differ from run to run, and
+device's own inputs in tests/modeld/runner/test_decode_chain.py: here the arrivals' batches differ from run to run, and
 a sampled token, unlike a greedy one, has no near-tie rule). modeld's metrics show that steps ran several at a
 time; memd's pools end free (run_memd)."""
 
@@ -14,9 +14,9 @@ import pytest
 import client
 from tests.conftest import NEAR_TIE
 from tests.daemons import memd_args, run_memd, run_modeld
-from tests.dflash.test_dflash_gpu import first_difference_is_a_near_tie
-from tests.dflash.tiny_models import write_draft
 from tests.gateway.test_metrics_scrape import settled, total
+from tests.modeld.spec.test_dflash_gpu import first_difference_is_a_near_tie
+from tests.tiny_models import write_draft
 
 pytestmark = pytest.mark.gpu
 REQUESTS, MAX_NEW = 16, 48

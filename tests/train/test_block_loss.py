@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.dflash.tiny_models import load_hf, write_random_target
+from tests.tiny_models import load_hf, write_random_target
 from tests.train.per_anchor_reference import per_anchor_loss
 from train.block_layout import TILE, DeviceLayout, build_layout, key_tiles
 from train.block_loss import FIXED_LAYOUTS, block_loss

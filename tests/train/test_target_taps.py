@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tests.dflash.tiny_models import load_hf, write_random_target
+from tests.tiny_models import load_hf, write_random_target
 from train.block_layout import CONTEXT, TILE, DeviceLayout, build_layout, context_tiles
 from train.packed_attention import dense
 from train.target_taps import check_supported, tapped_states

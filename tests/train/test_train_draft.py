@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaConfig
 
 from modeld.spec.draft import load_draft
-from tests.dflash.tiny_models import load_hf, write_random_target
+from tests.tiny_models import load_hf, write_random_target
 from train.batches import epoch_batches, sample_anchors, valid_anchors, weighted
 from train.block_loss import block_loss
 from train.train_draft import (

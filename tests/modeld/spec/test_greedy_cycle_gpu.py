@@ -18,11 +18,11 @@ from modeld.runner.model_runner import ModelRunner
 from modeld.sampling_params import SamplingParams
 from modeld.spec.draft import load_draft
 from modeld.spec.worker import DflashWorker
-from tests.modeld.paged import PagedPools
+from tests.modeld.runner.paged import PagedPools
 
 pytestmark = pytest.mark.gpu
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 TARGET = ROOT / "bench" / "configs" / "smollm2-135m"
 DRAFT = ROOT / "modeld" / "default_draft"
 

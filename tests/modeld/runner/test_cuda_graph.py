@@ -19,7 +19,7 @@ from modeld.runner.graphs import GraphRunner, batch_buckets, graph_shape, lone_s
 from modeld.runner.inputs import FIELDS
 from modeld.runner.model_runner import ModelRunner
 from modeld.sampling_params import SamplingParams
-from tests.modeld.paged import PagedPools
+from tests.modeld.runner.paged import PagedPools
 
 gpu = pytest.mark.gpu
 

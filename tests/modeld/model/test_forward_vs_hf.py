@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 
 from modeld.model.fetch_default import ensure_default_model
 from modeld.model.loader import load_target
-from tests.modeld.paged import PagedPools
+from tests.modeld.runner.paged import PagedPools
 
 ATOL, RTOL = 2e-4, 1e-4
 

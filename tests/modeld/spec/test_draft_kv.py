@@ -14,7 +14,7 @@ from modeld.model.loader import load_target
 from modeld.spec.draft import load_draft
 from modeld.spec.worker import DflashWorker
 from tests.daemons import memd_args, run_memd
-from tests.dflash.tiny_models import load_hf, write_draft, write_random_target
+from tests.tiny_models import load_hf, write_draft, write_random_target
 
 TAPS = (1, 3)  # 3 is the last layer: HF's hidden_states[4] is the final norm's output
 

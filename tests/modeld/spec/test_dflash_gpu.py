@@ -13,7 +13,7 @@ import torch
 import client
 from tests.conftest import NEAR_TIE
 from tests.daemons import memd_args, run_memd, run_modeld
-from tests.dflash.tiny_models import write_draft
+from tests.tiny_models import write_draft
 
 pytestmark = pytest.mark.gpu
 MAX_NEW = 64

@@ -1,6 +1,6 @@
 """The residual add + RMSNorm (+ SiLU-mul) folded into the skinny projection, against the same ops unfused: the
 residual stream it stores, the projection's values, one row alone equal to the same row among sixteen. On the CPU
-(Triton's interpreter) in fp16 only, as tests/kernels/test_skinny_linear.py says why; on a GPU in both 16-bit dtypes."""
+(Triton's interpreter) in fp16 only, as tests/modeld/kernels/test_skinny_linear.py says why; on a GPU in both 16-bit dtypes."""
 
 import pytest
 import torch
@@ -224,7 +224,7 @@ def test_a_model_forward_with_the_norms_fused_equals_it_unfused(device, monkeypa
     give the hidden states of the same forward with the norms, projections, rotary and SiLU-mul apart. Where no
     tile fits the card (the fused launches answer None), the layer runs the ops apart: the same hidden states."""
     from modeld.model.causal_lm import CausalLM, RMSNorm
-    from tests.modeld.paged import PagedPools
+    from tests.modeld.runner.paged import PagedPools
 
     cfg = _tiny_llama()
     torch.manual_seed(0)
@@ -268,7 +268,7 @@ def test_a_model_forward_with_the_norms_fused_equals_it_unfused(device, monkeypa
 def test_the_drafts_block_with_the_norms_fused_equals_it_unfused(device, monkeypatch, tile_fits):
     """The same for the DFLASH draft's serving layers (modeld.spec.serving_draft): one request's block of 4 rows."""
     from modeld.spec.serving_draft import ServingDraft
-    from tests.dflash.test_draft_serving import HIDDEN, contexts_for, make_draft
+    from tests.modeld.spec.test_draft_serving import HIDDEN, contexts_for, make_draft
 
     draft = make_draft(causal=False, dtype=torch.float16, device=device)
     serving = ServingDraft(draft, max_positions=256)
@@ -309,7 +309,7 @@ def test_the_default_models_and_drafts_shapes_take_the_fused_kernels(monkeypatch
     from modeld.model.causal_lm import CausalLM
     from modeld.spec.draft import load_draft
     from modeld.spec.serving_draft import ServingDraft
-    from tests.modeld.paged import PagedPools
+    from tests.modeld.runner.paged import PagedPools
 
     cfg = LlamaConfig(
         vocab_size=49152,

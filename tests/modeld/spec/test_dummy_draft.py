@@ -9,8 +9,8 @@ from transformers import AutoConfig
 
 from modeld.spec.draft import DraftError, load_draft
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "bench" / "configs"
-DRAFT = pathlib.Path(__file__).resolve().parents[2] / "modeld" / "default_draft"
+CONFIGS = pathlib.Path(__file__).resolve().parents[3] / "bench" / "configs"
+DRAFT = pathlib.Path(__file__).resolve().parents[3] / "modeld" / "default_draft"
 
 
 def test_dummy_draft_loads_from_config_alone_and_is_seeded(tmp_path):

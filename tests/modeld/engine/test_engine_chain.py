@@ -10,7 +10,7 @@ import pytest
 from modeld.config import ModeldConfig
 from modeld.engine.build import build_engine
 from tests.daemons import is_idle, memd_args, run_memd
-from tests.modeld.engine_workloads import context_draft, draft_settings, mixed_requests
+from tests.modeld.engine.workloads import context_draft, draft_settings, mixed_requests
 
 
 def chained_steps(items, inputs) -> int:

@@ -8,7 +8,7 @@ from modeld.engine.loop import make_generator
 from modeld.request import Request
 from modeld.sampling_params import SamplingParams
 from tests.daemons import is_idle
-from tests.dflash.tiny_models import write_draft
+from tests.tiny_models import write_draft
 
 
 def context_draft(folder, model):

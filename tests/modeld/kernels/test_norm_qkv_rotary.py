@@ -1,7 +1,7 @@
 """The attention input in one launch (norm + q|k|v projection + rotary + K/V write) against the two launches it
 replaces (the fused norm + projection, then rotary_store): the rotated q, the pool's rows at the slots, nothing
 written for padding rows, the residual stream, one row alone equal to the same row among sixteen. On the CPU
-(Triton's interpreter) in fp16 only, as tests/kernels/test_skinny_linear.py says why; on a GPU in both 16-bit
+(Triton's interpreter) in fp16 only, as tests/modeld/kernels/test_skinny_linear.py says why; on a GPU in both 16-bit
 dtypes."""
 
 import pytest

@@ -1,13 +1,13 @@
 """The per-head q/k RMSNorm + rotary in one launch against its torch reference (rms_norm of each, then rotary):
 strided q and k views of one q|k|v projection, odd token counts, each dtype (bf16 not through Triton's interpreter,
-as tests/kernels/test_fused.py says why); on the CPU through the interpreter, on CUDA compiled."""
+as tests/modeld/kernels/test_fused.py says why); on the CPU through the interpreter, on CUDA compiled."""
 
 import pytest
 import torch
 
 from modeld.kernels.fused import rms_norm_torch, rotary_torch
 from modeld.kernels.qk_norm_rotary import qk_norm_rotary, qk_norm_rotary_torch, qk_norm_rotary_triton
-from tests.kernels.test_fused import DTYPES, assert_matches, skip_interpreted_bf16
+from tests.modeld.kernels.test_fused import DTYPES, assert_matches, skip_interpreted_bf16
 
 
 def _case(device, dtype, tokens, q_heads=4, k_heads=2, head_dim=32, seed=0):

@@ -10,8 +10,8 @@ from modeld.engine.loop import make_generator
 from modeld.request import Request
 from modeld.sampling_params import SamplingParams
 from tests.daemons import memd_args, run_memd
-from tests.dflash.tiny_models import write_draft
-from tests.modeld.engine_workloads import wait_until_released
+from tests.modeld.engine.workloads import wait_until_released
+from tests.tiny_models import write_draft
 
 
 def request(rid: str, ids: list[int], i: int) -> Request:

@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 
 from modeld.model.fetch_default import ensure_default_gguf
 from modeld.model.loader import load_target
-from tests.modeld.paged import PagedPools
+from tests.modeld.runner.paged import PagedPools
 
 
 def our_logits(model, cfg, ids: list[int]) -> torch.Tensor:

@@ -21,9 +21,9 @@ from modeld.runner.steps_ahead import decode_chain
 from modeld.sampling_params import SamplingParams
 from modeld.spec.draft import load_draft
 from modeld.spec.worker import DflashWorker
-from tests.modeld.paged import PagedPools
+from tests.modeld.runner.paged import PagedPools
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 TARGET = ROOT / "bench" / "configs" / "smollm2-135m"
 DRAFT = ROOT / "modeld" / "default_draft"
 STEPS = 4

@@ -1,5 +1,5 @@
 """DFLASH speculative decoding end to end, black box: memd (--strict) and modeld as separate processes on
-the CPU in fp32, tiny random models written to disk by tests/dflash/tiny_models.py, requests by token ids.
+the CPU in fp32, tiny random models written to disk by tests/tiny_models.py, requests by token ids.
 
 - Greedy losslessness: with --speculative-algorithm dflash the output equals plain decoding (the same
   target, --speculative-algorithm none) token for token, one request at a time and six at once, at page
@@ -29,8 +29,8 @@ import pytest
 import torch
 
 import client
+from tests import tiny_models as tm
 from tests.daemons import run_memd, run_modeld
-from tests.dflash import tiny_models as tm
 
 MAX_NEW = 40
 PROMPT_LENGTHS = (5, 16, 27, 38, 49, 60)

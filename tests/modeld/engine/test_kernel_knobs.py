@@ -31,7 +31,7 @@ def switches(built) -> tuple[set, set, tuple]:
     ],
 )
 def test_the_knobs_reach_the_target_and_the_draft(default_model, tmp_path, monkeypatch, tuning, expected):
-    from tests.dflash.tiny_models import write_draft
+    from tests.tiny_models import write_draft
 
     draft = write_draft(
         tmp_path / "draft", default_model, layers=1, block_size=4, target_layer_ids=(1, 15), sliding_window=64

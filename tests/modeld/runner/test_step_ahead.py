@@ -13,8 +13,8 @@ from modeld.config import ModeldConfig
 from modeld.engine.build import build_engine
 from modeld.engine.tuning import Tuning
 from tests.daemons import memd_args, run_memd
-from tests.modeld.engine_workloads import context_draft, draft_settings, mixed_requests, wait_until_released
-from tests.modeld.test_scheduler import Sim, expected_outputs
+from tests.modeld.engine.test_scheduler import Sim, expected_outputs
+from tests.modeld.engine.workloads import context_draft, draft_settings, mixed_requests, wait_until_released
 
 
 def test_a_step_the_scheduler_lets_run_ahead_is_the_one_it_would_plan_with_no_memd_call():

@@ -1,5 +1,5 @@
 """The one-launch acceptance rule against its torch reference (and, through it, the host rule of
-tests/modeld/test_device_sampling.py): block sizes around the tile's, nothing and everything accepted, rows that are
+tests/modeld/runner/test_device_sampling.py): block sizes around the tile's, nothing and everything accepted, rows that are
 views of wider tensors, padding requests (live < 0) committing nothing, no blocks, and misshapen inputs refused."""
 
 import pytest
