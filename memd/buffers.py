@@ -14,6 +14,10 @@ import numpy as np
 from memd.segments import SHM_DIR, Segment
 from protos import memd_pb2
 
+# The card memd's pools live on: the first one CUDA_VISIBLE_DEVICES shows (it chooses the card, as for any CUDA
+# process).
+CUDA_DEVICE = 0
+
 ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4}
 
 

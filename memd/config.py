@@ -12,12 +12,10 @@ from memd.addresses import check_address, unix_path
 @dataclass(frozen=True)
 class MemdConfig:
     device: str = "cpu"  # cpu: POSIX shared memory; cuda: CuPy + CUDA IPC
-    device_id: int = 0
     target_model: str = ""
     draft_model: str | None = None  # None: plain decoding, no draft pool
     draft_kv_ratio: float = 1.0
     draft_window: int | None = None
-    num_draft_tokens: int | None = None  # overrides the draft's block size
     draft_eviction_interval: int = 8  # scheduler steps between out-of-window frees
     # decode slots a client may hold ahead of need, per request (sized into the draft cap); None: by the draft
     # (memd.defaults.default_decode_lookahead)
@@ -60,7 +58,6 @@ class MemdConfig:
                 f"--context-length must be >= 1, got {self.context_length}",
             ),
             (self.draft_window is None or self.draft_window > 0, "--draft-window must be > 0"),
-            (self.num_draft_tokens is None or self.num_draft_tokens > 0, "--num-draft-tokens must be > 0"),
             (self.kv_cache_dtype in ("auto", "bfloat16", "float16", "float32"), "bad --kv-cache-dtype"),
             (self.metrics_port is None or 0 <= self.metrics_port <= 65535, "--metrics-port must be in 0..65535"),
         ]
@@ -72,7 +69,6 @@ class MemdConfig:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memd", description="KV-memory manager daemon")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when a GPU is visible")
-    p.add_argument("--device-id", type=int, default=0)
     p.add_argument("--target-model", help="Hugging Face folder (default: the project's SmolLM2-135M-Instruct)")
     p.add_argument(
         "--draft-model",
@@ -91,7 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="draft KV window in tokens (required below ratio 1; default: the draft's own for the draft "
         "chosen by default)",
     )
-    p.add_argument("--num-draft-tokens", type=int, help="draft block size (default: the draft's block_size)")
     p.add_argument("--draft-eviction-interval", type=int, default=8, help="steps between out-of-window draft frees")
     p.add_argument(
         "--decode-lookahead",
@@ -123,13 +118,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_metrics_arguments(p: argparse.ArgumentParser) -> None:
-    """--metrics-port and --metrics-host, the same on both daemons."""
+    """--metrics-port, the same on both daemons."""
     p.add_argument(
         "--metrics-port",
-        type=int,
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; 0: any free port, logged)",
+        type=metrics_address,
+        metavar="[HOST:]PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; HOST: loopback unless given; "
+        "PORT 0: any free port, logged)",
     )
-    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint (default: loopback)")
+
+
+def metrics_address(text: str) -> tuple[str, int]:
+    """--metrics-port's value: (host, port), the host loopback unless given ("[HOST:]PORT"; an IPv6 host in [])."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]") if sep else "127.0.0.1"
+    try:
+        number = int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not [HOST:]PORT") from None
+    if not host or not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not [HOST:]PORT with a port in 0..65535")
+    return host, number
 
 
 def resolve_device(device: str) -> str:
@@ -178,12 +187,10 @@ def config_from_args(argv: list[str] | None = None) -> MemdConfig:
     window = args.draft_window if args.draft_window is not None or not by_default else defaults.default_draft_window()
     return MemdConfig(
         device=device,
-        device_id=args.device_id,
         target_model=args.target_model or str(defaults.default_target_dir()),
         draft_model=None if draft.lower() == "none" else draft,
         draft_kv_ratio=ratio,
         draft_window=window,
-        num_draft_tokens=args.num_draft_tokens,
         draft_eviction_interval=args.draft_eviction_interval,
         decode_lookahead=args.decode_lookahead,
         page_size=args.page_size,
@@ -197,7 +204,7 @@ def config_from_args(argv: list[str] | None = None) -> MemdConfig:
         listen=listen,
         allow_group=None if args.allow_group is None else group_id(args.allow_group),
         strict=args.strict or os.environ.get("MEMD_STRICT", "") not in ("", "0"),
-        metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_port[0] if args.metrics_port else "127.0.0.1",
+        metrics_port=args.metrics_port[1] if args.metrics_port else None,
         log_level=args.log_level,
     )

@@ -4,6 +4,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from memd.buffers import CUDA_DEVICE
 from memd.config import MemdConfig
 from memd.geometry import GeometryError, ModelGeometry, read_config, read_geometry
 from memd.sizing import (
@@ -72,7 +73,7 @@ def device_free_bytes(cfg: MemdConfig) -> int:
     if cfg.device == "cuda":
         import cupy
 
-        with cupy.cuda.Device(cfg.device_id):
+        with cupy.cuda.Device(CUDA_DEVICE):
             free, _ = cupy.cuda.runtime.memGetInfo()
         return int(free)
     shm = os.statvfs("/dev/shm")
@@ -87,7 +88,7 @@ def make_plan(cfg: MemdConfig) -> PoolPlan:
         draft = read_geometry(cfg.draft_model, draft=True) if cfg.draft_model else None
     except GeometryError as exc:
         raise ConfigError(str(exc)) from None
-    block = (cfg.num_draft_tokens or draft.block_size) if draft else 0
+    block = draft.block_size if draft else 0  # modeld verifies blocks of at most the draft's own
     validate(cfg, target, draft, block)
     # auto: the checkpoint's dtype on CUDA; float32 on CPU, where modeld computes in float32.
     kv_dtype = (

@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from memd.buffers import CudaBuffers, ShmBuffers
+from memd.buffers import CUDA_DEVICE, CudaBuffers, ShmBuffers
 from memd.config import MemdConfig, config_from_args
 from memd.limits import max_request_bytes
 from memd.metrics import RpcTimer, observe_rpc, start_metrics
@@ -74,7 +74,7 @@ class StopSignals:
 
 def make_buffers(cfg: MemdConfig, epoch: int):
     if cfg.device == "cuda":
-        return CudaBuffers(cfg.device_id)
+        return CudaBuffers(CUDA_DEVICE)
     return ShmBuffers(f"memd-{os.getpid()}-{epoch:016x}")
 
 

@@ -144,8 +144,8 @@ def config_from_args(argv=None) -> ModeldConfig:
         max_open_streams=args.max_open_streams,
         stream_interval=args.stream_interval,
         connect_timeout=args.connect_timeout,
-        metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_port[0] if args.metrics_port else "127.0.0.1",
+        metrics_port=args.metrics_port[1] if args.metrics_port else None,
         log_level=args.log_level,
         tuning=tuning_from_environment(),
     )

@@ -124,9 +124,12 @@ def test_draft_window_equal_to_block_is_accepted(target_dir, draft_dir):
     assert plan.window == BLOCK
 
 
-def test_draft_window_checked_against_num_draft_tokens(target_dir, draft_dir):
+def test_draft_window_checked_against_the_drafts_block_size(tmp_path, target_dir):
+    config = dflash_draft()
+    config["dflash_config"]["block_size"] = 128
+    draft = write_folder(tmp_path, "d", config)
     with pytest.raises(ConfigError, match="--draft-window 64 is smaller than the draft block size 128"):
-        make_plan(memd_config(target_dir, draft_dir, num_draft_tokens=128))
+        make_plan(memd_config(target_dir, draft))
 
 
 def test_draft_with_a_full_attention_layer(tmp_path, target_dir):
@@ -288,11 +291,10 @@ def test_plan_from_max_total_tokens(target_dir, draft_dir):
     assert plan.page_size == 16
 
 
-def test_num_draft_tokens_overrides_block_size(target_dir, draft_dir):
-    plan = make_plan(memd_config(target_dir, draft_dir, num_draft_tokens=16))
-    assert plan.block_size == 16
-    assert plan.sizes.request_cap == request_cap(DraftShape(DRAFT_COST, 16, 64, 8, lookahead=96), 1, 2, 32)
-    assert plan.sizes.request_cap > make_plan(memd_config(target_dir, draft_dir)).sizes.request_cap
+def test_the_request_cap_is_sized_for_the_drafts_own_block(target_dir, draft_dir):
+    plan = make_plan(memd_config(target_dir, draft_dir))
+    assert plan.block_size == BLOCK
+    assert plan.sizes.request_cap == request_cap(DraftShape(DRAFT_COST, BLOCK, 64, 8, lookahead=96), 1, 2, 32)
 
 
 @pytest.mark.parametrize("ratio", [0.25, 1.0])
@@ -431,15 +433,31 @@ def test_dflash_is_the_default_on_cuda_for_the_default_target(monkeypatch):
 
 def test_args_reach_the_config(argv):
     cfg = config_from_args(
-        argv + ["--draft-kv-ratio", "0.25", "--draft-window", "64", "--num-draft-tokens", "16", "--page-size", "16"]
+        argv
+        + ["--draft-kv-ratio", "0.25", "--draft-window", "64", "--page-size", "16", "--metrics-port", "0.0.0.0:9100"]
     )
     assert cfg.draft_kv_ratio == 0.25
     assert cfg.draft_window == 64
-    assert cfg.num_draft_tokens == 16
     assert cfg.page_size == 16
+    assert (cfg.metrics_host, cfg.metrics_port) == ("0.0.0.0", 9100)
     assert cfg.listen == "127.0.0.1:5555"
     assert cfg.device == "cpu"
     assert cfg.strict is False
+
+
+@pytest.mark.parametrize(
+    "value,address", [("9100", ("127.0.0.1", 9100)), ("[::1]:0", ("::1", 0)), ("10.0.0.2:80", ("10.0.0.2", 80))]
+)
+def test_the_metrics_address_takes_an_optional_host(argv, value, address):
+    cfg = config_from_args(argv + ["--metrics-port", value])
+    assert (cfg.metrics_host, cfg.metrics_port) == address
+
+
+@pytest.mark.parametrize("value", ["", "host:", "70000", "a:b", ":9100"])
+def test_a_bad_metrics_address_is_refused(argv, value, capsys):
+    with pytest.raises(SystemExit):
+        config_from_args(argv + ["--metrics-port", value])
+    assert "[HOST:]PORT" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("value,strict", [("1", True), ("yes", True), ("0", False), ("", False)])
