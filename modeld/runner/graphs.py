@@ -24,6 +24,7 @@ draft, commit and cycle graphs: modeld.spec.graphs) are captured through `captur
 """
 
 import contextlib
+import gc
 import logging
 import time
 
@@ -173,7 +174,12 @@ class GraphRunner:
 
     @contextlib.contextmanager
     def capturing(self):
-        """The stream capture_steps captures on, joined with the current stream (and synchronised) afterwards."""
+        """The stream capture_steps captures on, joined with the current stream (and synchronised) afterwards. The
+        garbage collector is off meanwhile (after one collection): an unreachable CUDA graph it freed mid-capture
+        would break the capture."""
+        collecting = gc.isenabled()
+        gc.collect()
+        gc.disable()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         self.stream = stream
@@ -184,6 +190,8 @@ class GraphRunner:
             self.stream = None
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
+            if collecting:
+                gc.enable()
 
     def capture_steps(self, bucket: int, q: int, steps) -> tuple[torch.cuda.CUDAGraph, object]:
         """A graph of `steps()` over `bucket` padding requests of q tokens (they write no K/V and commit nothing), in

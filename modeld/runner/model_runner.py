@@ -90,7 +90,7 @@ class ModelRunner:
         self.taps = tuple(taps)
         self.graphs = graphs
         self.spec = spec  # the DFLASH worker (modeld.spec.worker), or None
-        self.ahead = StepAhead(self, spec, overlap_decode)  # a decode step queued before the last is committed
+        self.ahead = StepAhead(spec, overlap_decode)  # a decode step queued before the last is committed
         self.bind(pools)
 
     def bind(self, pools: dict[str, torch.Tensor]) -> None:
@@ -168,7 +168,7 @@ class ModelRunner:
         if inputs.verify and not all(item.req.params.greedy for item in items):
             return 1
         spare = min(item.req.held - item.req.computed for item in items)
-        fused = self.spec.cycle_steps(inputs.graph[0]) if inputs.verify else None
+        fused = self.spec.cycle_steps(inputs.graph[0]) if inputs.verify and self.spec is not None else None
         return self.graphs.steps_for(inputs.graph, len(items), spare, fused)
 
     # ---- one engine step ---------------------------------------------------------------------------------------
@@ -194,7 +194,7 @@ class ModelRunner:
         step after it when the batch goes on unchanged."""
         if len(items) == len(pending.items) and self.ahead.enabled and may_queue_next():
             self.hooks.enter("forward")
-            self.ahead.queue_next(items, pending.inputs, pending.tokens)
+            self.ahead.queue_next(self, items, pending.inputs, pending.tokens)
             self.hooks.leave("forward")
         host = pending.copy.values()
         live = {id(item) for item in items}
@@ -260,7 +260,7 @@ class ModelRunner:
         if lengths is None and owners and self.ahead.enabled and may_queue_next():  # the next step, then these tokens
             copied = HostCopy.of(sampled)
             hooks.enter("forward")
-            self.ahead.queue_next(items, inputs, sampled)
+            self.ahead.queue_next(self, items, inputs, sampled)
             hooks.leave("forward")
             host = copied.values()
         else:

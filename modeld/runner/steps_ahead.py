@@ -107,18 +107,22 @@ class PendingStep:
 
 
 class StepAhead:
-    def __init__(self, runner, dflash, enabled: bool):
-        self.runner = runner
+    """The pending step of one runner. It holds no reference to the runner (the runner passes itself to
+    queue_next): a cycle between them would leave a runner, and its CUDA graphs, to the cyclic garbage collector,
+    which may free them in the middle of another runner's graph capture, and a graph freed there breaks the
+    capture."""
+
+    def __init__(self, dflash, enabled: bool):
         self.dflash = dflash  # its draft context is written by every decode (speculation off for a large batch)
         self.enabled = enabled
         self.pending: PendingStep | None = None
 
-    def queue_next(self, items: list[StepItem], inputs: StepInputs, tokens: torch.Tensor) -> None:
+    def queue_next(self, runner, items: list[StepItem], inputs: StepInputs, tokens: torch.Tensor) -> None:
         """Queues the decode step after the one whose tokens (on the device, [items]) are `tokens`: the same batch,
         fed those tokens, at the next position of every request (a decode chain of one step, writing the draft's
         context with DFLASH)."""
         following = decode_chain(
-            self.runner,
+            runner,
             self.dflash,
             inputs,
             [item.req.params for item in items],

@@ -48,7 +48,7 @@ def setup(tmp_path_factory):
     pools.kv, pools.req_to_token = bound["target_kv"], bound["req_to_token"]
     worker = DflashWorker(draft, model, bound)
     graphs = GraphRunner(8, (1, worker.block), FIELDS, "cuda", steps_per_replay=4, several_from=1, cycles_from=1)
-    runner = ModelRunner(model, bound, "cuda", taps=worker.taps, graphs=graphs)
+    runner = ModelRunner(model, bound, "cuda", taps=worker.taps, graphs=graphs, spec=worker)
     worker.use_graphs(graphs)
     return model, cfg, pools, bound, worker, runner
 
