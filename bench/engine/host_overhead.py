@@ -18,69 +18,55 @@ import statistics
 import sys
 import time
 
-import modeld.engine.loop
-from bench.common.in_process import Patches, running_engine
+from bench.common.engine_hooks import PhaseTimer, SwitchableHooks
+from bench.common.in_process import running_engine
 from bench.common.memd_process import memd_process
 from bench.common.requests import generate_all
 from bench.common.tiny_host import TINY, many_requests_memd_flags, random_prompts
 from modeld.config import ModeldConfig
 
+# The model's phases (modeld.engine.hooks): the draft, the forward (a decode chain's sampling inside it), sampling.
+MODEL_PHASES = ("draft", "forward", "sample")
 
-class ModelTime:
-    """Wall time inside the model (forward, logits, sampling) and of whole busy steps, with the items they ran and the
-    memd calls the engine sent."""
 
-    def __init__(self, engine):
+class ModelTime(PhaseTimer):
+    """Wall time inside the model (draft, forward, sampling) and of whole passes that ran a step, with the items they
+    committed and the memd calls the engine sent (waited for or sent ahead), while attached to the hooks the engine
+    was built with."""
+
+    def __init__(self, hooks: SwitchableHooks):
+        super().__init__()
+        self.hooks = hooks
         self.model = self.steps_time = 0.0
         self.steps = self.items = self.memd_calls = 0
-        self.patches = Patches()
-        runner = engine.runner
-        for owner, name in ((runner, "forward"), (runner.model, "logits"), (modeld.engine.loop, "sample")):
-            self.patches.replace(owner, name, self._timed)
-        for name in ("alloc", "alloc_async", "free", "match_prefix", "match_prefix_batch"):
-            self.patches.replace(engine.scheduler.memd.session, name, self._counted)
+        self.pass_began: float | None = None  # when this pass's "plan" was entered (None: not seen)
+        hooks.attach(self)
 
-        def timed_step(step):
-            def timed():
-                begin = time.perf_counter()
-                busy = step()
-                if busy:
-                    self.steps += 1
-                    self.steps_time += time.perf_counter() - begin
-                return busy
-
-            return timed
-
-        def counted_prepare(prepare):
-            def counted(items, *a):
-                self.items += len(items)
-                return prepare(items, *a)
-
-            return counted
-
-        self.patches.replace(engine, "_step", timed_step)
-        self.patches.replace(runner, "prepare", counted_prepare)
-
-    def _timed(self, fn):
-        def timed(*a, **kw):
-            begin = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                self.model += time.perf_counter() - begin
-
-        return timed
-
-    def _counted(self, fn):
-        def counted(*a, **kw):
+    def enter(self, phase: str) -> None:
+        if phase == "plan":
+            self.pass_began = time.perf_counter()
+        elif phase.startswith("memd ") and phase != "memd answer":  # a call made (the wait for an answer is none)
             self.memd_calls += 1
-            return fn(*a, **kw)
+        super().enter(phase)
 
-        return counted
+    def leave(self, phase: str) -> None:
+        super().leave(phase)
+        if phase == "emit" and self.pass_began is not None:  # a pass that ran a step ends
+            self.steps += 1
+            self.steps_time += time.perf_counter() - self.pass_began
+            self.pass_began = None
+
+    def timed(self, phase: str, seconds: float) -> None:
+        if phase in MODEL_PHASES:
+            self.model += seconds
+
+    def committed(self, results) -> None:
+        self.items += len(results)
 
     def close(self) -> tuple[int, float, float, float, float, int]:
-        """(steps, wall ms / step, model ms / step, host ms / step, host us / request-step, memd calls sent)."""
-        self.patches.undo()
+        """Detaches; (steps, wall ms / step, model ms / step, host ms / step, host us / request-step, memd calls
+        sent)."""
+        self.hooks.detach()
         n = max(1, self.steps)
         host = self.steps_time - self.model
         return (
@@ -115,12 +101,13 @@ def main(argv=None) -> int:
             load_format="dummy",
             speculative_algorithm="none",
         )
-        with running_engine(cfg) as engine:
+        hooks = SwitchableHooks()
+        with running_engine(cfg, hooks) as engine:
             generate_all(engine, prompts[:8], 8, True, "warm")
             for level in levels:
                 rows = []
                 for k in range(args.rounds):
-                    timing = ModelTime(engine)
+                    timing = ModelTime(hooks)
                     generate_all(engine, prompts[:level], args.new_tokens, True, f"c{level}-{k}")
                     rows.append(timing.close())
                 steps, *per_step, calls = (statistics.median(col) for col in zip(*rows))

@@ -7,6 +7,7 @@ import gc
 
 import torch
 
+from bench.common.engine_hooks import SwitchableHooks
 from bench.common.requests import SAMPLED_TEMPERATURE, generate_all
 from bench.common.rows import Row, row_config
 from bench.common.served_memd import MemdSettings
@@ -95,7 +96,8 @@ def weight_bytes(model) -> int:
 def run_row(row: Row, memd: str, args, prompts, ignore_eos: bool, breakdown: bool = True) -> dict:
     """One row's tokens/s (and, with `breakdown`, its per-step breakdown at batch 1 and 16); `memd` serves its kind."""
     cfg = row_config(row, memd, args.target, args.load_format, args.draft)
-    built = build_engine(cfg, lambda serving: None)
+    hooks = SwitchableHooks()  # the breakdown observes some runs of the engine through them
+    built = build_engine(cfg, lambda serving: None, hooks=hooks)
     engine = built.engine
     engine.start()
     try:
@@ -126,7 +128,7 @@ def run_row(row: Row, memd: str, args, prompts, ignore_eos: bool, breakdown: boo
                 measured[f"sampled{c}"] = tokens / seconds
                 measured[f"sampled_accept{c}"] = tokens / verifies if verifies else None
         for c in (1, 16) if breakdown else ():
-            prof = Breakdown(engine)
+            prof = Breakdown(hooks)
             run_batches(engine, c, prompts, args, ignore_eos, f"prof{c}")
             measured[f"breakdown{c}"] = prof.close()
         measured["weight_bytes"] = weight_bytes(engine.runner.model)
@@ -135,5 +137,5 @@ def run_row(row: Row, memd: str, args, prompts, ignore_eos: bool, breakdown: boo
         engine.stop()
         built.link.close()
         del engine, built
-        gc.collect()  # the engine's parts refer to each other (rebinders, the breakdown's wrappers): free the model now
+        gc.collect()  # the engine's parts refer to each other (memd's rebinders): free the model now
         torch.cuda.empty_cache()

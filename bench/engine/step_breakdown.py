@@ -1,93 +1,75 @@
-"""Where an in-process engine's decode steps spend their time, phase by phase (bench.engine.speed's breakdown): its
-runner, draft, sampler and memd calls wrapped with timers that synchronise the device after each phase."""
+"""Where an in-process engine's decode steps spend their time, phase by phase (bench.engine.speed's breakdown), from
+the engine's hooks (modeld.engine.hooks): the runner's phases end with a device synchronise, so the device's time
+lands in the phase that queued it (which undoes the overlap of host and device: these runs are timed apart)."""
 
 import time
 
 import torch
 
-import modeld.engine.loop
+from bench.common.engine_hooks import PhaseTimer, SwitchableHooks, device_steps, is_waited_memd_call
+
+# The runner's phases, each ended by a synchronise, and the breakdown's phase each counts in: packing the inputs and
+# their copy count as forward, as does a decode chain's sampling (it runs inside "forward", timed whole: a
+# synchronise inside a chain would stop the host from running ahead of the device, which is what a chain is for).
+DEVICE_PHASES = {"prepare": "forward", "forward": "forward", "draft": "draft", "sample": "sampling"}
 
 
-class Breakdown:
-    """Phase times of an engine per decode step (a replay of k steps counts k; a DFLASH verify step is one), each
-    phase ended by a device synchronise."""
+class Breakdown(PhaseTimer):
+    """Phase times of an engine per decode step (a replay of k steps counts k; a DFLASH verify step is one), while
+    attached to the hooks the engine was built with (from construction to close())."""
 
     PHASES = ("forward", "draft", "sampling", "memd")
 
-    def __init__(self, engine):
-        self.engine, self.totals, self.steps, self.step_time = engine, dict.fromkeys(self.PHASES, 0.0), 0, 0.0
-        self.current_steps = 1  # decode steps of the pass under way (runner.steps_ahead's choice)
-        self.current = dict.fromkeys(self.PHASES, 0.0)  # the step under way; kept only if it was a step
-        self.current_calls = 0
-        self.memd_idle = 0.0  # memd time of idle passes (releases flushed after the last step): no step's time
-        self.memd_calls = 0  # calls the engine waited for
-        self.inside = False  # within a call timed whole (a decode chain): its parts are not timed apart
-        self.undo = []
-        runner, sched = engine.runner, engine.scheduler
-        self._wrap(runner, "prepare", "forward")
-        self._wrap(runner, "forward", "forward")
-        self._wrap(runner, "replay_decode_steps", "forward")
-        steps_ahead = runner.steps_ahead
+    def __init__(self, hooks: SwitchableHooks):
+        super().__init__()
+        self.hooks = hooks
+        self.synchronise = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+        self.totals, self.steps, self.step_time = dict.fromkeys(self.PHASES, 0.0), 0, 0.0
+        self.memd_idle = 0.0  # memd time of passes that ran nothing (releases flushed after the last step)
+        self.memd_calls = 0  # calls the engine waited for, in passes that ran a step
+        self._new_pass(None)
+        hooks.attach(self)
 
-        def counted_steps(*a):
-            self.current_steps = steps_ahead(*a)
-            return self.current_steps
+    def _new_pass(self, began: float | None) -> None:
+        """A pass's counts start empty; `began`: when its "plan" was entered (None: between passes)."""
+        self.pass_began, self.ran, self.pass_steps, self.pass_calls = began, False, 0, 0
+        self.current = dict.fromkeys(self.PHASES, 0.0)
 
-        runner.steps_ahead = counted_steps
-        self.undo.append(lambda: delattr(runner, "steps_ahead"))
-        if engine.dflash is not None:
-            self._wrap(engine.dflash, "propose", "draft")
-            self._wrap(engine.dflash, "replay_greedy_cycles", "forward")  # greedy verify steps: draft included
-        self._wrap(sched.memd.session, "alloc", "memd")
-        self._wrap(sched.memd.session, "free", "memd")
-        self._wrap(sched.memd.session, "match_prefix", "memd")
-        self._wrap(sched.memd, "_await_answer", "memd", waited=lambda future: not future.done())  # a call sent ahead
-        self._wrap(modeld.engine.loop, "sample", "sampling")
-        # a chain of decode steps (sampling, the draft's context) counts as forward, timed whole: a synchronise
-        # inside it would stop the host from running ahead of the device, which is what a chain is for
-        self._wrap(modeld.engine.loop, "decode_chain", "forward", whole=True)
-        step = engine._step
-
-        def timed_step():
-            self.current, self.current_calls, self.current_steps = dict.fromkeys(self.PHASES, 0.0), 0, 1
-            begin = time.perf_counter()
-            busy = step()
-            if busy:
-                self.steps += self.current_steps
-                self.step_time += time.perf_counter() - begin
-                self.memd_calls += self.current_calls
-                for phase, seconds in self.current.items():
-                    self.totals[phase] += seconds
-            else:
+    def enter(self, phase: str) -> None:
+        if phase == "plan":
+            if not self.ran:  # the pass before ran nothing (a pass whose run failed is dropped whole)
                 self.memd_idle += self.current["memd"]
-            return busy
+            self._new_pass(time.perf_counter())
+        elif phase == "run":
+            self.ran = True
+        super().enter(phase)
 
-        engine._step = timed_step
-        self.undo.append(lambda: delattr(engine, "_step"))
+    def leave(self, phase: str) -> None:
+        if phase in DEVICE_PHASES:
+            self.synchronise()
+        super().leave(phase)
+        if phase == "emit" and self.pass_began is not None:
+            self.steps += self.pass_steps
+            self.step_time += time.perf_counter() - self.pass_began
+            self.memd_calls += self.pass_calls
+            for name, seconds in self.current.items():
+                self.totals[name] += seconds
+            self._new_pass(None)
 
-    def _wrap(self, owner, name, phase, waited=lambda *a: True, whole=False):
-        original = getattr(owner, name)
+    def timed(self, phase: str, seconds: float) -> None:
+        if phase in DEVICE_PHASES:
+            self.current[DEVICE_PHASES[phase]] += seconds
+        elif is_waited_memd_call(phase):
+            self.current["memd"] += seconds
+            self.pass_calls += 1
 
-        def timed(*a, **kw):
-            if self.inside:  # a part of a call timed whole
-                return original(*a, **kw)
-            begin = time.perf_counter()
-            self.current_calls += phase == "memd" and waited(*a)
-            self.inside = whole
-            try:
-                out = original(*a, **kw)
-            finally:
-                self.inside = False
-            torch.cuda.synchronize()
-            self.current[phase] += time.perf_counter() - begin
-            return out
-
-        setattr(owner, name, timed)
-        self.undo.append(lambda: setattr(owner, name, original))
+    def committed(self, results) -> None:
+        self.pass_steps = device_steps(results)
 
     def close(self) -> dict:
-        for undo in reversed(self.undo):
-            undo()
+        """Detaches; milliseconds per decode step of each phase, the host's rest and the whole step, memd's waited
+        calls per 100 steps, and the memd time of passes that ran nothing per step."""
+        self.hooks.detach()
         per_step = {k: 1000 * v / max(self.steps, 1) for k, v in self.totals.items()}
         step_ms = 1000 * self.step_time / max(self.steps, 1)
         per_step["host"] = step_ms - sum(per_step.values())

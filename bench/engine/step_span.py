@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from bench.common.in_process import Patches
+from bench.common.engine_hooks import PhaseTimer, SwitchableHooks
 from bench.common.memd_process import memd_process
 from bench.common.requests import prompts_for
 from bench.engine.step_profile import run_in_this_thread
@@ -28,44 +28,67 @@ from modeld.engine.build import build_engine
 from modeld.engine.tuning import Tuning
 from modeld.model.fetch_default import ensure_default_model
 
-PARTS = ("next_step", "prepare", "launch")
+# The host parts of a step timed apart (modeld.engine.hooks' phases): planning (the scheduler's next step, an
+# admission's MatchPrefix), packing the inputs and their copy, and the forward's launch.
+PARTS = ("plan", "prepare", "forward")
 
 
 KINDS = ("admission", "decode")  # the passes that admit a request (its MatchPrefix, the prompt's prefill), the others
 
 
-class StepSpans:
-    """Host seconds of each part per engine step, and a pair of CUDA events around each step's device work, apart
-    for the steps that admit a request and the others."""
+class StepSpans(PhaseTimer):
+    """Host seconds of each part per engine step, and a pair of CUDA events around each step's device work (from
+    entering "prepare" to leaving the last "forward"), apart for the steps that admit a request and the others,
+    while attached to the hooks the engine was built with. An admission counts every pass while the request waits
+    (the first may only send its MatchPrefix); a decode pass that ran nothing is not a step, and its parts are not
+    counted."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, hooks: SwitchableHooks):
+        super().__init__()
+        self.hooks, self.scheduler = hooks, engine.scheduler
         self.host = {kind: dict.fromkeys(PARTS, 0.0) for kind in KINDS}
         self.wall, self.steps = dict.fromkeys(KINDS, 0.0), dict.fromkeys(KINDS, 0)
         self.events = {kind: [] for kind in KINDS}
-        self.kind, self.patches = "decode", Patches()
-        sched, runner = engine.scheduler, engine.runner
-        self.scheduler = sched
-        self.patches.replace(sched, "next_step", self._timed("next_step"))
-        self.patches.replace(runner, "prepare", self._timed("prepare", start_event=True))
-        for name in ("forward", "replay_decode_steps"):
-            self.patches.replace(runner, name, self._timed("launch", end_event=True))
-        self.patches.replace(engine, "_step", self._timed_step)
+        self.kind = "decode"
+        self.pass_began: float | None = None  # when this pass's "plan" was entered (None: between passes, or unseen)
+        self.last_left = 0.0  # when the pass's last phase was left: its end, for a pass that runs nothing
+        self.ran, self.parts = False, dict.fromkeys(PARTS, 0.0)
+        hooks.attach(self)
 
-    def _timed(self, part, start_event=False, end_event=False):
-        def make(original):
-            def timed(*a, **kw):
-                if start_event:
-                    self.events[self.kind].append([self._event(), None])
-                begin = time.perf_counter()
-                out = original(*a, **kw)
-                self.host[self.kind][part] += time.perf_counter() - begin
-                if end_event and self.events[self.kind]:
-                    self.events[self.kind][-1][1] = self._event()
-                return out
+    def enter(self, phase: str) -> None:
+        if phase == "plan":
+            self._pass_ends()
+            self.kind = "admission" if self.scheduler.waiting else "decode"
+            self.ran, self.parts = False, dict.fromkeys(PARTS, 0.0)
+            self.pass_began = time.perf_counter()
+        elif phase == "run":
+            self.ran = True
+        elif phase == "prepare":
+            self.events[self.kind].append([self._event(), None])
+        super().enter(phase)
 
-            return timed
+    def leave(self, phase: str) -> None:
+        super().leave(phase)
+        self.last_left = time.perf_counter()
+        if phase == "forward" and self.events[self.kind]:
+            self.events[self.kind][-1][1] = self._event()
+        elif phase == "emit":
+            self._pass_ends()
 
-        return make
+    def timed(self, phase: str, seconds: float) -> None:
+        if phase in PARTS:
+            self.parts[phase] += seconds
+
+    def _pass_ends(self) -> None:
+        """The pass under way is over (its last phase left): counted if it ran a step or admits a request."""
+        if self.pass_began is None:
+            return
+        if self.ran or self.kind == "admission":
+            self.wall[self.kind] += self.last_left - self.pass_began
+            self.steps[self.kind] += self.ran
+            for part, seconds in self.parts.items():
+                self.host[self.kind][part] += seconds
+        self.pass_began = None
 
     @staticmethod
     def _event() -> torch.cuda.Event:
@@ -73,27 +96,10 @@ class StepSpans:
         event.record()
         return event
 
-    def _timed_step(self, step):
-        """An admission counts every pass while the request waits (the first may only send its MatchPrefix); a
-        decode pass that ran nothing is not a step, and its parts are not counted."""
-
-        def timed():
-            self.kind = "admission" if self.scheduler.waiting else "decode"
-            parts = dict(self.host[self.kind])
-            begin = time.perf_counter()
-            busy = step()
-            if busy or self.kind == "admission":
-                self.wall[self.kind] += time.perf_counter() - begin
-                self.steps[self.kind] += busy
-            else:
-                self.host[self.kind] = parts
-            return busy
-
-        return timed
-
     def close(self) -> dict[str, dict[str, float]]:
-        """Per kind of step, milliseconds per engine step: wall, each host part, the rest, and the device span."""
-        self.patches.undo()
+        """Detaches; per kind of step, milliseconds per engine step: wall, each host part, the rest, and the device
+        span."""
+        self.hooks.detach()
         torch.cuda.synchronize()
         rows = {}
         for kind in KINDS:
@@ -209,13 +215,14 @@ def main(argv=None) -> int:
             speculative_algorithm="none",
             tuning=Tuning(steps_per_replay=args.steps_per_replay, overlap_decode=args.overlap_decode),
         )
-        built = build_engine(cfg, lambda serving: None)
+        hooks = SwitchableHooks()  # StepSpans observes the runs after the warm-up through them
+        built = build_engine(cfg, lambda serving: None, hooks=hooks)
         engine, graphs = built.engine, built.engine.runner.graphs
         if args.several_from is not None:
             graphs.several_from = args.several_from
         try:
             run_in_this_thread(engine, prompts[:2], 8, "warm")
-            spans, tokens = StepSpans(engine), 0
+            spans, tokens = StepSpans(engine, hooks), 0
             for i, prompt in enumerate(prompts[: args.prompts]):
                 tokens += run_in_this_thread(engine, [prompt], args.new_tokens, f"span{i}")[1]
             rows = spans.close()
@@ -230,7 +237,7 @@ def main(argv=None) -> int:
                 for k, replay in replays
             ]
         finally:
-            engine.ahead.drop()  # a step queued after the last request's end (--overlap-decode)
+            engine.runner.ahead.drop()  # a step queued after the last request's end (--overlap-decode)
             engine.scheduler.memd.flush_releases()
             built.link.close()
     gpu = torch.cuda.get_device_name()
@@ -240,16 +247,17 @@ def main(argv=None) -> int:
         f"{', decode overlapped' if args.overlap_decode else ''})\n"
     )
     print(
-        "| ms per engine step (admission: per request, its passes) | steps | wall | scheduling (admission: its "
-        "MatchPrefix) | packing + copy | launch (admission: the prefill's forward) | rest (wait, commit, output) "
+        "| ms per engine step (admission: per request, its passes) | steps | wall | plan (admission: its "
+        "MatchPrefix) | packing + copy | forward: the launch (admission: the prefill's forward) "
+        "| rest (wait, commit, output) "
         "| device span |\n|---|---|---|---|---|---|---|---|"
     )
     for kind, row in rows.items():
         # overlapped decode steps: the queued steps' events overlap, their span is not one step's
         span = "-" if args.overlap_decode and kind == "decode" else f"{row['device span']:.3f}"
         print(
-            f"| {kind} steps | {row['steps']} | {row['wall']:.3f} | {row['next_step']:.3f} | {row['prepare']:.3f} "
-            f"| {row['launch']:.3f} | {row['rest']:.3f} | {span} |"
+            f"| {kind} steps | {row['steps']} | {row['wall']:.3f} | {row['plan']:.3f} | {row['prepare']:.3f} "
+            f"| {row['forward']:.3f} | {row['rest']:.3f} | {span} |"
         )
     print()
     print(

@@ -23,9 +23,9 @@ import collections
 import pathlib
 import statistics
 import sys
-import time
 
-from bench.common.in_process import Patches, running_engine
+from bench.common.engine_hooks import PhaseTimer, SwitchableHooks, device_steps
+from bench.common.in_process import running_engine
 from bench.common.memd_process import memd_process
 from bench.common.metrics_scrape import metric_samples
 from bench.common.requests import generate_all, prompts_for
@@ -33,70 +33,40 @@ from memd import defaults
 from modeld.config import ModeldConfig
 from modeld.model.fetch_default import ensure_default_model
 
+# The engine's memd phases (modeld.engine.hooks) the engine waits in, by the kind this table names them ("memd send",
+# the sending alone of a call sent ahead, is no wait; "memd answer" is entered only when its answer has not come).
+KINDS = {
+    "memd alloc": "Alloc",
+    "memd free": "Free",
+    "memd match": "MatchPrefix",
+    "memd match batch": "MatchPrefixBatch",
+    "memd answer": "Alloc sent ahead, awaited",
+}
 
-class Waits:
+
+class Waits(PhaseTimer):
     """Counts and times the memd calls an engine waits for, by kind, and its decode steps (a replay of k steps
-    counts k, as bench.engine.speed's breakdown does)."""
+    counts k, as bench.engine.speed's breakdown does), while attached to the hooks the engine was built with."""
 
-    def __init__(self, engine):
+    def __init__(self, hooks: SwitchableHooks):
+        super().__init__()
+        self.hooks = hooks
         self.times = collections.defaultdict(list)  # kind -> seconds of each call
-        self.steps, self.patches = 0, Patches()
-        sched = engine.scheduler
-        for name, kind in (
-            ("alloc", "Alloc"),
-            ("free", "Free"),
-            ("match_prefix", "MatchPrefix"),
-            ("match_prefix_batch", "MatchPrefixBatch"),
-        ):
-            self.patches.replace(sched.memd.session, name, self._timed(lambda *a, kind=kind: kind))
-        self.patches.replace(
-            sched.memd,
-            "_await_answer",
-            self._timed(lambda future: None if future.done() else "Alloc sent ahead, awaited"),
-        )
-        per_step = [1]
+        self.steps = 0
+        hooks.attach(self)
 
-        def counted_steps(steps_ahead):
-            def counted(*a):
-                per_step[0] = steps_ahead(*a)
-                return per_step[0]
+    def timed(self, phase: str, seconds: float) -> None:
+        if phase in KINDS:
+            self.times[KINDS[phase]].append(seconds)
 
-            return counted
-
-        def counted_step(step):
-            def counted():
-                per_step[0] = 1
-                busy = step()
-                self.steps += per_step[0] if busy else 0
-                return busy
-
-            return counted
-
-        self.patches.replace(engine.runner, "steps_ahead", counted_steps)
-        self.patches.replace(engine, "_step", counted_step)
-
-    def _timed(self, kind_of):
-        """A wrapper maker: times each call of the original under kind_of(its arguments) (None: not counted)."""
-
-        def make(original):
-            def timed(*a, **kw):
-                kind = kind_of(*a)
-                begin = time.perf_counter()
-                try:
-                    return original(*a, **kw)
-                finally:
-                    if kind:
-                        self.times[kind].append(time.perf_counter() - begin)
-
-            return timed
-
-        return make
+    def committed(self, results) -> None:
+        self.steps += device_steps(results)
 
     def close(self, handler_ms: dict[str, float]) -> list[str]:
-        """Undoes the wrapping; the table rows: kind, calls and milliseconds per 100 decode steps, the milliseconds
+        """Detaches; the table rows: kind, calls and milliseconds per 100 decode steps, the milliseconds
         a waited call took (mean, median and the slowest: does one call carry the mean?), and memd's handler time
         for a call of its method (handler_ms, by method)."""
-        self.patches.undo()
+        self.hooks.detach()
         per = 100 / max(1, self.steps)
         rows = []
         for kind, times in sorted(self.times.items()):
@@ -191,13 +161,14 @@ def main(argv=None) -> int:
             draft_model=args.draft,
             speculative_algorithm="dflash" if args.draft else "none",
         )
-        with running_engine(cfg) as engine:
+        hooks = SwitchableHooks()
+        with running_engine(cfg, hooks) as engine:
             generate_all(engine, prompts[:2], 8, False, "warm")
             for batch, groups in (
                 (1, [[q] for q in prompts[: args.batch1]]),
                 (args.concurrency, [prompts[: args.concurrency]]),
             ):
-                waits, handlers = Waits(engine), HandlerTimes(memd)
+                waits, handlers = Waits(hooks), HandlerTimes(memd)
                 for k, group in enumerate(groups):
                     generate_all(engine, group, args.new_tokens, False, f"b{batch}-{k}")
                 for row in waits.close(handlers.since_start()):

@@ -9,6 +9,7 @@ import pytest
 
 from modeld.config import ModeldConfig
 from modeld.engine.build import build_engine
+from modeld.engine.hooks import EngineHooks
 from tests.daemons import is_idle, memd_args, run_memd
 from tests.modeld.engine.workloads import context_draft, draft_settings, mixed_requests
 
@@ -21,20 +22,27 @@ def chained_steps(items, inputs) -> int:
     return max([k for k in (2, 4) if k <= spare], default=1)
 
 
+class StepsPerPass(EngineHooks):
+    """The device steps each engine step ran, from what it committed (modeld.engine.hooks)."""
+
+    def __init__(self):
+        self.ran: list[int] = []
+
+    def committed(self, results) -> None:
+        self.ran.append(max(len(result.steps) for result in results))
+
+
 def answers(memd, model, prompts: list[list[int]], chained: bool, draft) -> tuple[list[list[int]], int]:
+    steps = StepsPerPass()
     built = build_engine(
-        ModeldConfig(memd=memd.address, target_model=str(model), **draft_settings(draft)), lambda serving: None
+        ModeldConfig(memd=memd.address, target_model=str(model), **draft_settings(draft)),
+        lambda serving: None,
+        hooks=steps,
     )
-    engine, ran = built.engine, []
-    if chained:
+    engine = built.engine
+    if chained:  # the hooks only observe: the CPU's choice of steps is replaced to make chains run at all
         steps_ahead = engine.runner.steps_ahead
-
-        def counted(items, inputs):
-            k = max(steps_ahead(items, inputs), chained_steps(items, inputs))
-            ran.append(k)
-            return k
-
-        engine.runner.steps_ahead = counted
+        engine.runner.steps_ahead = lambda items, inputs: max(steps_ahead(items, inputs), chained_steps(items, inputs))
     reqs = mixed_requests(prompts, [24] * 4, "cpu")
     for r in reqs:
         assert engine.submit(r)
@@ -47,7 +55,7 @@ def answers(memd, model, prompts: list[list[int]], chained: bool, draft) -> tupl
         engine.stop()
         built.link.close()
     assert all(r.finish.reason in ("stop", "length") for r in reqs), [r.finish for r in reqs]
-    return [r.output_ids for r in reqs], max(ran, default=1)
+    return [r.output_ids for r in reqs], max(steps.ran, default=1)
 
 
 @pytest.mark.parametrize("with_draft", [False, True], ids=["plain", "draft-context"])

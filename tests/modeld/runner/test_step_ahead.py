@@ -11,6 +11,7 @@ import pytest
 
 from modeld.config import ModeldConfig
 from modeld.engine.build import build_engine
+from modeld.engine.hooks import EngineHooks
 from modeld.engine.tuning import Tuning
 from tests.daemons import memd_args, run_memd
 from tests.modeld.engine.test_scheduler import Sim, expected_outputs
@@ -78,6 +79,32 @@ def test_a_dflash_batch_that_speculates_never_runs_ahead():
     sim.assert_all_free()
 
 
+class StepsAhead(EngineHooks):
+    """Counts the decode steps queued ahead (a "forward" that leaves a step pending: the runner took the one before
+    at "plan"), those finished (a pass that took a pending step and committed its items) and those that dropped a
+    request's token (fewer items committed than the pending step ran), from the engine's hooks."""
+
+    def __init__(self):
+        self.ahead = None  # the engine's StepAhead, once built
+        self.queued = self.finished = self.dropped = 0
+        self.pending_before = self.taken = None
+
+    def enter(self, phase: str) -> None:
+        if phase == "plan":
+            self.taken = self.ahead.pending  # the pass takes it now
+        elif phase == "forward":
+            self.pending_before = self.ahead.pending
+
+    def leave(self, phase: str) -> None:
+        if phase == "forward" and self.ahead.pending is not None and self.ahead.pending is not self.pending_before:
+            self.queued += 1
+
+    def committed(self, results) -> None:
+        if self.taken is not None:
+            self.finished += 1
+            self.dropped += len(results) < len(self.taken.items)
+
+
 def answers(
     memd,
     model,
@@ -91,6 +118,7 @@ def answers(
     """Requests of these lengths (greedy and seeded sampled in turn) through an engine; with abort_running, the
     first is aborted once it has streamed a token. Returns the requests, how many steps were queued ahead, how many
     of those dropped a request's token (it ended at the step before) and how many dropped every token."""
+    steps = StepsAhead()
     built = build_engine(
         ModeldConfig(
             device=device,
@@ -100,21 +128,10 @@ def answers(
             **draft_settings(draft),
         ),
         lambda serving: None,
+        hooks=steps,
     )
-    engine, queued, dropped, committed = built.engine, [0], [0], [0]
-    ahead, runner = engine.runner.ahead, engine.runner
-    queue_next, finish_pending = ahead.queue_next, runner.finish_pending
-
-    def counted_queue(*a):
-        queued[0] += 1
-        return queue_next(*a)
-
-    def counted_finish(pending, items, may_queue_next):
-        dropped[0] += len(items) < len(pending.items)
-        committed[0] += 1
-        return finish_pending(pending, items, may_queue_next)
-
-    ahead.queue_next, runner.finish_pending = counted_queue, counted_finish
+    engine = built.engine
+    ahead = steps.ahead = engine.runner.ahead
     failures, fail_all = [], engine._fail_all  # a step that raised past its own handler (before the stop's)
 
     def recorded_failure(code, message, memd_alive):
@@ -140,7 +157,7 @@ def answers(
     finally:
         engine.stop()
         built.link.close()
-    return reqs, queued[0], dropped[0], queued[0] - committed[0]
+    return reqs, steps.queued, steps.dropped, steps.queued - steps.finished
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
