@@ -37,11 +37,13 @@ class Ablation:
 class Row:
     kind: str  # "plain" or "dflash"
     ablation: Ablation | None = None  # None: as served
+    simulated_accept: float | None = None  # DFLASH verifying by a drawn acceptance of this mean (None: the draft's)
 
     @property
     def name(self) -> str:
         served = f"{KIND_NAMES[self.kind]} as served"
-        return served if self.ablation is None else f"{served}, {self.ablation.spec}"
+        name = served if self.ablation is None else f"{served}, {self.ablation.spec}"
+        return name if self.simulated_accept is None else f"{name}, simulated accept {self.simulated_accept:g}"
 
 
 def parse_ablation(text: str) -> Ablation:

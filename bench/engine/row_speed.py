@@ -11,6 +11,7 @@ from bench.common.engine_hooks import SwitchableHooks
 from bench.common.requests import SAMPLED_TEMPERATURE, generate_all
 from bench.common.rows import Row, row_config
 from bench.common.served_memd import MemdSettings
+from bench.common.simulated_acceptance import SimulatedAcceptance, simulate
 from bench.engine.step_breakdown import Breakdown
 from modeld.engine.build import build_engine
 from modeld.model.fetch_default import ensure_default_model
@@ -99,6 +100,8 @@ def run_row(row: Row, memd: str, args, prompts, ignore_eos: bool, breakdown: boo
     hooks = SwitchableHooks()  # the breakdown observes some runs of the engine through them
     built = build_engine(cfg, lambda serving: None, hooks=hooks)
     engine = built.engine
+    if row.simulated_accept is not None:
+        simulate(engine, SimulatedAcceptance.with_mean(row.simulated_accept, engine.runner.spec.block))
     engine.start()
     try:
         generate_all(engine, prompts[:2], 8, True, "warm")

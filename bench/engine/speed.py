@@ -22,6 +22,7 @@ import json
 import pathlib
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -74,8 +75,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_row_arguments(p)
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--json", help="write the rows here too")
+    p.add_argument(
+        "--simulate-accept",
+        metavar="LENGTHS",
+        help="comma-separated mean accept lengths: each DFLASH row runs once at each, its verify steps committing a "
+        "drawn number of drafts whatever the tokens (bench.common.simulated_acceptance); such rows say 'simulated'",
+    )
     args = p.parse_args(argv)
     args.rows = rows_from_args(p, args)
+    if args.simulate_accept:
+        try:
+            lengths = [float(x) for x in args.simulate_accept.split(",")]
+        except ValueError:
+            p.error(f"--simulate-accept: {args.simulate_accept!r} is not comma-separated numbers")
+        if any(x < 1 for x in lengths):
+            p.error("--simulate-accept: an accept length counts the bonus token: at least 1")
+        if not any(row.kind == "dflash" for row in args.rows):
+            p.error("--simulate-accept needs a DFLASH row")
+        args.rows = [
+            replace(row, simulated_accept=x) for row in args.rows for x in (lengths if row.kind == "dflash" else [None])
+        ]
     return args
 
 

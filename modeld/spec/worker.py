@@ -37,6 +37,10 @@ class DflashWorker:
         self.target = target
         self.block = draft.spec.block_size
         self.taps = draft.spec.target_layer_ids
+        # The acceptance rule (drafts, target tokens, live) -> committed lengths: the exact one. A benchmark may put a
+        # simulated one here before the graphs are captured again (bench.common.simulated_acceptance); nothing on
+        # modeld's command line or in a request reaches it.
+        self.accept = accept_lengths
         self.graphs = None
         self.bind(pools)
 
@@ -107,7 +111,7 @@ class DflashWorker:
             self.write_context([c[rows] for c in out.captured], out.positions[rows], out.slots[rows])
         if not inputs.verify:
             return None
-        lengths = accept_lengths(drafts, target.view(len(inputs.verify), -1))
+        lengths = self.accept(drafts, target.view(len(inputs.verify), -1))
         if self.verify_graphed(inputs):
             self.graphs.replay_commit(inputs.graph[0], lengths)
         else:
@@ -128,7 +132,7 @@ class DflashWorker:
         hidden, captured = self.target(batch, kv_pool, capture_layers=self.taps)
         target = argmax_rows(self.target.lm_head(hidden)).view(n, b)
         slots_2d = batch.out_slots.view(n, b)
-        lengths = accept_lengths(drafts, target, live=slots_2d[:, 0])
+        lengths = self.accept(drafts, target, live=slots_2d[:, 0])
         self.write_committed(captured, batch.positions, slots_2d, lengths)
         return torch.cat([target.reshape(-1), lengths])
 

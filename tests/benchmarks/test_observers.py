@@ -7,7 +7,6 @@ import collections
 from dataclasses import dataclass
 
 import pytest
-from tests.modeld.engine_workloads import wait_until_released
 
 from bench.common.engine_hooks import SwitchableHooks
 from bench.common.in_process import running_engine
@@ -18,6 +17,7 @@ from bench.engine.step_breakdown import Breakdown
 from bench.memd.waits import HandlerTimes, Waits
 from modeld.config import ModeldConfig
 from tests.daemons import memd_args, run_memd
+from tests.modeld.engine.workloads import wait_until_released
 
 # more tokens than memd grants ahead (its decode lookahead): the requests' top-ups call memd while they decode
 REQUESTS, NEW_TOKENS, LOOKAHEAD = 3, 16, 4
