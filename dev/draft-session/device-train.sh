@@ -8,8 +8,7 @@ bash dev/draft-session/need-setup.sh "${0##*/}" || exit 1
 seconds=$1
 shift
 # A profile of a few steps first (the op table goes to $OUT/train.txt with the whole log): the blocks a second buy
-# what the draft is short of (the first profile, 2026-12-04, found 44 % of a step's device time in one gather's
-# backward).
+# what the draft is short of, and the profile says where a step's device time goes.
 python3 -m train.stats /tmp/gen
 python3 -m train.fit_budget --prompts /tmp/prompts --responses /tmp/gen --out /tmp/draft --ckpt /tmp/ckpt.pt \
     --seconds "$seconds" --profile-steps 3 --log-json "$OUT/train_log.json" \
