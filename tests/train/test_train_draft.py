@@ -5,7 +5,6 @@ the 40 MB limit; the saved draft loads with modeld's loader."""
 
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -321,9 +320,9 @@ def test_the_shipped_draft_is_a_4_layer_run_of_this_trainer(default_model):
     """`--layers 4 --init modeld/default_draft` continues the shipped draft: its settings are this trainer's."""
     from transformers import AutoConfig
 
-    from modeld.spec.draft import __file__ as draft_module
+    from memd.defaults import default_draft_dir
 
-    shipped = json.loads((Path(draft_module).parent / "default_draft" / "config.json").read_text())
+    shipped = json.loads((default_draft_dir() / "config.json").read_text())
     assert draft_config(AutoConfig.from_pretrained(default_model), TrainConfig(layers=4)) == shipped
 
 
