@@ -36,7 +36,7 @@ def create_app(cfg: GatewayConfig) -> FastAPI:
         await backends.start()
         state["backends"] = backends
         log.info(
-            "gateway ready: %d modeld(s), serving %s", len(cfg.modelds), ", ".join(backends.models()) or "nothing yet"
+            "gateway ready: %d modeld(s), serving %s", len(backends.all), ", ".join(backends.models()) or "nothing yet"
         )
         yield
         await backends.close()

@@ -8,10 +8,12 @@ background keeps `/health` and the choice of a modeld free of RPCs: both read th
 import asyncio
 import logging
 import pathlib
+import time
 
 import client
 from client.errors import ClientError
 from gateway.admission import Admission
+from gateway.discovery import RESOLVE_INTERVAL, Resolver, parse_name, resolve
 
 log = logging.getLogger("gateway")
 POLL_TIMEOUT = 2.0
@@ -35,6 +37,7 @@ class Backend:
         self.reachable = False  # GetInfo answered at the last poll
         self.health = "UNKNOWN"  # grpc.health's status at the last poll, or the status code of its failed check
         self.reported_load = 0
+        self.draining = False  # its address left its DNS name: no new request, dropped once its own have ended
 
     @property
     def load(self) -> int:
@@ -42,7 +45,11 @@ class Backend:
 
     @property
     def ready(self) -> bool:
-        return self.reachable and self.health == SERVING
+        return self.reachable and self.health == SERVING and not self.draining
+
+    @property
+    def idle(self) -> bool:
+        return self.admission.open == 0 and self.admission.waiting == 0
 
     def refused_unavailable(self) -> None:
         """modeld refused a request with UNAVAILABLE: it takes no new one until a poll finds it SERVING again."""
@@ -82,6 +89,10 @@ def model_name(target_model: str) -> str:
 
 
 class Backends:
+    """The modelds of `addresses`: fixed addresses, and DNS names (`dns:///HOST:PORT`, gateway.discovery) resolved
+    again every `resolve_interval` seconds. A backend's index is never reused, so prefix affinity never follows an
+    index to another modeld."""
+
     def __init__(
         self,
         addresses: tuple[str, ...],
@@ -89,15 +100,22 @@ class Backends:
         poll_interval: float,
         max_queued: int,
         queue_timeout: float,
+        resolver: Resolver = resolve,
+        resolve_interval: float = RESOLVE_INTERVAL,
     ):
-        self.all = [
-            Backend(i, address, request_timeout, Admission(max_queued, queue_timeout))
-            for i, address in enumerate(addresses)
-        ]
+        self.names = [name for name in map(parse_name, addresses) if name is not None]
+        self.fixed = [address for address in addresses if parse_name(address) is None]
+        self.resolver, self.resolve_interval, self.resolved_at = resolver, resolve_interval, float("-inf")
+        self.new_backend = lambda index, address: Backend(
+            index, address, request_timeout, Admission(max_queued, queue_timeout)
+        )
+        self.all = [self.new_backend(i, address) for i, address in enumerate(self.fixed)]
+        self.next_index = len(self.all)
         self.poll_interval = poll_interval
         self._poller: asyncio.Task | None = None
 
     async def start(self) -> None:
+        await self.resolve_names()
         await self.poll()
         self._poller = asyncio.create_task(self._poll_forever())
 
@@ -110,9 +128,35 @@ class Backends:
     async def poll(self) -> None:
         await asyncio.gather(*(backend.poll() for backend in self.all))
 
+    async def resolve_names(self) -> None:
+        """Each name resolved now: a backend for every new address (polled before it takes a request), draining for
+        one whose address is gone (back to serving if it returns before it is dropped); drained ones that hold no
+        request are closed and dropped."""
+        if not self.names:
+            return
+        self.resolved_at = time.monotonic()
+        found = await asyncio.gather(*(self.resolver(host, port) for host, port in self.names))
+        wanted = {address for addresses in found for address in addresses} | set(self.fixed)
+        present = {backend.address for backend in self.all}
+        for backend in self.all:
+            draining = backend.address not in wanted
+            if draining != backend.draining:
+                log.info("modeld %s %s its DNS name", backend.address, "left" if draining else "is back in")
+            backend.draining = draining
+        for address in sorted(wanted - present):
+            log.info("modeld %s joined its DNS name", address)
+            self.all.append(self.new_backend(self.next_index, address))
+            self.next_index += 1
+        for backend in [b for b in self.all if b.draining and b.idle]:
+            self.all.remove(backend)
+            await backend.client.close()
+            log.info("modeld %s drained and dropped", backend.address)
+
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(self.poll_interval)
+            if self.names and time.monotonic() - self.resolved_at >= self.resolve_interval:
+                await self.resolve_names()
             await self.poll()
 
     def models(self) -> list[str]:

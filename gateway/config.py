@@ -4,6 +4,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from gateway.discovery import parse_name
 from memd.addresses import check_address
 
 # 8 MiB: a prompt that fills a 128K-token context is about 0.5 MB of text, and JSON's escapes (\uXXXX: 6 bytes for
@@ -67,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         required=True,
         metavar="ADDR",
-        help="a modeld's address (unix:///path or HOST:PORT); repeat for several",
+        help="a modeld's address (unix:///path or HOST:PORT), or a DNS name whose every address is one "
+        "(dns:///HOST:PORT, resolved again every few seconds: a Kubernetes headless Service); repeat for several",
     )
     p.add_argument("--host", default="127.0.0.1", help="HTTP address to listen on (default: loopback)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
@@ -123,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(argv=None) -> GatewayConfig:
     args = build_parser().parse_args(argv)
     for address in args.modeld:
-        check_address("--modeld", address, listening=False)
+        if parse_name(address) is None:  # a DNS name is checked by its own rule (ValueError, as the others)
+            check_address("--modeld", address, listening=False)
     return GatewayConfig(
         modelds=tuple(args.modeld),
         host=args.host,
