@@ -89,7 +89,7 @@ def front_metrics(cfg: ModeldConfig) -> FrontMetrics | None:
     if cfg.metrics_port is None:
         return None
     try:
-        return serve_metrics(cfg.metrics_host, cfg.metrics_port)
+        return serve_metrics(cfg.metrics_host, cfg.metrics_port, cfg.memd)
     except OSError as exc:
         raise StartupError(f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: {exc}") from None
 

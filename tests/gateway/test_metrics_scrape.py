@@ -81,6 +81,12 @@ def test_counters_move_as_requests_run(stack, model_name, openai_client):
             "modeld:spec_decode_num_accepted_tokens_total",
         ):
             assert (name, ()) in samples, name
+        # an endpoint picker's KV usage, relayed from memd's Capacity at scrape time (the pool is memd's, shared)
+        target = stack.memd.capacity().target
+        assert samples[("modeld:kv_cache_tokens", (("state", "total"),))] == target.total == 8192
+        used = samples[("modeld:kv_cache_tokens", (("state", "used"),))]
+        assert 0 <= used <= target.total
+        assert samples[("modeld:kv_cache_usage_perc", ())] == used / target.total
 
 
 def test_memd_pool_gauges_and_error_counts(stack):
