@@ -40,7 +40,7 @@ DEFAULT_DRAFT_KV_RATIO = 0.25
 def default_decode_lookahead(draft: bool) -> int:
     """Decode positions a request holds ahead of need unless --decode-lookahead says otherwise: 32 for plain
     decoding; 96 with a draft, so that a graph replay of four greedy verify blocks of 16 (modeld's
-    --steps-per-replay) fits in the spare a request keeps until its top-up comes due (half the lookahead used:
+    Tuning.steps_per_replay) fits in the spare a request keeps until its top-up comes due (half the lookahead used:
     16 + 96 / 2 >= 4 x 16). With 32 a replay ran one or two blocks."""
     return 96 if draft else 32
 
