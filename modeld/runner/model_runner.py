@@ -90,7 +90,7 @@ class ModelRunner:
         self.taps = tuple(taps)
         self.graphs = graphs
         self.spec = spec  # the DFLASH worker (modeld.spec.worker), or None
-        self.ahead = StepAhead(spec, overlap_decode)  # a decode step queued before the last is committed
+        self.ahead = StepAhead(overlap_decode)  # a decode step queued before the last is committed
         self.bind(pools)
 
     def bind(self, pools: dict[str, torch.Tensor]) -> None:

@@ -112,18 +112,17 @@ class StepAhead:
     which may free them in the middle of another runner's graph capture, and a graph freed there breaks the
     capture."""
 
-    def __init__(self, dflash, enabled: bool):
-        self.dflash = dflash  # its draft context is written by every decode (speculation off for a large batch)
+    def __init__(self, enabled: bool):
         self.enabled = enabled
         self.pending: PendingStep | None = None
 
     def queue_next(self, runner, items: list[StepItem], inputs: StepInputs, tokens: torch.Tensor) -> None:
         """Queues the decode step after the one whose tokens (on the device, [items]) are `tokens`: the same batch,
         fed those tokens, at the next position of every request (a decode chain of one step, writing the draft's
-        context with DFLASH)."""
+        context with the runner's DFLASH worker: every decode does, speculation off for a large batch)."""
         following = decode_chain(
             runner,
-            self.dflash,
+            runner.spec,
             inputs,
             [item.req.params for item in items],
             [item.req.generator for item in items],

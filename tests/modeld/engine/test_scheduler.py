@@ -212,7 +212,7 @@ class FakeRunner:
 
     def __init__(self, sim: "Sim"):
         self.sim = sim
-        self.ahead = StepAhead(None, enabled=False)
+        self.ahead = StepAhead(enabled=False)
 
     def run(self, items: list[StepItem], may_queue_next) -> list[ItemResult]:
         self.sim.items = items
