@@ -21,7 +21,7 @@ class ModeldConfig:
     load_format: str = "auto"
     dtype: str = "auto"  # auto: memd's KV dtype
     disable_cuda_graph: bool = False  # CUDA graphs of decode and verify steps (on CUDA only)
-    speculative_disable_by_batch_size: int = 16  # DFLASH verifies only while fewer requests run (0: always)
+    speculative_disable_by_batch_size: int = 0  # a hard cap: DFLASH never verifies with this many running (0: none)
     max_open_streams: int | None = None  # open Generate streams at once (default: 4 x memd's request cap)
     stream_interval: int = 1  # new tokens a stream's chunk waits for (the last goes when the request ends)
     connect_timeout: float = 60.0
@@ -73,10 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--speculative-disable-by-batch-size",
         type=int,
-        default=16,
-        help="DFLASH verifies blocks only while fewer requests than this run; a larger batch decodes "
-        "plainly, still writing the draft's context (with the shipped draft DFLASH wins at batch 1 "
-        "and loses with many requests running: BENCHMARKS.md); 0: always speculate",
+        default=0,
+        help="a hard cap, as SGLang's flag: DFLASH never verifies blocks while this many requests run. Below it, "
+        "modeld verifies where it measures that verifying commits more tokens a second than plain decoding "
+        "(modeld.spec.policy); 0: no cap",
     )
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument(

@@ -21,7 +21,7 @@ KIND_NAMES = {"plain": "plain", "dflash": "DFLASH"}
 TUNING_KEYS = tuple(f.name for f in fields(Tuning))
 FLAG_KEYS = {"disable_cuda_graph": bool, "speculative_disable_by_batch_size": int}  # modeld's flags, by their type
 # keys that change nothing without a draft: an ablation of them on a plain row would repeat plain as served
-DFLASH_ONLY = {"speculative_disable_by_batch_size", "speculate_below_sampled", "several_cycles_from_batch"}
+DFLASH_ONLY = {"speculative_disable_by_batch_size", "adaptive_speculation", "several_cycles_from_batch"}
 
 
 @dataclass(frozen=True)

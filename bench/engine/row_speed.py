@@ -111,7 +111,9 @@ def run_row(row: Row, memd: str, args, prompts, ignore_eos: bool, breakdown: boo
             "kind": row.kind,
             "graphs": graphs,
             "steps": cfg.tuning.steps_per_replay,
-            "always_speculates": row.kind == "dflash" and not cfg.speculative_disable_by_batch_size,
+            "always_speculates": row.kind == "dflash"
+            and not cfg.speculative_disable_by_batch_size
+            and not cfg.tuning.adaptive_speculation,
         }
         firsts = []
         tokens, seconds, verifies = run_batches(engine, 1, prompts, args, ignore_eos, "b1", first_tokens=firsts)

@@ -5,10 +5,10 @@ with fields of modeld's Tuning or its flags disable_cuda_graph and speculative_d
 (bench.common.rows). Each is measured at batch 1 and at each --concurrency, with a per-step breakdown (forward,
 draft, sampling, memd, host) and MBU, and, for rows with CUDA graphs, with requests that sample (temperature 0.8)
 at each --sampled-concurrency. For example, plain and DFLASH as served, each also at one step a replay and without
-the overlap, and DFLASH speculating at every batch size:
+the overlap, and DFLASH verifying at every step (its policy off):
 
     python -m bench.engine.speed --ablate steps_per_replay=1 --ablate overlap_decode=false
-        --ablate speculative_disable_by_batch_size=0,speculate_below_sampled=0
+        --ablate adaptive_speculation=false
 
 Each kind's rows run against a memd of their own (a child process, on the GPU), started with memd's defaults for
 that kind: plain rows without a draft pool (decode lookahead 32), DFLASH rows with a bounded one (lookahead 96),

@@ -31,8 +31,7 @@ from modeld.model.fetch_default import ensure_default_model
 
 DEFAULT_ABLATIONS = (
     "alone_prompt_tokens=0",
-    "speculative_disable_by_batch_size=8",
-    "speculative_disable_by_batch_size=4",
+    "adaptive_speculation=false",
 )
 
 

@@ -6,7 +6,7 @@
 # With the argument `model`, the model suite and the shipped draft alone (about 500 s, a call of its own).
 # With the argument `suites`, the tests alone (for a change that touches the hot path only a little).
 # With `speed`, the benchmarks alone: the second of two calls on one held machine (the whole run passes 600 s).
-# With `threshold`, where DFLASH with the shipped draft stops paying, by batch size (--speculative-disable-by-batch-size).
+# With `policy`, DFLASH as served (its speculation policy) against verifying at every step and plain, by batch size.
 # With `paired`, DFLASH as served against plain as served in alternating runs (bench.engine.paired_speed: the ratio
 # of each pair at batch 1 and 16, greedy and sampled, after one unmeasured run of each; a few minutes): a difference
 # of a few percent, beyond one run's noise.
@@ -67,7 +67,7 @@ if [ "${1:-}" = goals ]; then  # needs the model (parts): the engine-speed issue
     # HF generate at batch 1 beside plain and DFLASH as served, plain at one step a replay, DFLASH speculating at
     # every size
     timeout 150 python3 -m bench.engine.speed --concurrency 16,64 --batch1 3 --rounds 4 --ignore-eos \
-        --ablate plain:steps_per_replay=1 --ablate speculative_disable_by_batch_size=0,speculate_below_sampled=0 \
+        --ablate plain:steps_per_replay=1 --ablate adaptive_speculation=false \
         > "$OUT/engine_speed.md" 2> /tmp/engine_speed.log || tail -5 /tmp/engine_speed.log
     grep -v '^{' "$OUT/engine_speed.md" | head -12; grep -A14 '^Per-step' "$OUT/engine_speed.md" | grep '^|'
     grep 'DFLASH step / plain step' "$OUT/engine_speed.md"
@@ -80,7 +80,7 @@ if [ "${1:-}" = goals ]; then  # needs the model (parts): the engine-speed issue
     timeout 200 python3 -m bench.engine.speed --target bench/configs/llama3-8b --draft bench/configs/llama3-8b-draft \
         --load-format dummy --concurrency 16 --batch1 2 --rounds 2 --new-tokens 256 --ignore-eos --skip-hf \
         --rows plain --ablate steps_per_replay=1 \
-        --ablate dflash:speculative_disable_by_batch_size=0,speculate_below_sampled=0 \
+        --ablate dflash:adaptive_speculation=false \
         > "$OUT/engine_speed_8b.md" 2> /tmp/engine_speed_8b.log || tail -5 /tmp/engine_speed_8b.log
     grep -h 'MBU at batch 1\|DFLASH step / plain step' "$OUT/engine_speed_8b.md"
     exit 0
@@ -89,15 +89,14 @@ if [ "${1:-}" = paired ]; then  # needs the model (parts)
     paired 560 16
     exit 0
 fi
-if [ "${1:-}" = threshold ]; then  # where DFLASH stops paying: needs the model (parts), about 400 s
-    # every request decodes 128 tokens (--ignore-eos), so a batch keeps its size to the end: DFLASH speculating at every
-    # size against plain as served per batch size, and DFLASH as served beside them; greedy, then sampled
-    # (temperature 0.8: a lower accept length, verified one step a replay)
-    timeout 300 python3 -m bench.engine.speed --concurrency 2,4,8,12,16 --sampled-concurrency 1,2,4,8,12,16 --batch1 2 \
-        --rounds 3 --ignore-eos --skip-hf --ablate speculative_disable_by_batch_size=0,speculate_below_sampled=0 \
-        > "$OUT/threshold.md" 2> /tmp/threshold.log
-    grep -v '^{' "$OUT/threshold.md" | head -12; grep -A6 '^Sampled' "$OUT/threshold.md"
-    # clients back to back: DFLASH as served against speculation off from 8 and 4, everything else as served
+if [ "${1:-}" = policy ]; then  # the speculation policy against the fixed settings: needs the model (parts), ~400 s
+    # every request decodes 128 tokens (--ignore-eos), so a batch keeps its size to the end: DFLASH as served (the
+    # policy), DFLASH verifying at every step and plain as served at each batch size; greedy, then sampled
+    timeout 300 python3 -m bench.engine.speed --concurrency 2,4,8,16,32,64 --sampled-concurrency 1,4,16,64 \
+        --batch1 2 --rounds 3 --ignore-eos --skip-hf --ablate adaptive_speculation=false \
+        > "$OUT/policy.md" 2> /tmp/policy.log
+    grep -v '^{' "$OUT/policy.md" | head -12; grep -A6 '^Sampled' "$OUT/policy.md"
+    # clients back to back: DFLASH as served against verifying at every step, everything else as served
     timeout 280 python3 -m bench.serving.clients --clients 8,16 > "$OUT/clients.md" 2> /tmp/clients.log
     cat "$OUT/clients.md"
     exit 0
@@ -120,14 +119,13 @@ python3 -m bench.memd.waits --device cuda --batch1 20 --new-tokens 32 --draft mo
 cat "$OUT/memd_waits_dflash.md"  # the same with DFLASH as served (one waited call an admission)
 # plain and DFLASH as served, each without the overlap, with the norms unfused and with every prompt chunk beside the
 # decodes; plain at several steps a replay from batch 1; DFLASH at one verify step a replay below 16 running, and
-# speculating below 8 and below 4 running
+# verifying at every step (its speculation policy off)
 python3 -m bench.engine.speed --concurrency 16,64 --batch1 3 --ablate overlap_decode=false --ablate norm_fusion=false \
     --ablate alone_prompt_tokens=0 --ablate plain:several_steps_from_batch=1 --ablate several_cycles_from_batch=16 \
-    --ablate speculative_disable_by_batch_size=8 --ablate speculative_disable_by_batch_size=4 \
-    > "$OUT/engine_speed.md" 2> "/tmp/engine_speed.log"
+    --ablate adaptive_speculation=false > "$OUT/engine_speed.md" 2> "/tmp/engine_speed.log"
 grep -v '^{' "$OUT/engine_speed.md" | head -30  # the rest is in the file
 # clients sending requests back to back (4, 8, 16): a lone arrival's prompt chunk beside the decodes or alone
-# (alone_prompt_tokens), and DFLASH speculating below 16, 8 and 4 running (--speculative-disable-by-batch-size)
+# (alone_prompt_tokens), and DFLASH verifying at every step (its speculation policy off)
 python3 -m bench.serving.clients > /tmp/clients.md 2> /tmp/clients.log
 # where a step's time goes, plain against DFLASH (device-busy against wall time per step; ops by device and host time)
 python3 -m bench.engine.step_profile --batch 1 --new-tokens 64 --rows 40 > "$OUT/profile-b1.txt" \

@@ -18,6 +18,7 @@ from modeld.runner.graphs import GraphRunner
 from modeld.runner.inputs import FIELDS
 from modeld.runner.model_runner import ModelRunner
 from modeld.spec.draft import load_draft
+from modeld.spec.policy import SpeculationPolicy
 from modeld.spec.worker import DflashWorker
 
 log = logging.getLogger("modeld")
@@ -127,7 +128,7 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
         lookahead=limits.lookahead,
         async_top_ups=True,
         speculate_below=cfg.speculative_disable_by_batch_size,
-        speculate_below_sampled=tuning.speculate_below_sampled,
+        policy=SpeculationPolicy(worker.block) if worker and tuning.adaptive_speculation else None,
         alone_prompt_tokens=tuning.alone_prompt_limit(graphed),
         hooks=hooks,
     )
@@ -157,6 +158,8 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
     link.rebinders += [lambda session, pools: scheduler.memd.rebind(session), lambda session, pools: runner.bind(pools)]
     if worker is not None:
         link.rebinders.append(lambda session, pools: worker.bind(pools))
+    if scheduler.policy is not None:  # new pools and graphs: their step costs are measured again
+        link.rebinders.append(lambda session, pools: scheduler.policy.reset_costs())
     engine = Engine(
         runner,
         scheduler,

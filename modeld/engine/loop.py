@@ -183,6 +183,8 @@ class Engine:
         self.hooks.leave("commit")
         self.hooks.committed(results)
         metrics.step_done(started, results)
+        if self.scheduler.policy is not None:
+            self._teach_policy(results, started)
         self.hooks.enter("emit")
         self._emit(results)
         self.hooks.leave("emit")
@@ -210,6 +212,19 @@ class Engine:
                     memd.checkpoint(req)  # the prompt is computed: memd caches it now
             if self.trim_draft:
                 memd.trim(req)
+
+    def _teach_policy(self, results: list[ItemResult], started: float) -> None:
+        """What this pass tells the speculation policy: each verify's committed tokens and, for a pass that only
+        decoded, the seconds a step took with the option it ran (a pass with a prompt chunk measures neither)."""
+        policy, verified = self.scheduler.policy, False
+        for result in results:
+            if result.item.verify:
+                verified = True
+                policy.accepted(result.item.req, [len(step) for step in result.steps])
+        if all(result.item.verify or result.item.num_tokens == 1 for result in results):
+            steps = max(len(result.steps) for result in results)
+            policy.observe(self.scheduler.running, verified, time.perf_counter() - started, steps)
+            metrics.SPEC_BLOCK.observe(self.spec_block if verified else 0)
 
     def _emit(self, results: list[ItemResult]) -> None:
         """The committed tokens into each request's output (stop rules, streaming); finished requests end."""
@@ -243,6 +258,8 @@ class Engine:
         self.output.flush(req)  # an aborted request's tokens held back by the stream interval
         metrics.request_done(req)
         self.scheduler.remove(req)
+        if self.scheduler.policy is not None:
+            self.scheduler.policy.forget(req)
         self.requests.pop(req.rid, None)
         with self.live_lock:
             self.live.pop(req.rid, None)

@@ -75,6 +75,12 @@ ACCEPT_LENGTH = Histogram(
     buckets=(1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16),
 )
 
+SPEC_BLOCK = Histogram(
+    "modeld:spec_decode_block_chosen",
+    "The DFLASH block each step that only decoded verified, as the speculation policy chose (0: a plain step)",
+    buckets=(0, 4, 8, 16, 32),
+)
+
 
 def step_done(started: float, results) -> None:
     """Once per step, before its tokens are output (results: modeld.runner.model_runner.ItemResult per item): its
@@ -120,6 +126,13 @@ class EngineCollector(Collector):
             "Requests preempted to free KV (recomputed later)",
             value=self.engine.scheduler.preemptions,
         )
+        policy = self.engine.scheduler.policy
+        if policy is not None:
+            yield GaugeMetricFamily(
+                "modeld:spec_decode_accept_estimate",
+                "The speculation policy's running mean of tokens a DFLASH verify step commits (bonus included)",
+                value=policy.accept.value,
+            )
         spec = dict(self.engine.spec)
         yield CounterMetricFamily("modeld:spec_decode_num_drafts", "DFLASH verify steps", value=spec["spec_drafts"])
         yield CounterMetricFamily(

@@ -31,6 +31,7 @@ from modeld.engine.hooks import EngineHooks
 from modeld.engine.memd_calls import MEMD_GONE, MemdCalls
 from modeld.engine.step_items import PlanItem, StepItem
 from modeld.request import Finish, Request
+from modeld.spec.policy import SpeculationPolicy
 
 log = logging.getLogger("modeld")
 
@@ -46,7 +47,7 @@ class Scheduler:
         lookahead: int = 0,
         async_top_ups: bool = False,
         speculate_below: int = 0,
-        speculate_below_sampled: int = 0,
+        policy: SpeculationPolicy | None = None,
         alone_prompt_tokens: int = 0,
         hooks: EngineHooks | None = None,
     ):
@@ -55,8 +56,8 @@ class Scheduler:
         self.context_len = context_len
         self.lookahead = lookahead  # decode positions granted beyond a step's need (0: exactly what it needs)
         self.block = block  # DFLASH block size: a decode verifies this many tokens; 0 without speculation
-        self.speculate_below = speculate_below  # verify blocks only while fewer requests run (0: always)
-        self.speculate_below_sampled = speculate_below_sampled  # the same while any running request samples
+        self.speculate_below = speculate_below  # verify blocks only while fewer requests run (0: no cap)
+        self.policy = policy  # below the cap, whether verifying pays this step (None: it always does)
         self.alone_prompt_tokens = alone_prompt_tokens  # a lone prompt chunk this short runs without the decodes
         self.alone_last = False  # the last step ran a prompt chunk alone while requests decoded
         self.waiting: deque[Request] = deque()
@@ -229,15 +230,12 @@ class Scheduler:
         return [p for p in plan if p.req.rid not in self.left_out], admitted
 
     def _speculating(self) -> bool:
-        """Decodes verify DFLASH blocks this step: with a draft, while fewer than `speculate_below` requests run, or
-        `speculate_below_sampled` while any of them samples (its verify steps accept fewer tokens and run one a
-        replay). A larger batch decodes plainly, each token still written to the draft's context for when speculation
-        resumes."""
-        if not self.block:
+        """Decodes verify DFLASH blocks this step: with a draft, while fewer than `speculate_below` requests run (a
+        hard cap), where the policy expects verifying to commit more tokens a second than plain decoding. Otherwise
+        the batch decodes plainly, each token still written to the draft's context for when speculation resumes."""
+        if not self.block or (self.speculate_below and len(self.running) >= self.speculate_below):
             return False
-        sampling = any(not r.params.greedy for r in self.running)
-        below = self.speculate_below_sampled if sampling else self.speculate_below
-        return not (below and len(self.running) >= below)
+        return self.policy is None or self.policy.speculate(self.running)
 
     def _decode_tokens(self, r: Request, spec: bool) -> int:
         """A decode computes the last token; with DFLASH it verifies a whole block when it fits."""

@@ -31,9 +31,10 @@ class Tuning:
     # decode (a graph of one request instead of an eager step of the batch); 0: off; None: max(PROMPT_TOKENS) with
     # CUDA graphs, else off
     alone_prompt_tokens: int | None = None
-    # DFLASH verifies only while fewer requests than this run if any of them samples (fewer drafts accepted, one
-    # verify step a replay); 0: always. The greedy threshold is the user's --speculative-disable-by-batch-size
-    speculate_below_sampled: int = 2
+    # DFLASH verifies a step's decodes only where modeld.spec.policy expects that to commit more tokens a second
+    # than plain decoding, from the live acceptance and the measured step costs (False: at every step, below the
+    # user's hard cap --speculative-disable-by-batch-size)
+    adaptive_speculation: bool = True
     # the smallest batch that runs several decode steps a replay: they paid at 16 and 64 running, not at batch 1,
     # where short answers end inside a replay (docs/benchmarks-history.md, "several steps from 16 requests")
     several_steps_from_batch: int = 16
@@ -49,7 +50,6 @@ class Tuning:
                 self.alone_prompt_tokens is None or 0 <= self.alone_prompt_tokens <= max(PROMPT_TOKENS),
                 f"alone_prompt_tokens must lie in [0, {max(PROMPT_TOKENS)}] (the largest prompt graph)",
             ),
-            (self.speculate_below_sampled >= 0, "speculate_below_sampled must be >= 0"),
             (self.several_steps_from_batch >= 1, "several_steps_from_batch must be >= 1"),
             (self.several_cycles_from_batch >= 1, "several_cycles_from_batch must be >= 1"),
         )

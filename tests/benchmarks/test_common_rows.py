@@ -40,10 +40,10 @@ def test_an_ablation_changes_its_tuning_fields_and_nothing_else():
 
 
 def test_an_ablation_of_modelds_flags():
-    ablation = parse_ablation("dflash:speculative_disable_by_batch_size=0,speculate_below_sampled=0")
+    ablation = parse_ablation("dflash:speculative_disable_by_batch_size=0,adaptive_speculation=false")
     assert ablation.kind == "dflash"
     cfg = row_config(Row("dflash", ablation), MEMD, "target", "dummy", "draft")
-    assert cfg.speculative_disable_by_batch_size == 0 and cfg.tuning == Tuning(speculate_below_sampled=0)
+    assert cfg.speculative_disable_by_batch_size == 0 and cfg.tuning == Tuning(adaptive_speculation=False)
     eager = row_config(Row("plain", parse_ablation("disable_cuda_graph=true")), MEMD, "target", "dummy", None)
     assert eager.disable_cuda_graph and eager.tuning == Tuning()
 
@@ -55,7 +55,7 @@ def test_an_ablation_of_modelds_flags():
         ("steps_per_replay", "is not KEY=VALUE"),
         ("eager:steps_per_replay=1", "the kind before ':' must be one of plain, dflash"),
         ("dflash:", "changes nothing"),
-        ("plain:speculate_below_sampled=0", "changes DFLASH rows only: write dflash:speculate_below_sampled=0"),
+        ("plain:adaptive_speculation=false", "changes DFLASH rows only: write dflash:adaptive_speculation=false"),
         ("steps_per_replay=0", "steps_per_replay must be >= 1"),
         ("skinny_linear=3", "skinny_linear takes"),
         ("disable_cuda_graph=1", "disable_cuda_graph takes bool"),

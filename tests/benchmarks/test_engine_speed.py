@@ -55,8 +55,7 @@ def test_the_device_check_speed_set_runs_the_ablations_it_names():
         "DFLASH as served, norm_fusion=false",
         "DFLASH as served, alone_prompt_tokens=0",
         "DFLASH as served, several_cycles_from_batch=16",
-        "DFLASH as served, speculative_disable_by_batch_size=8",
-        "DFLASH as served, speculative_disable_by_batch_size=4",
+        "DFLASH as served, adaptive_speculation=false",
     ]
 
 

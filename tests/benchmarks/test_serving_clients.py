@@ -9,8 +9,7 @@ def test_by_default_as_served_against_prompt_chunks_beside_the_decodes_and_other
         "plain as served, alone_prompt_tokens=0",
         "DFLASH as served",
         "DFLASH as served, alone_prompt_tokens=0",
-        "DFLASH as served, speculative_disable_by_batch_size=8",
-        "DFLASH as served, speculative_disable_by_batch_size=4",
+        "DFLASH as served, adaptive_speculation=false",
     ]
 
 

@@ -1,7 +1,8 @@
 """modeld's DFLASH metrics move as a speculative request runs (CPU, the shipped draft): drafts = the request's
 verify steps, draft tokens = (block - 1) per draft, accepted tokens within what was generated, one accept-length
 observation equal to the request's accept length, and accepted drafts per position (block - 1 positions, never
-more at a later position, summing to the accepted tokens)."""
+more at a later position, summing to the accepted tokens), and the speculation policy's block per step and accept
+estimate."""
 
 import pytest
 
@@ -16,6 +17,8 @@ NAMES = [
     "modeld:spec_decode_num_accepted_tokens_total",
     "modeld:spec_decode_accept_length_count",
     "modeld:spec_decode_accept_length_sum",
+    "modeld:spec_decode_block_chosen_count",
+    "modeld:spec_decode_block_chosen_sum",
 ]
 
 
@@ -52,6 +55,11 @@ def test_dflash_counters_follow_a_request(default_model, chat_ids):
     assert per_position == sorted(per_position, reverse=True)
     assert per_position[0] <= after["modeld:spec_decode_num_drafts_total"]
     assert sum(per_position) == after["modeld:spec_decode_num_accepted_tokens_total"]
+    # the speculation policy's choices: each decode-only step observes the block it verified (0: a plain step)
+    verify_passes, rest = divmod(moved["modeld:spec_decode_block_chosen_sum"], BLOCK)
+    assert rest == 0 and 1 <= verify_passes <= verifies
+    assert moved["modeld:spec_decode_block_chosen_count"] >= verify_passes
+    assert 1 <= total(samples, "modeld:spec_decode_accept_estimate") <= BLOCK
 
 
 def test_a_draft_counts_at_its_position_only_with_every_draft_before_it():

@@ -52,7 +52,7 @@ def test_stream_interval():
 
 
 def test_speculation_off_from_a_batch_size():
-    assert config_from_args([*ADDRESSES, "--device", "cpu"]).speculative_disable_by_batch_size == 16
+    assert config_from_args([*ADDRESSES, "--device", "cpu"]).speculative_disable_by_batch_size == 0
     flags = [*ADDRESSES, "--device", "cpu", "--speculative-disable-by-batch-size"]
     assert config_from_args([*flags, "0"]).speculative_disable_by_batch_size == 0
     with pytest.raises(ValueError, match="must be >= 0"):

@@ -34,6 +34,7 @@ from modeld.request import Request
 from modeld.runner.model_runner import ItemResult
 from modeld.runner.steps_ahead import StepAhead
 from modeld.sampling_params import SamplingParams
+from modeld.spec.policy import REEXPLORE_MAX, BucketCosts, RunningMean, SpeculationPolicy
 from protos import memd_pb2
 
 P = 4  # page size of every pool in this file
@@ -1358,21 +1359,34 @@ def decode_kinds(sim, until: str) -> list[tuple[int, frozenset]]:
     return kinds
 
 
-def test_sampled_requests_have_their_own_speculation_threshold():
-    """speculate_below 0 (always) and speculate_below_sampled 2: two greedy requests verify blocks together; a greedy
-    and a sampled request decode plainly together, and the greedy one verifies again once the sampled one is done."""
+def policy_favouring_greedy_verify(block: int) -> SpeculationPolicy:
+    """A speculation policy whose measured costs make verifying pay for greedy batches and lose for any batch with a
+    sampled request, at every bucket this file's batches reach (explorations far away)."""
+    policy = SpeculationPolicy(block)
+    for bucket in (1, 2, 4, 8):
+        for sampling, (verify, plain) in ((False, (0.001, 1.0)), (True, (1.0, 0.001))):
+            costs = policy.costs[(bucket, sampling)] = BucketCosts(interval=REEXPLORE_MAX)
+            costs.seconds[True] = RunningMean(verify, 1000)
+            costs.seconds[False] = RunningMean(plain, 1000)
+    return policy
+
+
+def test_the_speculation_policy_decides_each_step_below_the_cap():
+    """With a policy below no cap: two greedy requests verify blocks together; a greedy and a sampled request
+    (a batch whose verify steps the policy measured to lose) decode plainly together, and the greedy one verifies
+    again once the sampled one is done. Every decode-only pass teaches the policy what its verifies committed."""
     sim = dflash_sim(context=200)
-    sim.sched.speculate_below, sim.sched.speculate_below_sampled = 0, 2
+    sim.sched.speculate_below, sim.sched.policy = 0, policy_favouring_greedy_verify(sim.sched.block)
     sim.request("a", 6, max_new=20)
     sim.request("b", 6, max_new=8)
     assert (2, frozenset({True})) in decode_kinds(sim, "a"), "two greedy requests never verified together"
+    assert sim.sched.policy.accept.count > 0 and sim.sched.policy.accept.value > 1, "no verify reached the policy"
+    assert not sim.sched.policy.per_request, "finished requests are still in the policy"
     sim.request("greedy", 6, max_new=60)
     sim.request("sampled", 6, max_new=8, temperature=0.8)
     kinds = decode_kinds(sim, "greedy")
     assert (2, frozenset({False})) in kinds, "a greedy and a sampled request never decoded plainly together"
-    assert (2, frozenset({True})) not in kinds, (
-        "a batch with a sampled request verified blocks at the sampled threshold"
-    )
+    assert (2, frozenset({True})) not in kinds, "a batch with a sampled request verified blocks"
     assert kinds[-1] == (1, frozenset({True})), "the greedy request did not verify again once alone"
     sim.run()
     sim.assert_all_free()

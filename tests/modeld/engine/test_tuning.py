@@ -32,7 +32,7 @@ def test_overrides_parse_by_each_fields_type(monkeypatch):
         ("steps_per_replay=four", "is not a number, true, false or none"),
         ("steps_per_replay=0", "steps_per_replay must be >= 1"),
         ("alone_prompt_tokens=129", r"alone_prompt_tokens must lie in \[0, 128\]"),
-        ("speculate_below_sampled=-1", "speculate_below_sampled must be >= 0"),
+        ("adaptive_speculation=1", "adaptive_speculation takes"),
     ],
 )
 def test_bad_overrides_are_refused(spec, message):

@@ -1,6 +1,7 @@
 """The accept length a request reports counts the steps that verified a DFLASH block only (CPU, the shipped
 draft). With speculation off while two requests run (--speculative-disable-by-batch-size 2), the longer of two
-requests decodes plainly beside the shorter one and verifies blocks once alone: its plain steps' tokens are not
+requests decodes plainly beside the shorter one and verifies blocks once alone (the speculation policy off: below
+the cap every step verifies): its plain steps' tokens are not
 in its accept length, where completion tokens / verify steps (SGLang's formula, which counted them) would inflate
 it. Alone, a request verifies at every step and the two agree."""
 
@@ -24,6 +25,7 @@ def test_tokens_of_plain_steps_are_not_in_the_accept_length(default_model, chat_
             *shipped_draft_flags(BLOCK),
             "--speculative-disable-by-batch-size",
             "2",
+            tuning="adaptive_speculation=false",  # below the cap, every step verifies: the counts are exact
         ) as modeld,
     ):
         with client.Client(modeld.address, timeout=300) as c:

@@ -196,8 +196,8 @@ class Daemons:
                 s.target,
                 memd_cli(draft, page=s.page, ratio=s.ratio, window=s.window, tokens=s.tokens),
                 ["--draft-model", str(draft), "--speculative-algorithm", "dflash"],
-                # sampled requests verify blocks at every batch size (modeld's default: only alone)
-                tuning="speculate_below_sampled=0",
+                # every decode step verifies a block (modeld's default: where its policy measures that it pays)
+                tuning="adaptive_speculation=false",
             ),
         )
 

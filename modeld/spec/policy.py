@@ -1,0 +1,142 @@
+"""When DFLASH pays: each step, verify blocks or decode plainly, whichever is expected to commit more tokens a second.
+
+Two estimates meet in the decision, both measured while serving:
+  - acceptance: per request, a running mean of the tokens a verify step commits (its first token and the accepted
+    drafts), started from the running mean over all requests (a new request has no history of its own);
+  - cost: per batch bucket (a power of two, as the graphs pad) and kind of batch (greedy, or any request sampling:
+    sampled verify steps accept less and run one a replay), a running mean of the seconds a step takes with each
+    option, from the engine's own passes that only decode. That is the cost the choice changes, host work, memd
+    calls and the overlap of plain steps included, and on the CPU it is the CPU's.
+Verify wins when sum(expected tokens of each request) / verify cost > requests / plain cost.
+
+Both options stay measured: a bucket with too few samples of an option runs it until it has them, and an option
+that loses is tried again for a short burst after `interval` passes, which doubles each time the burst confirms the
+choice (up to REEXPLORE_MAX) and starts over when it flips, so a weak draft costs a few verify steps in a thousand.
+The first pass of a burst and of any switch is not a sample: it ends the other option's pipeline (a plain decode
+queued ahead) or starts its own.
+
+Every option is lossless (verify commits only what the target would have produced; a plain step is the target's),
+so the policy changes speed, never tokens.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from modeld.request import Request
+
+EWMA = 0.1  # weight of a new sample in every running mean: about the last 20 samples count
+PRIOR_WEIGHT = 2.0  # a request's own mean counts as this many samples of the global one when it has none
+MIN_SAMPLES = 3  # samples of each option a bucket needs before the policy compares them
+BURST = 4  # passes an exploration runs the losing option (its first pass is not a sample)
+REEXPLORE_FROM = 32  # passes between explorations after a flip
+REEXPLORE_MAX = 1024
+
+
+@dataclass
+class RunningMean:
+    value: float = 0.0
+    count: int = 0
+
+    def add(self, sample: float) -> None:
+        self.count += 1
+        # the plain mean until 1/EWMA samples, then exponential: early samples do not dominate
+        weight = max(EWMA, 1.0 / self.count)
+        self.value += weight * (sample - self.value)
+
+
+@dataclass
+class BucketCosts:
+    """Seconds a step for one bucket, per option (True: verify), and the bucket's exploration state."""
+
+    seconds: dict[bool, RunningMean] = field(default_factory=lambda: {True: RunningMean(), False: RunningMean()})
+    exploring: bool | None = None  # the option a burst runs, None when not exploring
+    burst_left: int = 0
+    since: int = 0  # passes since the last exploration
+    interval: int = REEXPLORE_FROM
+
+
+def bucket_of(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+class SpeculationPolicy:
+    def __init__(self, block: int):
+        self.block = block
+        self.accept = RunningMean(value=1.0)  # tokens a verify step commits, over every request
+        self.per_request: dict[str, RunningMean] = {}
+        self.costs: dict[tuple[int, bool], BucketCosts] = {}
+        self.last: bool | None = None  # the option the last decode pass ran
+        self.chosen = {True: 0, False: 0}  # decode passes by option, for metrics
+
+    # ---- the decision ------------------------------------------------------------------------------------------
+    def speculate(self, running: Sequence[Request]) -> bool:
+        """Whether this step's decodes verify blocks. Pure: asked again before the step runs, it answers alike."""
+        if not running:
+            return True
+        bucket = self._bucket(running)
+        if bucket.exploring is not None:
+            return bucket.exploring
+        verify, plain = bucket.seconds[True], bucket.seconds[False]
+        if verify.count < MIN_SAMPLES or plain.count < MIN_SAMPLES:
+            return verify.count < MIN_SAMPLES  # verify first: its steps teach the acceptance too
+        return self._verify_wins(running, verify.value, plain.value)
+
+    def expected_tokens(self, req: Request) -> float:
+        """Tokens one verify step is expected to commit for `req` (1 to the block size)."""
+        own = self.per_request.get(req.rid)
+        if own is None or own.count == 0:
+            return self.accept.value
+        weight = own.count / (own.count + PRIOR_WEIGHT)
+        return weight * own.value + (1 - weight) * self.accept.value
+
+    def _verify_wins(self, running: Sequence[Request], verify_seconds: float, plain_seconds: float) -> bool:
+        expected = sum(self.expected_tokens(r) for r in running)
+        return expected * plain_seconds > len(running) * verify_seconds
+
+    def _bucket(self, running: Sequence[Request]) -> BucketCosts:
+        key = (bucket_of(len(running)), any(not r.params.greedy for r in running))
+        found = self.costs.get(key)
+        if found is None:
+            found = self.costs[key] = BucketCosts()
+        return found
+
+    # ---- what a pass measured ----------------------------------------------------------------------------------
+    def observe(self, running: Sequence[Request], verified: bool, seconds: float, steps: int) -> None:
+        """A pass that only decoded ran `steps` device steps with one option in `seconds` (running: the batch it
+        decided for, before anything finished)."""
+        self.chosen[verified] += 1
+        bucket = self._bucket(running)
+        if verified == self.last:
+            bucket.seconds[verified].add(seconds / max(1, steps))
+        self.last = verified
+        if bucket.exploring is not None:
+            bucket.burst_left -= 1
+            if bucket.burst_left <= 0:
+                self._end_burst(running, bucket)
+            return
+        bucket.since += 1
+        if bucket.since >= bucket.interval and min(s.count for s in bucket.seconds.values()) >= MIN_SAMPLES:
+            bucket.exploring = not verified
+            bucket.burst_left = BURST
+
+    def _end_burst(self, running: Sequence[Request], bucket: BucketCosts) -> None:
+        explored, bucket.exploring, bucket.since = bucket.exploring, None, 0
+        flipped = self._verify_wins(running, bucket.seconds[True].value, bucket.seconds[False].value) == explored
+        bucket.interval = REEXPLORE_FROM if flipped else min(2 * bucket.interval, REEXPLORE_MAX)
+
+    def accepted(self, req: Request, committed: list[int]) -> None:
+        """A request's verify steps committed these many tokens each."""
+        own = self.per_request.get(req.rid)
+        if own is None:
+            own = self.per_request[req.rid] = RunningMean()
+        for n in committed:
+            own.add(n)
+            self.accept.add(n)
+
+    def forget(self, req: Request) -> None:
+        self.per_request.pop(req.rid, None)
+
+    def reset_costs(self) -> None:
+        """After a re-attach: memd's pools and the graphs are new, so the costs are measured again."""
+        self.costs.clear()
+        self.last = None
