@@ -65,7 +65,7 @@ def submit_requests(
             top_p=SAMPLED_TOP_P if temperature else 1.0,
             seed=i if temperature else None,
         )
-        generator = None if params.greedy else make_generator(params.seed, "cuda")  # as modeld's service makes it
+        generator = None if params.greedy else make_generator(params.seed, engine.runner.device)  # as modeld's service
         reqs.append(Request(rid=f"{tag}-{i}", prompt_ids=list(p), params=params, generator=generator))
     for r in reqs:
         assert engine.submit(r)

@@ -10,7 +10,10 @@ one of modeld's own flags, spelled as its ModeldConfig field: disable_cuda_graph
 """
 
 import argparse
+import os
 from dataclasses import dataclass, fields
+
+import torch
 
 from memd import defaults
 from modeld.config import ModeldConfig
@@ -106,12 +109,14 @@ def rows_for(kinds: list[str], ablations: list[Ablation]) -> list[Row]:
     return rows
 
 
-def row_config(row: Row, memd: str, target: str, load_format: str, draft: str | None) -> ModeldConfig:
-    """modeld's settings for a row on CUDA: its defaults, then the row's ablation."""
+def row_config(
+    row: Row, memd: str, target: str, load_format: str, draft: str | None, device: str = "cuda"
+) -> ModeldConfig:
+    """modeld's settings for a row: its defaults, then the row's ablation."""
     dflash = row.kind == "dflash"
     ablation = row.ablation
     return ModeldConfig(
-        device="cuda",
+        device=device,
         memd=memd,
         target_model=target,
         load_format=load_format,
@@ -123,10 +128,20 @@ def row_config(row: Row, memd: str, target: str, load_format: str, draft: str | 
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """--target, --load-format and --draft, as the engine benchmarks take them."""
+    """--target, --load-format, --draft and --device, as the engine benchmarks take them."""
     p.add_argument("--target", help="HF folder (default: the project's SmolLM2-135M-Instruct)")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto")
     p.add_argument("--draft", default=str(defaults.default_draft_dir()), help="z-lab format draft, or 'none'")
+    p.add_argument(
+        "--device", choices=["cuda", "cpu"], default="cuda", help="modeld's and memd's device (cpu: no CUDA graphs)"
+    )
+
+
+def device_name(device: str) -> str:
+    """The card (or CPU) a benchmark ran on, for its report."""
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
 
 
 def add_row_arguments(p: argparse.ArgumentParser, default_ablations: tuple[str, ...] = ()) -> None:

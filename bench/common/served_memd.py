@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from bench.common.memd_process import memd_process
 
+CPU_KV_BYTES = 1 << 30  # shared memory on a CPU machine: enough for the CPU's batches, small beside its RAM
+
 
 @dataclass(frozen=True)
 class MemdSettings:
@@ -17,23 +19,26 @@ class MemdSettings:
     max_running: int = 16
     ratio: float = 0.25  # the draft pool's share of the target's tokens
     window: int = 256  # the draft pool's window in tokens
+    device: str = "cuda"
 
 
 def memd_flags(kind: str, settings: MemdSettings) -> list[str]:
-    """memd's flags for rows of this kind, on the GPU with bf16 KV: the draft pool for DFLASH, none for plain."""
+    """memd's flags for rows of this kind: the draft pool for DFLASH, none for plain; on the GPU with bf16 KV in 30% of
+    its memory, on the CPU with the target's dtype in CPU_KV_BYTES."""
     flags = [
         "--device",
-        "cuda",
+        settings.device,
         "--target-model",
         settings.target,
         "--page-size",
         str(settings.page),
         "--max-running-requests",
         str(settings.max_running),
-        "--mem-fraction",
-        "0.3",
-        "--kv-cache-dtype",
-        "bfloat16",
+        *(
+            ["--mem-fraction", "0.3", "--kv-cache-dtype", "bfloat16"]
+            if settings.device == "cuda"
+            else ["--kv-budget-bytes", str(CPU_KV_BYTES)]
+        ),
     ]
     if kind == "dflash":
         return flags + [

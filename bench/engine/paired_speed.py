@@ -21,7 +21,7 @@ import statistics
 import sys
 
 from bench.common.requests import prompts_for
-from bench.common.rows import KINDS, Row, add_model_arguments
+from bench.common.rows import KINDS, Row, add_model_arguments, device_name
 from bench.common.served_memd import served_memd
 from bench.engine.row_speed import add_run_arguments, largest_batch, memd_settings, resolve_run_arguments, run_row
 
@@ -102,6 +102,7 @@ def main(argv=None) -> int:
         for kind in run_order(args.pairs):
             runs.append(run_row(Row(kind), memd[kind], args, prompts, ignore_eos=ignore_eos, breakdown=False))
             print(json.dumps(runs[-1]), flush=True)
+    print(f"{device_name(args.device)}; target {args.target} ({args.load_format}), draft {args.draft}\n")
     print(report(runs, args))
     return 0
 

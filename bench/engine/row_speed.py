@@ -57,7 +57,7 @@ def largest_batch(args) -> int:
 
 def memd_settings(args) -> MemdSettings:
     draft = None if args.draft == "none" else args.draft
-    return MemdSettings(args.target, draft, args.page, largest_batch(args), args.ratio, args.window)
+    return MemdSettings(args.target, draft, args.page, largest_batch(args), args.ratio, args.window, args.device)
 
 
 def batches(concurrency: int, prompts: list[list[int]], batch1: int, rounds: int) -> list[list[list[int]]]:
@@ -96,7 +96,7 @@ def weight_bytes(model) -> int:
 
 def run_row(row: Row, memd: str, args, prompts, ignore_eos: bool, breakdown: bool = True) -> dict:
     """One row's tokens/s (and, with `breakdown`, its per-step breakdown at batch 1 and 16); `memd` serves its kind."""
-    cfg = row_config(row, memd, args.target, args.load_format, args.draft)
+    cfg = row_config(row, memd, args.target, args.load_format, args.draft, args.device)
     hooks = SwitchableHooks()  # the breakdown observes some runs of the engine through them
     built = build_engine(cfg, lambda serving: None, hooks=hooks)
     engine = built.engine
@@ -105,7 +105,7 @@ def run_row(row: Row, memd: str, args, prompts, ignore_eos: bool, breakdown: boo
     engine.start()
     try:
         generate_all(engine, prompts[:2], 8, True, "warm")
-        graphs = not cfg.disable_cuda_graph
+        graphs = cfg.device == "cuda" and not cfg.disable_cuda_graph
         measured = {
             "name": row.name,
             "kind": row.kind,
@@ -125,7 +125,7 @@ def run_row(row: Row, memd: str, args, prompts, ignore_eos: bool, breakdown: boo
         for c in args.concurrency:
             tokens, seconds, _ = run_batches(engine, c, prompts, args, ignore_eos, f"c{c}")
             measured[f"c{c}"] = tokens / seconds
-        if graphs:  # sampled requests: DFLASH's split path against plain decoding
+        if graphs or cfg.device == "cpu":  # sampled requests: DFLASH's split path against plain decoding
             for c in args.sampled_concurrency:
                 tokens, seconds, verifies = run_batches(
                     engine, c, prompts, args, ignore_eos, f"t{c}", SAMPLED_TEMPERATURE

@@ -27,7 +27,7 @@ from dataclasses import replace
 import torch
 
 from bench.common.requests import prompts_for
-from bench.common.rows import KINDS, add_model_arguments, add_row_arguments, rows_from_args
+from bench.common.rows import KINDS, add_model_arguments, add_row_arguments, device_name, rows_from_args
 from bench.common.served_memd import served_memd
 from bench.engine.row_speed import (
     add_run_arguments,
@@ -43,21 +43,22 @@ def hf_generate(args, prompts, ignore_eos: bool) -> float:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if args.load_format == "dummy":
-        with torch.device("cuda"):  # random weights drawn on the GPU: an 8B model in seconds
+        with torch.device(args.device):  # random weights drawn on the GPU: an 8B model in seconds
             hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.target), dtype=torch.bfloat16)
     else:
         hf = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.bfloat16)
-    hf = hf.cuda().eval()
+    hf = hf.to(args.device).eval()
+    synchronise = torch.cuda.synchronize if args.device == "cuda" else lambda: None
     tokens = seconds = 0
     for p in prompts[: args.batch1]:
-        ids = torch.tensor([p], device="cuda")
+        ids = torch.tensor([p], device=args.device)
         extra = dict(min_new_tokens=args.new_tokens) if ignore_eos else {}
-        torch.cuda.synchronize()
+        synchronise()
         begin = time.perf_counter()
         out = hf.generate(
             ids, max_new_tokens=args.new_tokens, do_sample=False, attention_mask=torch.ones_like(ids), **extra
         )
-        torch.cuda.synchronize()
+        synchronise()
         seconds += time.perf_counter() - begin
         tokens += out.shape[1] - ids.shape[1]
     del hf
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
             for row in mine:
                 measured.append(run_row(row, memd, args, prompts, ignore_eos=ignore_eos))
                 print(json.dumps(measured[-1]), flush=True)
-    print(report(measured, hf, args, torch.cuda.get_device_name()))
+    print(report(measured, hf, args, device_name(args.device)))
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"hf": hf, "rows": measured}, indent=1))
     return 0

@@ -95,9 +95,10 @@ class Scheduler:
         idle pool can never run: it is failed."""
         hopeless: list[Request] = []
         memd = self.memd
-        memd.settle_in_flight(wait=self._may_call() and not memd.behind_idle_releases())
+        spec = self._speculating()  # asked once a step: the policy's answer costs a pass over the running requests
+        memd.settle_in_flight(wait=self._may_call(spec) and not memd.behind_idle_releases())
         refused: set[tuple] = set()  # plans memd refused this step: a level that changes nothing is not asked again
-        admit, level, spec, lean = self.max_running, 0, self._speculating(), not self.lookahead
+        admit, level, lean = self.max_running, 0, not self.lookahead
         while True:
             plan, admitted, alone = self._plan(level, admit, spec, lean)
             if plan:
@@ -176,11 +177,11 @@ class Scheduler:
         if due or memd.releases or memd.cache:  # trims alone wait: a grant comes every lookahead / 2 positions
             memd.send_ahead(grows)
 
-    def _may_call(self) -> bool:
+    def _may_call(self, spec: bool) -> bool:
         """Whether this step might wait for memd (then the call in flight must be answered first, unless it carries
         an idle pass's releases alone: MemdCalls.behind_idle_releases): an admission, a prefill chunk, a decode short of
         slots, or (without calls sent ahead) a pending release."""
-        spec, memd = self._speculating(), self.memd
+        memd = self.memd
         releasing = bool(memd.releases or memd.cache) and not memd.async_top_ups
         return (
             bool(self.waiting)
