@@ -10,8 +10,10 @@ Two estimates meet in the decision, both measured while serving:
 Verify wins when sum(expected tokens of each request) / verify cost > requests / plain cost.
 
 Both options stay measured: a bucket with too few samples of an option runs it until it has them, and an option
-that loses is tried again for a short burst after `interval` passes, which doubles each time the burst confirms the
-choice (up to REEXPLORE_MAX) and starts over when it flips, so a weak draft costs a few verify steps in a thousand.
+that loses is tried again for a short burst after `interval` passes. A burst that confirms the choice at least
+doubles the interval, and stretches it until the burst's loss is EXPLORATION_SHARE of the time between bursts (up to
+REEXPLORE_MAX passes); one that flips the choice starts it over. A weak draft then costs a few verify steps in a
+thousand, and a change in acceptance or load is still seen within REEXPLORE_MAX passes.
 The first pass of a burst and of any switch is not a sample: it ends the other option's pipeline (a plain decode
 queued ahead) or starts its own.
 
@@ -26,10 +28,11 @@ from modeld.request import Request
 
 EWMA = 0.1  # weight of a new sample in every running mean: about the last 20 samples count
 PRIOR_WEIGHT = 2.0  # a request's own mean counts as this many samples of the global one when it has none
-MIN_SAMPLES = 3  # samples of each option a bucket needs before the policy compares them
-BURST = 4  # passes an exploration runs the losing option (its first pass is not a sample)
+MIN_SAMPLES = 2  # samples of each option a bucket needs before the policy compares them
+BURST = 2  # passes an exploration runs the losing option (its first pass is not a sample)
 REEXPLORE_FROM = 32  # passes between explorations after a flip
 REEXPLORE_MAX = 1024
+EXPLORATION_SHARE = 0.01  # after a burst that confirms the choice, explore again once its loss is this share of time
 
 
 @dataclass
@@ -121,8 +124,15 @@ class SpeculationPolicy:
 
     def _end_burst(self, running: Sequence[Request], bucket: BucketCosts) -> None:
         explored, bucket.exploring, bucket.since = bucket.exploring, None, 0
-        flipped = self._verify_wins(running, bucket.seconds[True].value, bucket.seconds[False].value) == explored
-        bucket.interval = REEXPLORE_FROM if flipped else min(2 * bucket.interval, REEXPLORE_MAX)
+        verify_s, plain_s = bucket.seconds[True].value, bucket.seconds[False].value
+        if self._verify_wins(running, verify_s, plain_s) == explored:
+            bucket.interval = REEXPLORE_FROM
+            return
+        # tokens a second of each option; a burst of the loser costs BURST * (best / explored - 1) passes of the best
+        expected = sum(self.expected_tokens(r) for r in running)
+        rates = {True: expected / verify_s, False: len(running) / plain_s}
+        loss = BURST * (rates[not explored] / rates[explored] - 1)
+        bucket.interval = min(max(2 * bucket.interval, round(loss / EXPLORATION_SHARE)), REEXPLORE_MAX)
 
     def accepted(self, req: Request, committed: list[int]) -> None:
         """A request's verify steps committed these many tokens each."""

@@ -5,7 +5,15 @@ import pytest
 
 from modeld.request import Request
 from modeld.sampling_params import SamplingParams
-from modeld.spec.policy import BURST, MIN_SAMPLES, REEXPLORE_FROM, REEXPLORE_MAX, SpeculationPolicy, bucket_of
+from modeld.spec.policy import (
+    BURST,
+    EXPLORATION_SHARE,
+    MIN_SAMPLES,
+    REEXPLORE_FROM,
+    REEXPLORE_MAX,
+    SpeculationPolicy,
+    bucket_of,
+)
 
 BLOCK = 16
 
@@ -114,3 +122,12 @@ def test_several_steps_a_pass_count_as_steps_and_costs_reset_after_a_re_attach()
     assert policy.costs[(1, False)].seconds[True].value == pytest.approx(1.0)
     policy.reset_costs()
     assert not policy.costs and policy.speculate(running)
+
+
+def test_a_far_worse_option_is_explored_at_once_rarely():
+    """One burst of a verify step that costs 4 plain steps for one token (a weak draft on the CPU) loses
+    BURST * 3 plain steps: the interval stretches at once until that is EXPLORATION_SHARE of the time, not by
+    doubling."""
+    policy, running = SpeculationPolicy(BLOCK), requests(1)
+    serve(policy, running, 2 * (MIN_SAMPLES + 1) + REEXPLORE_FROM + BURST, verify_s=4.0, plain_s=1.0, accept=1)
+    assert policy.costs[(1, False)].interval == round(BURST * 3 / EXPLORATION_SHARE)
