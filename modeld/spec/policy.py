@@ -9,8 +9,10 @@ Two estimates meet in the decision, both measured while serving:
     calls and the overlap of plain steps included, and on the CPU it is the CPU's.
 Verify wins when sum(expected tokens of each request) / verify cost > requests / plain cost.
 
-Both options stay measured: a bucket with too few samples of an option runs it until it has them, and an option
-that loses is tried again for a short burst after `interval` passes. A burst that confirms the choice at least
+Warm-up: the first verify steps teach the acceptance; each new bucket then runs plain steps until it has
+MIN_SAMPLES of them, and verify next only where it could win even at the bound of its cost that smaller buckets of
+the same kind give (a draft that accepts next to nothing never verifies a large batch to learn that it loses). An
+option that loses is tried again for a short burst after `interval` passes. A burst that confirms the choice at least
 doubles the interval, and stretches it until the burst's loss is EXPLORATION_SHARE of the time between bursts (up to
 REEXPLORE_MAX passes); one that flips the choice starts it over. A weak draft then costs a few verify steps in a
 thousand, and a change in acceptance or load is still seen within REEXPLORE_MAX passes.
@@ -28,7 +30,7 @@ from modeld.request import Request
 
 EWMA = 0.1  # weight of a new sample in every running mean: about the last 20 samples count
 PRIOR_WEIGHT = 2.0  # a request's own mean counts as this many samples of the global one when it has none
-MIN_SAMPLES = 2  # samples of each option a bucket needs before the policy compares them
+MIN_SAMPLES = 2  # plain samples a bucket takes before it compares; of each option for its ratio to bound others
 BURST = 2  # passes an exploration runs the losing option (its first pass is not a sample)
 REEXPLORE_FROM = 32  # passes between explorations after a flip
 REEXPLORE_MAX = 1024
@@ -76,13 +78,16 @@ class SpeculationPolicy:
         """Whether this step's decodes verify blocks. Pure: asked again before the step runs, it answers alike."""
         if not running:
             return True
-        bucket = self._bucket(running)
+        if self.accept.count == 0:
+            return True  # nothing is known of the draft yet: its verify steps teach it
+        key = self._key(running)
+        bucket = self._bucket(key)
         if bucket.exploring is not None:
             return bucket.exploring
-        verify, plain = bucket.seconds[True], bucket.seconds[False]
-        if verify.count < MIN_SAMPLES or plain.count < MIN_SAMPLES:
-            return verify.count < MIN_SAMPLES  # verify first: its steps teach the acceptance too
-        return self._verify_wins(running, verify.value, plain.value)
+        plain = bucket.seconds[False]
+        if plain.count < MIN_SAMPLES:
+            return False  # plain first: cheap to measure, and the verify cost's bound below is a multiple of it
+        return self._verify_wins(running, self._verify_seconds(key, bucket), plain.value)
 
     def expected_tokens(self, req: Request) -> float:
         """Tokens one verify step is expected to commit for `req` (1 to the block size)."""
@@ -96,8 +101,29 @@ class SpeculationPolicy:
         expected = sum(self.expected_tokens(r) for r in running)
         return expected * plain_seconds > len(running) * verify_seconds
 
-    def _bucket(self, running: Sequence[Request]) -> BucketCosts:
-        key = (bucket_of(len(running)), any(not r.params.greedy for r in running))
+    def _verify_seconds(self, key: tuple[int, bool], bucket: BucketCosts) -> float:
+        """A verify step's measured cost in this bucket; unmeasured, its lower bound: the plain cost times the largest
+        verify / plain ratio measured at a smaller bucket of the same kind (the ratio grows with the batch, as verify
+        turns compute-bound sooner; 1 where none is measured). A verify that cannot win even so is not tried until an
+        exploration."""
+        verify, plain = bucket.seconds[True], bucket.seconds[False]
+        if verify.count:
+            return verify.value
+        size, sampling = key
+        ratios = [
+            other.seconds[True].value / other.seconds[False].value
+            for (other_size, other_sampling), other in self.costs.items()
+            if other_sampling == sampling
+            and other_size < size
+            and min(other.seconds[True].count, other.seconds[False].count) >= MIN_SAMPLES
+        ]
+        return plain.value * max(ratios, default=1.0)
+
+    @staticmethod
+    def _key(running: Sequence[Request]) -> tuple[int, bool]:
+        return bucket_of(len(running)), any(not r.params.greedy for r in running)
+
+    def _bucket(self, key: tuple[int, bool]) -> BucketCosts:
         found = self.costs.get(key)
         if found is None:
             found = self.costs[key] = BucketCosts()
@@ -108,23 +134,24 @@ class SpeculationPolicy:
         """A pass that only decoded ran `steps` device steps with one option in `seconds` (running: the batch it
         decided for, before anything finished)."""
         self.chosen[verified] += 1
-        bucket = self._bucket(running)
+        key = self._key(running)
+        bucket = self._bucket(key)
         if verified == self.last:
             bucket.seconds[verified].add(seconds / max(1, steps))
         self.last = verified
         if bucket.exploring is not None:
             bucket.burst_left -= 1
             if bucket.burst_left <= 0:
-                self._end_burst(running, bucket)
+                self._end_burst(running, key, bucket)
             return
         bucket.since += 1
-        if bucket.since >= bucket.interval and min(s.count for s in bucket.seconds.values()) >= MIN_SAMPLES:
+        if bucket.since >= bucket.interval and bucket.seconds[False].count >= MIN_SAMPLES:
             bucket.exploring = not verified
             bucket.burst_left = BURST
 
-    def _end_burst(self, running: Sequence[Request], bucket: BucketCosts) -> None:
+    def _end_burst(self, running: Sequence[Request], key: tuple[int, bool], bucket: BucketCosts) -> None:
         explored, bucket.exploring, bucket.since = bucket.exploring, None, 0
-        verify_s, plain_s = bucket.seconds[True].value, bucket.seconds[False].value
+        verify_s, plain_s = self._verify_seconds(key, bucket), bucket.seconds[False].value
         if self._verify_wins(running, verify_s, plain_s) == explored:
             bucket.interval = REEXPLORE_FROM
             return

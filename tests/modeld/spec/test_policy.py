@@ -44,14 +44,23 @@ def test_buckets_are_powers_of_two():
     assert [bucket_of(n) for n in (1, 2, 3, 4, 5, 16, 17, 64)] == [1, 2, 4, 4, 8, 16, 32, 64]
 
 
-def test_a_new_bucket_measures_both_options_before_comparing_them():
-    """Verify first (its steps also teach acceptance), then plain, each until it has MIN_SAMPLES samples; the first
-    pass after a switch is not a sample."""
+def test_the_first_verify_teaches_acceptance_then_a_bucket_measures_plain_first():
+    """Nothing known: one verify step (the acceptance). Then the bucket runs plain until it has MIN_SAMPLES samples
+    (the first pass after a switch is none), and verifies next where even the bound of its cost lets it win."""
     policy, running = SpeculationPolicy(BLOCK), requests(1)
-    chosen = serve(policy, running, 2 * (MIN_SAMPLES + 1), verify_s=1.0, plain_s=1.0, accept=4)
-    assert chosen == [True] * (MIN_SAMPLES + 1) + [False] * (MIN_SAMPLES + 1)
-    costs = policy.costs[(1, False)].seconds
-    assert costs[True].count == costs[False].count == MIN_SAMPLES
+    chosen = serve(policy, running, MIN_SAMPLES + 6, verify_s=1.5, plain_s=1.0, accept=4)
+    assert chosen[: MIN_SAMPLES + 3] == [True] + [False] * (MIN_SAMPLES + 1) + [True]
+    assert policy.costs[(1, False)].seconds[False].count == MIN_SAMPLES
+
+
+def test_a_draft_that_accepts_nothing_never_verifies_a_larger_batch_to_learn_it():
+    """Measured at batch 1 (verify 1.5x a plain step, one token a verify), a batch of 4 cannot win by verifying even
+    at that ratio: it decodes plainly from its first step, and verifies only in rare explorations."""
+    policy = SpeculationPolicy(BLOCK)
+    serve(policy, requests(1), 40, verify_s=1.5, plain_s=1.0, accept=1)
+    chosen = serve(policy, requests(4), 2000, verify_s=3.0, plain_s=1.0, accept=1)
+    assert chosen[:REEXPLORE_FROM] == [False] * REEXPLORE_FROM
+    assert chosen.count(True) / len(chosen) < 0.005  # a few bursts, ever further apart
 
 
 @pytest.mark.parametrize(
