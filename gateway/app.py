@@ -12,6 +12,7 @@ from gateway.api_key import ApiKey
 from gateway.backends import Backends
 from gateway.body_limit import BodyLimit
 from gateway.config import GatewayConfig
+from gateway.discovery import RESOLVE_INTERVAL, Resolver, resolve
 from gateway.errors import ApiError, api_error_response, error_body
 from gateway.generation import generate
 from gateway.router import Router
@@ -20,7 +21,8 @@ from gateway.schemas import ChatRequest, CompletionRequest
 log = logging.getLogger("gateway")
 
 
-def create_app(cfg: GatewayConfig) -> FastAPI:
+def create_app(cfg: GatewayConfig, resolver: Resolver = resolve, resolve_interval: float = RESOLVE_INTERVAL) -> FastAPI:
+    """The app over cfg's modelds; DNS names among them are resolved by `resolver` every `resolve_interval` s."""
     router = Router(cfg.affinity_block_chars, cfg.affinity_entries, cfg.affinity_max_imbalance)
     state = {}
 
@@ -32,6 +34,8 @@ def create_app(cfg: GatewayConfig) -> FastAPI:
             cfg.poll_interval,
             cfg.max_queued,  # grpc.aio: in the loop
             cfg.queue_timeout,
+            resolver=resolver,
+            resolve_interval=resolve_interval,
         )
         await backends.start()
         state["backends"] = backends
