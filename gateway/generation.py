@@ -1,14 +1,19 @@
-"""One OpenAI request end to end: pick a modeld, start its Generate stream, answer whole or as server-sent events.
+"""One OpenAI request end to end: pick a modeld, start its Generate streams (one a choice), answer whole or as
+server-sent events.
 
-The stream's first message is awaited before the HTTP answer starts, so a refusal (bad input, no room, modeld
-gone) still gets its HTTP status. A client that disconnects cancels the Generate stream, which aborts the request
-in modeld and frees its KV in memd."""
+Each stream's first message is awaited before the HTTP answer starts, so a refusal (bad input, no room, modeld
+gone) still gets its HTTP status. With n > 1 every choice goes to the same modeld, and choices 1..n-1 start once
+choice 0's first token came: its prompt is computed then, and memd's prefix cache serves it to the others, so the
+prompt is computed once. A client that disconnects cancels the Generate streams, which aborts the requests in
+modeld and frees their KV in memd."""
 
+import asyncio
 import logging
 import math
 import time
 import uuid
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
@@ -46,6 +51,13 @@ def choose_backend(backends: Backends, router: Router, body: ChatRequest | Compl
     )
 
 
+@dataclass
+class Choice:
+    handle: object  # the client library's stream handle: `.result` once it ended
+    chunks: object  # its async iterator of chunks, after the first
+    first: object  # the first chunk (None: the stream ended without one)
+
+
 async def generate(
     request: Request, backends: Backends, router: Router, body: ChatRequest | CompletionRequest, chat: bool
 ) -> Response:
@@ -56,18 +68,19 @@ async def generate(
     stack = AsyncExitStack()
     streaming = False  # once the SSE body runs, it closes the stack
     try:
-        await unless_disconnected(request, backend.admission.enter())  # queued while the modeld's places are full
-        entered = time.monotonic()
-        stack.callback(lambda: backend.admission.leave(time.monotonic() - entered))
-        handle = await stack.enter_async_context(
-            backend.client.stream(request_id=request_id, **body.generate_arguments())
+        choices = [await open_choice(request, backend, body, request_id, 0, stack)]
+        others = await asyncio.gather(
+            *(open_choice(request, backend, body, request_id, i, stack) for i in range(1, body.n)),
+            return_exceptions=True,  # every one opened or failed: the stack closes those that opened
         )
-        chunks = aiter(handle)
+        failed = next((other for other in others if isinstance(other, BaseException)), None)
+        if failed is not None:
+            raise failed
+        choices += others
         if not body.stream:
-            await unless_disconnected(request, drain(chunks))
-            return JSONResponse(shaper.complete(handle.result), headers=routed_to(backend))
-        first = await unless_disconnected(request, anext(chunks, None))
-        events = stream_events(shaper, handle, chunks, first, body.include_usage, stack)
+            await unless_disconnected(request, asyncio.gather(*(drain(choice.chunks) for choice in choices)))
+            return JSONResponse(shaper.complete([c.handle.result for c in choices]), headers=routed_to(backend))
+        events = stream_events(shaper, choices, body.include_usage, stack)
         streaming = True
         return StreamingResponse(events, media_type="text/event-stream", headers=routed_to(backend))
     except QueueFull as exc:
@@ -90,25 +103,80 @@ async def generate(
             await stack.aclose()
 
 
+async def open_choice(request: Request, backend, body, request_id: str, index: int, stack: AsyncExitStack) -> Choice:
+    """Choice `index`'s Generate stream, once the modeld's admission lets it in (queued while its places are full),
+    and its first chunk; the stack leaves the admission and closes the stream."""
+    await unless_disconnected(request, backend.admission.enter())
+    entered = time.monotonic()
+    stack.callback(lambda: backend.admission.leave(time.monotonic() - entered))
+    handle = await stack.enter_async_context(
+        backend.client.stream(
+            request_id=request_id if index == 0 else f"{request_id}-{index}", **body.generate_arguments(index)
+        )
+    )
+    chunks = aiter(handle)
+    return Choice(handle, chunks, await unless_disconnected(request, anext(chunks, None)))
+
+
 async def drain(chunks) -> None:
     async for _ in chunks:
         pass
 
 
-async def stream_events(shaper: Shaper, handle, chunks, first, include_usage: bool, stack: AsyncExitStack):
-    """The SSE body; its end (the last event, an error, or a disconnect cancelling it) closes the Generate stream."""
+async def choice_events(shaper: Shaper, index: int, choice: Choice):
+    """One choice's events after its opening: its text as it comes, then its finish."""
+    chunk = choice.first
+    while chunk is not None:
+        if chunk.text:
+            yield shaper.piece(chunk.text, index)
+        chunk = await anext(choice.chunks, None)
+    yield shaper.finish(choice.handle.result, index)
+
+
+async def merged_events(shaper: Shaper, choices: list[Choice]):
+    """Every choice's events as they come (one choice: in order, without a task)."""
+    if len(choices) == 1:
+        async for event in choice_events(shaper, 0, choices[0]):
+            yield event
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, choice: Choice) -> None:
+        try:
+            async for event in choice_events(shaper, index, choice):
+                await queue.put(event)
+        except ClientError as exc:
+            await queue.put(exc)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(index, choice)) for index, choice in enumerate(choices)]
     try:
-        opening = shaper.opening()
-        if opening is not None:
-            yield opening
-        chunk = first
-        while chunk is not None:
-            if chunk.text:
-                yield shaper.piece(chunk.text)
-            chunk = await anext(chunks, None)
-        yield shaper.finish(handle.result)
+        ended = 0
+        while ended < len(choices):
+            event = await queue.get()
+            if event is None:
+                ended += 1
+            elif isinstance(event, ClientError):
+                raise event
+            else:
+                yield event
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def stream_events(shaper: Shaper, choices: list[Choice], include_usage: bool, stack: AsyncExitStack):
+    """The SSE body; its end (the last event, an error, or a disconnect cancelling it) closes the Generate streams."""
+    try:
+        for index in range(len(choices)):
+            opening = shaper.opening(index)
+            if opening is not None:
+                yield opening
+        async for event in merged_events(shaper, choices):
+            yield event
         if include_usage:
-            yield shaper.usage_event(handle.result)
+            yield shaper.usage_event([choice.handle.result for choice in choices])
         yield DONE
     except ClientError as exc:  # after the answer started: the error is the stream's last event
         api_error = from_client_error(exc, retry_after=1)

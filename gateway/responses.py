@@ -1,4 +1,4 @@
-"""OpenAI's response bodies and stream events for one generation (chat or text completion)."""
+"""OpenAI's response bodies and stream events for one generation (chat or text completion) of n choices."""
 
 import json
 import time
@@ -21,42 +21,50 @@ class Shaper:
             body["usage"] = usage
         return body
 
-    def complete(self, result: GenerateResult) -> dict:
-        """The whole answer (no streaming)."""
-        choice = {"index": 0, "finish_reason": result.finish_reason, "logprobs": None}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": result.text}
-        else:
-            choice["text"] = result.text
-        return self._envelope("chat.completion" if self.chat else "text_completion", [choice], usage(result))
+    def complete(self, results: list[GenerateResult]) -> dict:
+        """The whole answer (no streaming): choice i is results[i]."""
+        choices = []
+        for index, result in enumerate(results):
+            choice = {"index": index, "finish_reason": result.finish_reason, "logprobs": None}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": result.text}
+            else:
+                choice["text"] = result.text
+            choices.append(choice)
+        return self._envelope("chat.completion" if self.chat else "text_completion", choices, usage(results))
 
-    def opening(self) -> str | None:
-        """The first event of a chat stream (the assistant's role); None for text completions."""
-        return self._event({"role": "assistant", "content": ""}) if self.chat else None
+    def opening(self, index: int = 0) -> str | None:
+        """The first event of a chat stream's choice (the assistant's role); None for text completions."""
+        return self._event(index, {"role": "assistant", "content": ""}) if self.chat else None
 
-    def piece(self, text: str) -> str:
-        return self._event({"content": text} if self.chat else text)
+    def piece(self, text: str, index: int = 0) -> str:
+        return self._event(index, {"content": text} if self.chat else text)
 
-    def finish(self, result: GenerateResult) -> str:
-        return self._event({} if self.chat else "", finish_reason=result.finish_reason)
+    def finish(self, result: GenerateResult, index: int = 0) -> str:
+        return self._event(index, {} if self.chat else "", finish_reason=result.finish_reason)
 
-    def usage_event(self, result: GenerateResult) -> str:
+    def usage_event(self, results: list[GenerateResult]) -> str:
         """The last event when the client asked for stream_options.include_usage: no choices, the usage."""
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return sse(self._envelope(obj, [], usage(result)))
+        return sse(self._envelope(obj, [], usage(results)))
 
-    def _event(self, content, finish_reason: str | None = None) -> str:
-        choice = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+    def _event(self, index: int, content, finish_reason: str | None = None) -> str:
+        choice = {"index": index, "finish_reason": finish_reason, "logprobs": None}
         choice.update({"delta": content} if self.chat else {"text": content})
         return sse(self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice]))
 
 
-def usage(result: GenerateResult) -> dict:
+def usage(results: list[GenerateResult]) -> dict:
+    """The prompt counts once (its choices share it, as OpenAI counts them), with the cached tokens of the first
+    choice (what memd held before this request; the other choices find the first's prompt there); completion tokens
+    are every choice's."""
+    prompt = results[0].prompt_tokens
+    completion = sum(result.completion_tokens for result in results)
     return {
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.completion_tokens,
-        "total_tokens": result.prompt_tokens + result.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": results[0].cached_tokens},
     }
 
 

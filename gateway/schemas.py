@@ -1,8 +1,7 @@
 """The OpenAI request bodies the gateway accepts, and the modeld Generate arguments they become.
 
 Fields OpenAI defines that the gateway does not serve are refused (400) rather than ignored when ignoring them
-would change the answer (n > 1, logprobs, tools); other unknown fields are ignored, as OpenAI-compatible
-servers do."""
+would change the answer (logprobs, tools); other unknown fields are ignored, as OpenAI-compatible servers do."""
 
 import struct
 from typing import Literal
@@ -10,6 +9,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.errors import ApiError
+
+MAX_CHOICES = 16  # n: each choice is a request of its own in modeld, sharing the prompt through memd's prefix cache
+SEED_RANGE = 2**64
 
 
 class StreamOptions(BaseModel):
@@ -24,8 +26,8 @@ class SamplingRequest(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=0, lt=2**64)
-    n: int = 1
+    seed: int | None = Field(None, ge=0, lt=SEED_RANGE)
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     logprobs: bool | int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -39,18 +41,17 @@ class SamplingRequest(BaseModel):
         return value
 
     def check_supported(self) -> None:
-        if self.n != 1:
-            raise ApiError(400, f"n={self.n}: this server returns one choice per request (n=1)", param="n")
         if self.logprobs:
             raise ApiError(400, "logprobs are not supported", param="logprobs")
 
-    def sampling(self, max_tokens: int | None) -> dict:
-        """The client library's Generate arguments for these fields (unset ones take modeld's defaults)."""
+    def sampling(self, max_tokens: int | None, choice: int) -> dict:
+        """The client library's Generate arguments for these fields (unset ones take modeld's defaults). Choice i of
+        n samples with seed + i, so each has its own stream and a request with a seed is reproducible."""
         values = dict(
             max_tokens=max_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
-            seed=self.seed,
+            seed=None if self.seed is None else (self.seed + choice) % SEED_RANGE,
             stop=self.stop or None,
         )
         return {key: value for key, value in values.items() if value is not None}
@@ -87,9 +88,9 @@ class ChatRequest(SamplingRequest):
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             raise ApiError(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
 
-    def generate_arguments(self) -> dict:
+    def generate_arguments(self, choice: int = 0) -> dict:
         turns = [m.turn() for m in self.messages]
-        return dict(messages=turns, **self.sampling(self.max_completion_tokens or self.max_tokens))
+        return dict(messages=turns, **self.sampling(self.max_completion_tokens or self.max_tokens, choice))
 
     def affinity_key(self) -> str:
         """The conversation as text, for prefix affinity: a conversation that goes on shares its prefix."""
@@ -116,10 +117,10 @@ class CompletionRequest(SamplingRequest):
             return self.prompt[0]
         return self.prompt
 
-    def generate_arguments(self) -> dict:
+    def generate_arguments(self, choice: int = 0) -> dict:
         prompt = self.single_prompt()
         source = dict(input_ids=prompt) if isinstance(prompt, list) else dict(prompt=prompt)
-        return dict(**source, **self.sampling(self.max_tokens))
+        return dict(**source, **self.sampling(self.max_tokens, choice))
 
     def affinity_key(self) -> str:
         prompt = self.single_prompt()

@@ -70,7 +70,8 @@ def test_models_and_health(openai_client, model_name, stack):
     "change, status, param",
     [
         (dict(model="no-such-model"), 404, "model"),
-        (dict(n=2), 400, "n"),
+        (dict(n=17), 400, "n"),  # above MAX_CHOICES
+        (dict(n=0), 400, "n"),
         (dict(temperature=-1), 400, "temperature"),
         (dict(max_tokens=100_000), 400, None),  # modeld: beyond the context
     ],
