@@ -90,8 +90,9 @@ class Scheduler:
 
         When memd refuses, the plan shrinks: first every spare slot goes back and nothing is
         granted ahead (lean), then fewer new admissions, then none (running requests only), then
-        decodes only, then (DFLASH) single-token decodes instead of verify blocks; below that the
-        newest running request is preempted. A request that cannot be admitted even alone into an
+        decodes only, then (DFLASH) single-token decodes instead of verify blocks, then waiting
+        requests give their matches (locked prefixes) back and the running requests' prompt chunks are asked again;
+        below that the newest running request is preempted. A request that cannot be admitted even alone into an
         idle pool can never run: it is failed."""
         hopeless: list[Request] = []
         memd = self.memd
@@ -99,6 +100,7 @@ class Scheduler:
         memd.settle_in_flight(wait=self._may_call(spec) and not memd.behind_idle_releases())
         refused: set[tuple] = set()  # plans memd refused this step: a level that changes nothing is not asked again
         admit, level, lean = self.max_running, 0, not self.lookahead
+        unmatched = False  # waiting requests' matches were given back this step (once: then the ladder goes on)
         while True:
             plan, admitted, alone = self._plan(level, admit, spec, lean)
             if plan:
@@ -118,6 +120,8 @@ class Scheduler:
                 lean = True
             elif level == 0 and len(admitted) > 1:
                 admit = len(admitted) - 1
+            elif level == 0 and admitted and not self.running and not unmatched and self._unmatch_waiting(admitted[0]):
+                unmatched = True  # an admission alone into an idle pool: other waiting requests' locks go back first
             elif level == 0 and admitted and not self.running:
                 hopeless.append(self._give_up(admitted[0]))
             elif level < 2:
@@ -125,7 +129,9 @@ class Scheduler:
             elif spec:
                 spec = False
             elif self._unmatch_waiting():
-                pass  # waiting requests' locked prefixes go back first (evictable on the next call)
+                # waiting requests' locked prefixes go back first (evictable with this call): the running requests'
+                # prompt chunks, dropped at level 2, are asked again with that room
+                level = min(level, 1)
             elif len(self.running) > 1:
                 self._preempt(self.running[-1])
             else:
@@ -344,10 +350,10 @@ class Scheduler:
             return max(0, full - base)
         return 0
 
-    def _unmatch_waiting(self) -> bool:
-        """Matched requests still waiting give their rows and locked prefixes back (on the next
+    def _unmatch_waiting(self, keep: Request | None = None) -> bool:
+        """Matched requests still waiting (but `keep`) give their rows and locked prefixes back (on the next
         call): under memory pressure, before any running request is preempted. True if any did."""
-        matched = [r for r in self.waiting if r.in_memd]
+        matched = [r for r in self.waiting if r.in_memd and r is not keep]
         for r in matched:
             self.memd.release(r)
             r.computed = 0

@@ -1390,3 +1390,33 @@ def test_the_speculation_policy_decides_each_step_below_the_cap():
     assert kinds[-1] == (1, frozenset({True})), "the greedy request did not verify again once alone"
     sim.run()
     sim.assert_all_free()
+
+
+@pytest.mark.parametrize(
+    "pages, cached_len, prompt_len, chunk, steps_before",
+    [
+        (5, 8, 16, 12, 1),  # the new prompt is mid-prefill when the match locks the cache: asked again at level 1
+        (5, 16, 12, 12, 0),  # both arrive at an idle pool: the match goes back before the first is given up
+    ],
+)
+def test_a_waiting_match_gives_its_locked_prefix_back_before_a_request_that_fits_is_failed(
+    pages, cached_len, prompt_len, chunk, steps_before
+):
+    """A finished request's prompt is cached; a new prompt that fits the pool alone, then an arrival that matches the
+    cached prompt (locking its pages), compete for the pool: the arrival's match goes back (its prefix then
+    evictable), and every request completes, with the same tokens, and nothing is left held."""
+    sim = Sim(pages=pages, max_running=2, chunk=chunk, context=64)
+    first = sim.request("a", cached_len, max_new=1)
+    while "a" not in sim.done:
+        sim.step()
+    sim.step()  # idle: the release caches a's prompt
+    sim.request("r", prompt_len, max_new=1)
+    for _ in range(steps_before):
+        sim.step()
+    again = Request(rid="w", prompt_ids=list(first.prompt_ids), params=SamplingParams(max_new_tokens=1, temperature=0))
+    sim.engine.requests["w"] = again
+    sim.sched.add(again)
+    sim.run()
+    assert not sim.failed, {rid: req.finish.error for rid, req in sim.failed.items()}
+    assert sim.done["r"].output_ids == sim.done["w"].output_ids == expected_outputs(1)
+    sim.assert_all_free()
