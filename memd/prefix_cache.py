@@ -171,7 +171,11 @@ class PrefixCache:
 
     def path(self, model: Model, tokens, pages: int, draft_from: int) -> Match:
         """The path of exactly `pages` pages of `tokens` cached for `model` (cut to end there), as a Match
-        whose draft KV is used from page `draft_from` on."""
+        whose draft KV is used from page `draft_from` on. In a bounded pool the path is cut at `draft_from` too, so
+        that a lock protects the draft KV of the window's pages alone (a node reaching back past the window would
+        protect its out-of-window draft pages: more than the request cap allows a request)."""
+        if self.draft is not None and 0 < draft_from < pages:
+            self._walk(model, tokens, draft_from, split=True)
         node, path, at = self._walk(model, tokens, pages, split=True)
         assert at == pages, (at, pages)
         target = [t for n in path for t in n.target_pages]
@@ -246,7 +250,8 @@ class PrefixCache:
             if node.holders <= gone:
                 target += len(live) if self.draft is not None else max(0, min(at, node.end) - node.start)
             if min(at, node.end) > draft_from and node.draft_holders <= gone_draft:
-                draft += sum(1 for d in live if d)
+                # the lock cuts the path at draft_from (path()): only the window's pages are protected
+                draft += sum(1 for d in live[max(0, draft_from - node.start) :] if d)
         return target, draft
 
     def duplicates(self, model: Model, tokens, first: int, last: int, draft_pages: list[int]) -> tuple[int, int]:
