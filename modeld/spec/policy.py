@@ -103,9 +103,10 @@ class SpeculationPolicy:
 
     def _verify_seconds(self, key: tuple[int, bool], bucket: BucketCosts) -> float:
         """A verify step's measured cost in this bucket; unmeasured, its lower bound: the plain cost times the largest
-        verify / plain ratio measured at a smaller bucket of the same kind (the ratio grows with the batch, as verify
-        turns compute-bound sooner; 1 where none is measured). A verify that cannot win even so is not tried until an
-        exploration."""
+        verify / plain ratio measured at a smaller bucket of the same kind, or for a batch with a sampled request at a
+        greedy bucket no larger (the ratio grows with the batch, as verify turns compute-bound sooner, and a sampled
+        verify step costs at least a greedy one: it runs one a replay; 1 where none is measured). A verify that cannot
+        win even so is not tried until an exploration."""
         verify, plain = bucket.seconds[True], bucket.seconds[False]
         if verify.count:
             return verify.value
@@ -113,8 +114,7 @@ class SpeculationPolicy:
         ratios = [
             other.seconds[True].value / other.seconds[False].value
             for (other_size, other_sampling), other in self.costs.items()
-            if other_sampling == sampling
-            and other_size < size
+            if (other_size < size if other_sampling == sampling else sampling and other_size <= size)
             and min(other.seconds[True].count, other.seconds[False].count) >= MIN_SAMPLES
         ]
         return plain.value * max(ratios, default=1.0)

@@ -140,3 +140,12 @@ def test_a_far_worse_option_is_explored_at_once_rarely():
     policy, running = SpeculationPolicy(BLOCK), requests(1)
     serve(policy, running, 2 * (MIN_SAMPLES + 1) + REEXPLORE_FROM + BURST, verify_s=4.0, plain_s=1.0, accept=1)
     assert policy.costs[(1, False)].interval == round(BURST * 3 / EXPLORATION_SHARE)
+
+
+def test_a_sampled_batch_takes_the_greedy_cost_ratio_of_its_size_as_its_bound():
+    """Greedy batches of 4 measured verify at 3x a plain step: a batch of 4 with a sampled request, whose verify
+    steps cost at least that, decodes plainly from its first step when its expected tokens cannot beat 3x."""
+    policy = SpeculationPolicy(BLOCK)
+    serve(policy, requests(4), 40, verify_s=3.0, plain_s=1.0, accept=2)
+    chosen = serve(policy, requests(4, sampled=1), REEXPLORE_FROM, verify_s=4.0, plain_s=1.0, accept=2)
+    assert chosen == [False] * REEXPLORE_FROM
