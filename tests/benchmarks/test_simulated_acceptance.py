@@ -11,6 +11,7 @@ from bench.common.simulated_acceptance import SimulatedAcceptance, expected_leng
 from memd.defaults import default_draft_dir
 from modeld.config import ModeldConfig
 from modeld.engine.build import build_engine
+from modeld.engine.tuning import Tuning
 from tests.daemons import run_memd, shipped_draft_memd_args
 from tests.modeld.engine.workloads import wait_until_released
 
@@ -58,6 +59,7 @@ def test_an_engine_verifying_by_it_commits_its_accept_length(default_model, chat
             target_model=str(default_model),
             draft_model=str(default_draft_dir()),
             speculative_algorithm="dflash",
+            tuning=Tuning(adaptive_speculation=False),  # every step verifies: tokens over verifies is the accept
         )
         built = build_engine(cfg, lambda serving: None)
         engine = built.engine

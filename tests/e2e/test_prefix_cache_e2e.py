@@ -103,12 +103,14 @@ def memd_flags(page: int) -> list[str]:
 
 @pytest.fixture(scope="module", params=[1, 64], ids=["page1", "page64"])
 def daemons(request, default_model):
-    """memd (bounded draft pool) and a DFLASH modeld, per page size; run_memd checks at the end
-    that nothing is held but by the prefix cache and that FlushCache frees both pools."""
+    """memd (bounded draft pool) and a DFLASH modeld that verifies at every step (its speculation policy off: these
+    tests read and write the draft's window through verify steps), per page size; run_memd checks at the end that
+    nothing is held but by the prefix cache and that FlushCache frees both pools."""
     page = request.param
+    dflash = ["--target-model", str(default_model), "--draft-model", str(default_draft_dir())]
     with (
         run_memd(default_model, *memd_flags(page)) as memd,
-        run_modeld(memd, "--target-model", str(default_model), "--draft-model", str(default_draft_dir())) as modeld,
+        run_modeld(memd, *dflash, tuning="adaptive_speculation=false") as modeld,
     ):
         with client.Client(modeld.address, timeout=600) as c:
             yield memd, modeld, c, page

@@ -17,7 +17,9 @@ def generate_all(address: str, prompts: list[list[int]]) -> tuple[list[list[int]
 def test_shipped_draft_is_lossless_and_accepted(default_model, chat_ids):
     prompts = chat_ids[:3]
     with run_memd(default_model, *shipped_draft_memd_args(1_000_000_000, 4, 512)) as memd:
-        with run_modeld(memd, "--target-model", str(default_model), *shipped_draft_flags()) as m:
+        # every step verifies (the speculation policy off): tokens over verify steps is then the draft's accept length
+        dflash = ["--target-model", str(default_model), *shipped_draft_flags()]
+        with run_modeld(memd, *dflash, tuning="adaptive_speculation=false") as m:
             with_draft, verifies = generate_all(m.address, prompts)
         with run_modeld(memd, "--target-model", str(default_model), "--speculative-algorithm", "none") as m:
             plain, _ = generate_all(m.address, prompts)
