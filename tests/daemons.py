@@ -11,6 +11,7 @@ import time
 
 import grpc
 
+from client.memd_admin import all_free, is_idle
 from memd.defaults import default_draft_dir
 from protos import memd_pb2, memd_pb2_grpc
 from train import stack
@@ -38,8 +39,7 @@ class MemdProcess:
         deadline = time.monotonic() + timeout
         while True:
             cap = self.capacity()
-            pools = [cap.target] + ([cap.draft] if cap.has_draft else [])
-            if all(p.free == p.total for p in pools) or time.monotonic() > deadline:
+            if all_free(cap) or time.monotonic() > deadline:
                 return cap
 
     def wait_idle(self, timeout: float = 3.0) -> memd_pb2.CapacityResponse:
@@ -73,14 +73,6 @@ class MemdProcess:
 
     def shm_entries(self) -> list[str]:
         return [p.name for p in pathlib.Path("/dev/shm").glob(f"memd-{self.proc.pid}-*")]
-
-
-def is_idle(cap: memd_pb2.CapacityResponse) -> bool:
-    """No request holds a slot: per pool, free + evictable == total and nothing held or protected."""
-    pools = [cap.target] + ([cap.draft] if cap.has_draft else [])
-    return cap.running_requests == 0 and all(
-        p.free + p.evictable == p.total and p.held_by_requests == 0 and p.protected == 0 for p in pools
-    )
 
 
 def child_env(*paths: str) -> dict:

@@ -10,10 +10,11 @@ import zlib
 
 import torch
 
-from client.memd_admin import flush_cache, memd_capacity
+from client.memd_admin import all_free, capacity_reply, flush_cache, is_idle
 from modeld.engine.hooks import EngineHooks
 from modeld.request import Request
 from modeld.sampling_params import SamplingParams
+from protos import memd_pb2
 
 FIRST_ID = 100  # below it the special tokens of most vocabularies (BOS, EOS, chat markers)
 COMPLETION_TIMEOUT = 600.0  # seconds one request may take once the one before it in the batch completed
@@ -65,29 +66,12 @@ class RunningPeak(EngineHooks):
         self.tokens = max(self.tokens, sum(r.computed for r in running))
 
 
-def pools(capacity: dict) -> list[dict]:
-    """The pools of memd's Capacity (client.memd_admin.memd_capacity): the target's, and the draft's if it has one."""
-    return [capacity["target"]] + ([capacity["draft"]] if capacity["has_draft"] else [])
-
-
-def memd_idle(capacity: dict) -> bool:
-    """No request holds a slot: per pool, every token free or in the prefix cache with no request protecting it."""
-    return capacity["running_requests"] == 0 and all(
-        p["free"] + p["evictable"] == p["total"] and p["held_by_requests"] == 0 and p["protected"] == 0
-        for p in pools(capacity)
-    )
-
-
-def memd_all_free(capacity: dict) -> bool:
-    return all(p["free"] == p["total"] for p in pools(capacity))
-
-
-def wait_for(address: str, condition, timeout: float) -> dict:
+def wait_for(address: str, condition, timeout: float) -> memd_pb2.CapacityResponse:
     """memd's Capacity once `condition` holds of it; RuntimeError with the last answer after `timeout` seconds
     (an engine's releases reach memd on its next call, asynchronously)."""
     deadline = time.monotonic() + timeout
     while True:
-        capacity = memd_capacity(address)
+        capacity = capacity_reply(address)
         if condition(capacity):
             return capacity
         if time.monotonic() > deadline:
@@ -98,6 +82,6 @@ def wait_for(address: str, condition, timeout: float) -> dict:
 def release_all(address: str, timeout: float = 10.0) -> None:
     """With the engine still attached (closing its session would free what it held and hide a leak): memd idle,
     then its prefix cache flushed and both pools wholly free; RuntimeError otherwise."""
-    wait_for(address, memd_idle, timeout)
+    wait_for(address, is_idle, timeout)
     flush_cache(address)
-    wait_for(address, memd_all_free, timeout)
+    wait_for(address, all_free, timeout)

@@ -128,7 +128,7 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
         lookahead=limits.lookahead,
         async_top_ups=True,
         speculate_below=cfg.speculative_disable_by_batch_size,
-        policy=SpeculationPolicy(worker.block) if worker and tuning.adaptive_speculation else None,
+        policy=SpeculationPolicy() if worker and tuning.adaptive_speculation else None,
         alone_prompt_tokens=tuning.alone_prompt_limit(graphed),
         hooks=hooks,
     )

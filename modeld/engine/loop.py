@@ -258,8 +258,6 @@ class Engine:
         self.output.flush(req)  # an aborted request's tokens held back by the stream interval
         metrics.request_done(req)
         self.scheduler.remove(req)
-        if self.scheduler.policy is not None:
-            self.scheduler.policy.forget(req)
         self.requests.pop(req.rid, None)
         with self.live_lock:
             self.live.pop(req.rid, None)

@@ -70,12 +70,15 @@ class Scheduler:
         self.waiting.append(req)
 
     def remove(self, req: Request) -> None:
-        """A request is done (finished, aborted, failed): its slots go back on the next call."""
+        """A request is done (finished, aborted, failed): its slots go back on the next call, and the speculation
+        policy forgets its acceptance."""
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
         self.memd.release(req)
+        if self.policy is not None:
+            self.policy.forget(req)
 
     def set_limits(
         self, max_running: int, chunk_tokens: int, context_len: int, lookahead: int, async_top_ups: bool

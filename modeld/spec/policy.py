@@ -65,13 +65,11 @@ def bucket_of(n: int) -> int:
 
 
 class SpeculationPolicy:
-    def __init__(self, block: int):
-        self.block = block
+    def __init__(self):
         self.accept = RunningMean(value=1.0)  # tokens a verify step commits, over every request
         self.per_request: dict[str, RunningMean] = {}
         self.costs: dict[tuple[int, bool], BucketCosts] = {}
         self.last: bool | None = None  # the option the last decode pass ran
-        self.chosen = {True: 0, False: 0}  # decode passes by option, for metrics
 
     # ---- the decision ------------------------------------------------------------------------------------------
     def speculate(self, running: Sequence[Request]) -> bool:
@@ -98,8 +96,13 @@ class SpeculationPolicy:
         return weight * own.value + (1 - weight) * self.accept.value
 
     def _verify_wins(self, running: Sequence[Request], verify_seconds: float, plain_seconds: float) -> bool:
+        rates = self._rates(running, verify_seconds, plain_seconds)
+        return rates[True] > rates[False]
+
+    def _rates(self, running: Sequence[Request], verify_seconds: float, plain_seconds: float) -> dict[bool, float]:
+        """Tokens a second the batch is expected to commit verifying (True) and decoding plainly (False)."""
         expected = sum(self.expected_tokens(r) for r in running)
-        return expected * plain_seconds > len(running) * verify_seconds
+        return {True: expected / verify_seconds, False: len(running) / plain_seconds}
 
     def _verify_seconds(self, key: tuple[int, bool], bucket: BucketCosts) -> float:
         """A verify step's measured cost in this bucket; unmeasured, its lower bound: the plain cost times the largest
@@ -133,7 +136,6 @@ class SpeculationPolicy:
     def observe(self, running: Sequence[Request], verified: bool, seconds: float, steps: int) -> None:
         """A pass that only decoded ran `steps` device steps with one option in `seconds` (running: the batch it
         decided for, before anything finished)."""
-        self.chosen[verified] += 1
         key = self._key(running)
         bucket = self._bucket(key)
         if verified == self.last:
@@ -151,13 +153,11 @@ class SpeculationPolicy:
 
     def _end_burst(self, running: Sequence[Request], key: tuple[int, bool], bucket: BucketCosts) -> None:
         explored, bucket.exploring, bucket.since = bucket.exploring, None, 0
-        verify_s, plain_s = self._verify_seconds(key, bucket), bucket.seconds[False].value
-        if self._verify_wins(running, verify_s, plain_s) == explored:
+        rates = self._rates(running, self._verify_seconds(key, bucket), bucket.seconds[False].value)
+        if (rates[True] > rates[False]) == explored:
             bucket.interval = REEXPLORE_FROM
             return
-        # tokens a second of each option; a burst of the loser costs BURST * (best / explored - 1) passes of the best
-        expected = sum(self.expected_tokens(r) for r in running)
-        rates = {True: expected / verify_s, False: len(running) / plain_s}
+        # a burst of the loser costs BURST * (best / explored - 1) passes of the best
         loss = BURST * (rates[not explored] / rates[explored] - 1)
         bucket.interval = min(max(2 * bucket.interval, round(loss / EXPLORATION_SHARE)), REEXPLORE_MAX)
 

@@ -1359,10 +1359,10 @@ def decode_kinds(sim, until: str) -> list[tuple[int, frozenset]]:
     return kinds
 
 
-def policy_favouring_greedy_verify(block: int) -> SpeculationPolicy:
+def policy_favouring_greedy_verify() -> SpeculationPolicy:
     """A speculation policy whose measured costs make verifying pay for greedy batches and lose for any batch with a
     sampled request, at every bucket this file's batches reach (explorations far away)."""
-    policy = SpeculationPolicy(block)
+    policy = SpeculationPolicy()
     for bucket in (1, 2, 4, 8):
         for sampling, (verify, plain) in ((False, (0.001, 1.0)), (True, (1.0, 0.001))):
             costs = policy.costs[(bucket, sampling)] = BucketCosts(interval=REEXPLORE_MAX)
@@ -1376,7 +1376,7 @@ def test_the_speculation_policy_decides_each_step_below_the_cap():
     (a batch whose verify steps the policy measured to lose) decode plainly together, and the greedy one verifies
     again once the sampled one is done. Every decode-only pass teaches the policy what its verifies committed."""
     sim = dflash_sim(context=200)
-    sim.sched.speculate_below, sim.sched.policy = 0, policy_favouring_greedy_verify(sim.sched.block)
+    sim.sched.speculate_below, sim.sched.policy = 0, policy_favouring_greedy_verify()
     sim.request("a", 6, max_new=20)
     sim.request("b", 6, max_new=8)
     assert (2, frozenset({True})) in decode_kinds(sim, "a"), "two greedy requests never verified together"

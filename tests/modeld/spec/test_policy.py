@@ -15,8 +15,6 @@ from modeld.spec.policy import (
     bucket_of,
 )
 
-BLOCK = 16
-
 
 def requests(n: int, sampled: int = 0) -> list[Request]:
     return [
@@ -47,7 +45,7 @@ def test_buckets_are_powers_of_two():
 def test_the_first_verify_teaches_acceptance_then_a_bucket_measures_plain_first():
     """Nothing known: one verify step (the acceptance). Then the bucket runs plain until it has MIN_SAMPLES samples
     (the first pass after a switch is none), and verifies next where even the bound of its cost lets it win."""
-    policy, running = SpeculationPolicy(BLOCK), requests(1)
+    policy, running = SpeculationPolicy(), requests(1)
     chosen = serve(policy, running, MIN_SAMPLES + 6, verify_s=1.5, plain_s=1.0, accept=4)
     assert chosen[: MIN_SAMPLES + 3] == [True] + [False] * (MIN_SAMPLES + 1) + [True]
     assert policy.costs[(1, False)].seconds[False].count == MIN_SAMPLES
@@ -56,7 +54,7 @@ def test_the_first_verify_teaches_acceptance_then_a_bucket_measures_plain_first(
 def test_a_draft_that_accepts_nothing_never_verifies_a_larger_batch_to_learn_it():
     """Measured at batch 1 (verify 1.5x a plain step, one token a verify), a batch of 4 cannot win by verifying even
     at that ratio: it decodes plainly from its first step, and verifies only in rare explorations."""
-    policy = SpeculationPolicy(BLOCK)
+    policy = SpeculationPolicy()
     serve(policy, requests(1), 40, verify_s=1.5, plain_s=1.0, accept=1)
     chosen = serve(policy, requests(4), 2000, verify_s=3.0, plain_s=1.0, accept=1)
     assert chosen[:REEXPLORE_FROM] == [False] * REEXPLORE_FROM
@@ -69,7 +67,7 @@ def test_a_draft_that_accepts_nothing_never_verifies_a_larger_batch_to_learn_it(
 )
 def test_it_chooses_the_option_with_more_tokens_a_second(verify_s, accept, verifies):
     """Verify when accept / verify cost beats 1 / plain cost (a plain step costs 1 here)."""
-    policy, running = SpeculationPolicy(BLOCK), requests(2)
+    policy, running = SpeculationPolicy(), requests(2)
     serve(policy, running, 2 * (MIN_SAMPLES + 1) + 8, verify_s=verify_s, plain_s=1.0, accept=accept)
     assert policy.speculate(running) is verifies
 
@@ -78,7 +76,7 @@ def test_it_chooses_the_option_with_more_tokens_a_second(verify_s, accept, verif
 def test_the_losing_option_costs_a_few_passes_in_a_thousand(strong):
     """A strong draft (accept 6 at 1.2x a plain step) verifies almost always; a weak one (accept 1.5 at 3x) almost
     never: after the warm-up, explorations of the loser grow rarer (the interval doubles while they confirm)."""
-    policy, running = SpeculationPolicy(BLOCK), requests(1)
+    policy, running = SpeculationPolicy(), requests(1)
     verify_s, accept = (1.2, 6) if strong else (3.0, 1)
     chosen = serve(policy, running, 4000, verify_s=verify_s, plain_s=1.0, accept=accept)
     after_warm_up = chosen[2 * (MIN_SAMPLES + 1) :]
@@ -90,7 +88,7 @@ def test_the_losing_option_costs_a_few_passes_in_a_thousand(strong):
 def test_an_exploration_that_flips_the_choice_restarts_the_interval():
     """Verify wins until its cost rises above its acceptance's worth: the next burst of plain steps measures plain
     anew, the choice flips, and the interval starts over."""
-    policy, running = SpeculationPolicy(BLOCK), requests(1)
+    policy, running = SpeculationPolicy(), requests(1)
     serve(policy, running, 200, verify_s=1.5, plain_s=1.0, accept=3)
     bucket = policy.costs[(1, False)]
     assert policy.speculate(running) and bucket.interval > REEXPLORE_FROM
@@ -100,7 +98,7 @@ def test_an_exploration_that_flips_the_choice_restarts_the_interval():
 
 
 def test_a_request_s_own_acceptance_outweighs_the_global_mean_as_it_grows():
-    policy = SpeculationPolicy(BLOCK)
+    policy = SpeculationPolicy()
     good, new = requests(2)
     policy.accepted(requests(3)[2], [1] * 50)  # the global mean starts low
     assert policy.expected_tokens(new) == pytest.approx(1.0)
@@ -115,7 +113,7 @@ def test_a_request_s_own_acceptance_outweighs_the_global_mean_as_it_grows():
 def test_greedy_and_sampled_batches_are_measured_apart():
     """A batch with a sampled request is another kind of step (fewer tokens accepted, one verify a replay): its
     costs never mix with the greedy batch's of the same size."""
-    policy = SpeculationPolicy(BLOCK)
+    policy = SpeculationPolicy()
     greedy, mixed = requests(2), requests(2, sampled=1)
     serve(policy, greedy, 20, verify_s=1.5, plain_s=1.0, accept=4)
     serve(policy, mixed, 20, verify_s=3.0, plain_s=1.0, accept=2)
@@ -125,7 +123,7 @@ def test_greedy_and_sampled_batches_are_measured_apart():
 
 
 def test_several_steps_a_pass_count_as_steps_and_costs_reset_after_a_re_attach():
-    policy, running = SpeculationPolicy(BLOCK), requests(1)
+    policy, running = SpeculationPolicy(), requests(1)
     for _ in range(MIN_SAMPLES + 1):
         policy.observe(running, True, 4.0, steps=4)
     assert policy.costs[(1, False)].seconds[True].value == pytest.approx(1.0)
@@ -137,7 +135,7 @@ def test_a_far_worse_option_is_explored_at_once_rarely():
     """One burst of a verify step that costs 4 plain steps for one token (a weak draft on the CPU) loses
     BURST * 3 plain steps: the interval stretches at once until that is EXPLORATION_SHARE of the time, not by
     doubling."""
-    policy, running = SpeculationPolicy(BLOCK), requests(1)
+    policy, running = SpeculationPolicy(), requests(1)
     serve(policy, running, 2 * (MIN_SAMPLES + 1) + REEXPLORE_FROM + BURST, verify_s=4.0, plain_s=1.0, accept=1)
     assert policy.costs[(1, False)].interval == round(BURST * 3 / EXPLORATION_SHARE)
 
@@ -145,7 +143,7 @@ def test_a_far_worse_option_is_explored_at_once_rarely():
 def test_a_sampled_batch_takes_the_greedy_cost_ratio_of_its_size_as_its_bound():
     """Greedy batches of 4 measured verify at 3x a plain step: a batch of 4 with a sampled request, whose verify
     steps cost at least that, decodes plainly from its first step when its expected tokens cannot beat 3x."""
-    policy = SpeculationPolicy(BLOCK)
+    policy = SpeculationPolicy()
     serve(policy, requests(4), 40, verify_s=3.0, plain_s=1.0, accept=2)
     chosen = serve(policy, requests(4, sampled=1), REEXPLORE_FROM, verify_s=4.0, plain_s=1.0, accept=2)
     assert chosen == [False] * REEXPLORE_FROM
