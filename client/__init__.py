@@ -16,7 +16,7 @@ from client.errors import (
     ResourceExhausted,
     Unavailable,
 )
-from client.messages import Chunk, GenerateResult
+from client.messages import Chunk, GenerateResult, TokenLogprob, TopLogprob
 
 __all__ = [
     "AlreadyExists",
@@ -35,6 +35,8 @@ __all__ = [
     "NotFound",
     "ResourceExhausted",
     "StreamHandle",
+    "TokenLogprob",
+    "TopLogprob",
     "Unavailable",
     "default_modeld_address",
 ]

@@ -16,6 +16,7 @@ Errors print "error: CODE: message" on stderr and exit 1.
 
 import argparse
 import json
+import pathlib
 import sys
 
 import grpc
@@ -51,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int)
     gen.add_argument("--stop", nargs="+", metavar="STR", help="stop strings")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt with the chat template")
+    shape = gen.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", help="the output is JSON this schema (a JSON file) accepts")
+    shape.add_argument("--regex", help="the output matches this regular expression")
+    shape.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    gen.add_argument(
+        "--logprobs", type=int, metavar="K", help="each token's log probability and the K likeliest (0-20) with --json"
+    )
     gen.add_argument("--stream", action="store_true", help="print the text as it is generated")
     gen.add_argument("--json", action="store_true", help="print the result as JSON")
     sub.add_parser("health", help="grpc.health.v1 status of modeld and memd")
@@ -75,7 +83,13 @@ def run_generate(args) -> int:
         seed=args.seed,
         stop=args.stop,
         chat=args.chat,
+        regex=args.regex,
+        json_object=args.json_object,
     )
+    if args.json_schema is not None:
+        params["json_schema"] = pathlib.Path(args.json_schema).read_text()
+    if args.logprobs is not None:
+        params.update(logprobs=True, top_logprobs=args.logprobs)
     with modeld_client(args) as client:
         if not args.stream:
             result = client.generate(args.prompt, **params)

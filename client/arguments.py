@@ -105,6 +105,10 @@ def check_generate(
     ignore_eos,
     chat,
     request_id,
+    regex=None,
+    json_object=False,
+    logprobs=False,
+    top_logprobs=None,
 ) -> None:
     """client.messages.build_generate_request's arguments; None is unset."""
     checks = [
@@ -121,6 +125,10 @@ def check_generate(
         (flag, "ignore_eos", ignore_eos),
         (flag, "chat", chat),
         (text, "request_id", request_id),
+        (text, "regex", regex),
+        (flag, "json_object", json_object),
+        (flag, "logprobs", logprobs),
+        (integer, "top_logprobs", top_logprobs),
     ]
     for check, name, value in checks:
         if value is not None:

@@ -1,6 +1,7 @@
 """Request building and reply parsing shared by the sync and async clients."""
 
 import dataclasses
+import json
 from collections.abc import Iterator, Mapping, Sequence
 
 from grpc_health.v1 import health_pb2
@@ -10,11 +11,31 @@ from protos import modeld_pb2
 
 
 @dataclasses.dataclass(frozen=True)
+class TopLogprob:
+    token_id: int
+    token: str  # its text alone
+    logprob: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    """An output token's log probability (after temperature and constraint) and, with top_logprobs, its position's
+    most likely tokens, most likely first (tokens a constraint forbids left out)."""
+
+    token_id: int
+    token: str  # its text alone (a token that splits a UTF-8 character decodes to U+FFFD)
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class Chunk:
-    """Tokens a Generate stream produced since the previous chunk, and the text they add."""
+    """Tokens a Generate stream produced since the previous chunk, the text they add, and their log probabilities
+    (empty unless the request asked for logprobs)."""
 
     token_ids: tuple[int, ...]
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +57,7 @@ class GenerateResult:
     spec_verify_ct: int
     spec_accept_length: float
     request_id: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per output id, when the request asked for logprobs
 
 
 def build_generate_request(
@@ -54,13 +76,20 @@ def build_generate_request(
     ignore_eos: bool = False,
     chat: bool = False,
     request_id: str | None = None,
+    json_schema: Mapping | str | None = None,
+    regex: str | None = None,
+    json_object: bool = False,
+    logprobs: bool = False,
+    top_logprobs: int | None = None,
 ) -> modeld_pb2.GenerateRequest:
     """The GenerateRequest for these arguments; unset sampling values take modeld's defaults.
 
     Give exactly one of `prompt` (text), `input_ids` (token ids) and `messages` (a conversation: dicts with
     "role" and "content", rendered by modeld's chat template). `max_tokens` is an alias of
     `max_new_tokens`. `chat` wraps a text prompt as one user turn with the model's chat template.
-    `request_id` empty or None lets modeld assign one. Raises errors.BadArgument (a ValueError) for argument
+    `request_id` empty or None lets modeld assign one. At most one constraint on the output: `json_schema` (a
+    schema as a dict or its JSON text), `regex`, or `json_object` (any JSON object). `logprobs` asks for each output
+    token's log probability, `top_logprobs` (0-20) for its position's most likely tokens too. Raises errors.BadArgument (a ValueError) for argument
     combinations that no server could accept and for values of the wrong type or beyond what their field carries
     (client.arguments); what the values mean is checked by modeld (INVALID_ARGUMENT).
     """
@@ -70,6 +99,8 @@ def build_generate_request(
         raise errors.BadArgument("max_tokens is an alias of max_new_tokens: give at most one")
     if chat and prompt is None:
         raise errors.BadArgument("chat applies to a text prompt only")
+    if sum((json_schema is not None, regex is not None, bool(json_object))) > 1:
+        raise errors.BadArgument("give at most one of json_schema, regex and json_object")
     # A one-shot iterator (a generator) is read once, here: the checks and the message then see the same values.
     input_ids, stop, stop_token_ids = (
         list(values) if isinstance(values, Iterator) else values for values in (input_ids, stop, stop_token_ids)
@@ -90,6 +121,10 @@ def build_generate_request(
         ignore_eos=ignore_eos,
         chat=chat,
         request_id=request_id,
+        regex=regex,
+        json_object=json_object,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
     )
     sampling = modeld_pb2.SamplingParams(
         max_new_tokens=max_new_tokens,
@@ -101,8 +136,16 @@ def build_generate_request(
         stop=[stop] if isinstance(stop, str) else stop,
         stop_token_ids=stop_token_ids,
         ignore_eos=ignore_eos,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
     )
     request = modeld_pb2.GenerateRequest(request_id=request_id or "", apply_chat_template=chat, sampling=sampling)
+    if json_schema is not None:
+        request.constraint.json_schema = json_schema if isinstance(json_schema, str) else schema_text(json_schema)
+    elif regex is not None:
+        request.constraint.regex = regex
+    elif json_object:
+        request.constraint.json_object = True
     if prompt is not None:
         request.text = prompt
     elif messages is not None:
@@ -110,6 +153,20 @@ def build_generate_request(
     else:
         request.input_ids.CopyFrom(modeld_pb2.TokenIds(ids=input_ids))
     return request
+
+
+def schema_text(schema: Mapping) -> str:
+    try:
+        return json.dumps(schema)
+    except (TypeError, ValueError) as exc:
+        raise errors.BadArgument(f"json_schema is not JSON-serialisable: {exc}") from None
+
+
+def logprobs_of(messages) -> tuple[TokenLogprob, ...]:
+    return tuple(
+        TokenLogprob(m.token_id, m.token, m.logprob, tuple(map(TopLogprob, m.top_ids, m.top_tokens, m.top_logprobs)))
+        for m in messages
+    )
 
 
 class GenerateProgress:
@@ -127,7 +184,8 @@ class GenerateProgress:
         if response.HasField("complete"):
             self.result = result_from_complete(response.request_id, response.complete)
             return None
-        return Chunk(tuple(response.chunk.token_ids), response.chunk.text)
+        chunk = response.chunk
+        return Chunk(tuple(chunk.token_ids), chunk.text, logprobs_of(chunk.logprobs))
 
     def finish(self) -> GenerateResult:
         """The result, once the stream has ended; INTERNAL if it ended without a complete message."""
@@ -149,6 +207,7 @@ def result_from_complete(request_id: str, complete: modeld_pb2.GenerateComplete)
         spec_verify_ct=complete.spec_verify_ct,
         spec_accept_length=complete.spec_accept_length,
         request_id=request_id,
+        logprobs=logprobs_of(complete.logprobs),
     )
 
 

@@ -64,7 +64,7 @@ async def generate(
     body.check_supported()
     backend = choose_backend(backends, router, body)
     request_id = uuid.uuid4().hex
-    shaper = Shaper(chat, request_id, body.model)
+    shaper = Shaper(chat, request_id, body.model, logprobs=body.top_logprobs_asked() is not None)
     stack = AsyncExitStack()
     streaming = False  # once the SSE body runs, it closes the stack
     try:
@@ -127,8 +127,8 @@ async def choice_events(shaper: Shaper, index: int, choice: Choice):
     """One choice's events after its opening: its text as it comes, then its finish."""
     chunk = choice.first
     while chunk is not None:
-        if chunk.text:
-            yield shaper.piece(chunk.text, index)
+        if chunk.text or chunk.logprobs:
+            yield shaper.piece(chunk.text, index, chunk.logprobs)
         chunk = await anext(choice.chunks, None)
     yield shaper.finish(choice.handle.result, index)
 

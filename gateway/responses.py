@@ -3,17 +3,39 @@
 import json
 import time
 
-from client.messages import GenerateResult
+from client.messages import GenerateResult, TokenLogprob
 
 
 class Shaper:
-    """Bodies of one request: `chat` (chat.completion) or not (text_completion), with its id, model and time."""
+    """Bodies of one request: `chat` (chat.completion) or not (text_completion), with its id, model and time, and
+    whether it asked for log probabilities."""
 
-    def __init__(self, chat: bool, request_id: str, model: str):
+    def __init__(self, chat: bool, request_id: str, model: str, logprobs: bool = False):
         self.chat = chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
         self.model = model
         self.created = int(time.time())
+        self.logprobs = logprobs
+        self.text_offsets: dict[int, int] = {}  # per choice of a streamed text completion: its text so far
+
+    def _logprobs(self, entries: tuple[TokenLogprob, ...], index: int) -> dict | None:
+        """A choice's `logprobs` for these tokens in OpenAI's shape (chat's `content` list, or the legacy
+        completions' parallel lists); None when the request asked for none."""
+        if not self.logprobs:
+            return None
+        if self.chat:
+            return {"content": [chat_logprob(entry) for entry in entries]}
+        offset, offsets = self.text_offsets.get(index, 0), []
+        for entry in entries:
+            offsets.append(offset)
+            offset += len(entry.token)
+        self.text_offsets[index] = offset
+        return {
+            "tokens": [entry.token for entry in entries],
+            "token_logprobs": [entry.logprob for entry in entries],
+            "top_logprobs": [{top.token: top.logprob for top in entry.top} for entry in entries],
+            "text_offset": offsets,
+        }
 
     def _envelope(self, obj: str, choices: list, usage: dict | None = None) -> dict:
         body = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
@@ -25,7 +47,11 @@ class Shaper:
         """The whole answer (no streaming): choice i is results[i]."""
         choices = []
         for index, result in enumerate(results):
-            choice = {"index": index, "finish_reason": result.finish_reason, "logprobs": None}
+            choice = {
+                "index": index,
+                "finish_reason": result.finish_reason,
+                "logprobs": self._logprobs(result.logprobs, index),
+            }
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": result.text}
             else:
@@ -37,8 +63,8 @@ class Shaper:
         """The first event of a chat stream's choice (the assistant's role); None for text completions."""
         return self._event(index, {"role": "assistant", "content": ""}) if self.chat else None
 
-    def piece(self, text: str, index: int = 0) -> str:
-        return self._event(index, {"content": text} if self.chat else text)
+    def piece(self, text: str, index: int = 0, logprobs: tuple[TokenLogprob, ...] = ()) -> str:
+        return self._event(index, {"content": text} if self.chat else text, logprobs=self._logprobs(logprobs, index))
 
     def finish(self, result: GenerateResult, index: int = 0) -> str:
         return self._event(index, {} if self.chat else "", finish_reason=result.finish_reason)
@@ -48,10 +74,21 @@ class Shaper:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return sse(self._envelope(obj, [], usage(results)))
 
-    def _event(self, index: int, content, finish_reason: str | None = None) -> str:
-        choice = {"index": index, "finish_reason": finish_reason, "logprobs": None}
+    def _event(self, index: int, content, finish_reason: str | None = None, logprobs: dict | None = None) -> str:
+        choice = {"index": index, "finish_reason": finish_reason, "logprobs": logprobs}
         choice.update({"delta": content} if self.chat else {"text": content})
         return sse(self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice]))
+
+
+def chat_logprob(entry: TokenLogprob) -> dict:
+    return {
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "bytes": list(entry.token.encode()),
+        "top_logprobs": [
+            {"token": top.token, "logprob": top.logprob, "bytes": list(top.token.encode())} for top in entry.top
+        ],
+    }
 
 
 def usage(results: list[GenerateResult]) -> dict:

@@ -1,7 +1,7 @@
 """The OpenAI request bodies the gateway accepts, and the modeld Generate arguments they become.
 
 Fields OpenAI defines that the gateway does not serve are refused (400) rather than ignored when ignoring them
-would change the answer (logprobs, tools); other unknown fields are ignored, as OpenAI-compatible servers do."""
+would change the answer (tools); other unknown fields are ignored, as OpenAI-compatible servers do."""
 
 import struct
 from typing import Literal
@@ -12,10 +12,41 @@ from gateway.errors import ApiError
 
 MAX_CHOICES = 16  # n: each choice is a request of its own in modeld, sharing the prompt through memd's prefix cache
 SEED_RANGE = 2**64
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs
 
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    name: str = "response"
+    schema_: dict = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: free text, any JSON object, or JSON a schema accepts; and, as vLLM and SGLang
+    take it, a regex."""
+
+    type: Literal["text", "json_object", "json_schema", "regex"]
+    json_schema: JsonSchemaFormat | None = None
+    regex: str | None = None
+
+    def constraint(self) -> dict:
+        """The client library's constraint argument for it (none for text)."""
+        if self.type == "json_object":
+            return {"json_object": True}
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise ApiError(400, "response_format json_schema needs its json_schema", param="response_format")
+            return {"json_schema": self.json_schema.schema_}
+        if self.type == "regex":
+            if not self.regex:
+                raise ApiError(400, "response_format regex needs its regex", param="response_format")
+            return {"regex": self.regex}
+        return {}
 
 
 class SamplingRequest(BaseModel):
@@ -28,9 +59,9 @@ class SamplingRequest(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, lt=SEED_RANGE)
     n: int = Field(1, ge=1, le=MAX_CHOICES)
-    logprobs: bool | int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
 
     @field_validator("top_p")
     @classmethod
@@ -41,8 +72,11 @@ class SamplingRequest(BaseModel):
         return value
 
     def check_supported(self) -> None:
-        if self.logprobs:
-            raise ApiError(400, "logprobs are not supported", param="logprobs")
+        pass
+
+    def top_logprobs_asked(self) -> int | None:
+        """None: no log probabilities; else how many alternatives each position lists."""
+        return None
 
     def sampling(self, max_tokens: int | None, choice: int) -> dict:
         """The client library's Generate arguments for these fields (unset ones take modeld's defaults). Choice i of
@@ -54,6 +88,11 @@ class SamplingRequest(BaseModel):
             seed=None if self.seed is None else (self.seed + choice) % SEED_RANGE,
             stop=self.stop or None,
         )
+        top = self.top_logprobs_asked()
+        if top is not None:
+            values.update(logprobs=True, top_logprobs=top)
+        if self.response_format is not None:
+            values.update(self.response_format.constraint())
         return {key: value for key, value in values.items() if value is not None}
 
     @property
@@ -80,6 +119,13 @@ class ChatRequest(SamplingRequest):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def top_logprobs_asked(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -101,6 +147,10 @@ class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int]
     echo: bool = False
     best_of: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)  # the alternatives listed at each position
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
     def check_supported(self) -> None:
         super().check_supported()

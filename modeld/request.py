@@ -19,6 +19,15 @@ class Finish:
     error: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """An output token's log probability under the distribution it was drawn from (after temperature and a
+    constraint's mask), and the top alternatives' as (token id, log probability), most likely first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class Request:
     rid: str
@@ -26,6 +35,8 @@ class Request:
     params: SamplingParams
     generator: "torch.Generator | None" = None
     output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, with params.logprobs
+    grammar: object = None  # modeld.grammar.matcher.RequestGrammar of its constraint, once compiled
     computed: int = 0  # positions whose K/V are in memd's pools
     in_memd: bool = False  # memd holds a row and slots for it
     row: int = 0  # memd's req_to_token row while in memd

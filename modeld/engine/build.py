@@ -12,6 +12,7 @@ from modeld.engine.hooks import EngineHooks
 from modeld.engine.loop import Engine
 from modeld.engine.memd_link import MemdLink, StartupError
 from modeld.engine.scheduler import Scheduler
+from modeld.grammar.compiler import GrammarCompiler
 from modeld.model.fingerprint import model_fingerprint
 from modeld.model.loader import eos_token_ids, load_target
 from modeld.runner.graphs import GraphRunner
@@ -160,17 +161,19 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
         link.rebinders.append(lambda session, pools: worker.bind(pools))
     if scheduler.policy is not None:  # new pools and graphs: their step costs are measured again
         link.rebinders.append(lambda session, pools: scheduler.policy.reset_costs())
+    eos_ids = eos_token_ids(tokenizer, hf_config, cfg.target_model)
     engine = Engine(
         runner,
         scheduler,
         tokenizer,
-        eos_token_ids(tokenizer, hf_config, cfg.target_model),
+        eos_ids,
         limits.context_len,
         link,
         spec_block=worker.block if worker else 0,
         trim_draft=limits.trim_draft,
         stream_interval=cfg.stream_interval,
         hooks=hooks,
+        grammars=None if tokenizer is None else GrammarCompiler(tokenizer, hf_config.vocab_size, eos_ids),
     )
     info = dict(
         target_model=cfg.target_model,

@@ -10,6 +10,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import grpc
 import torch
@@ -20,8 +21,10 @@ from modeld.engine.memd_link import MemdLink
 from modeld.engine.output import OutputProcessor
 from modeld.engine.scheduler import Scheduler
 from modeld.engine.step_items import StepItem
+from modeld.grammar.matcher import RequestGrammar
 from modeld.request import Finish, Request
 from modeld.runner.model_runner import ItemResult, ModelRunner
+from modeld.sampling_params import InvalidRequest
 
 log = logging.getLogger("modeld")
 
@@ -39,8 +42,11 @@ class Engine:
         trim_draft: bool = False,
         stream_interval: int = 1,
         hooks: EngineHooks | None = None,
+        grammars=None,
     ):
         self.runner = runner
+        self.grammars = grammars  # modeld.grammar.compiler.GrammarCompiler (None: the model has no tokenizer)
+        self.compiling: dict[str, tuple[Request, Future]] = {}  # constrained requests before the scheduler sees them
         self.link = link
         self.spec_block = spec_block  # the DFLASH block verify steps run (0: no speculation)
         self.trim_draft = trim_draft  # bounded draft pool: ask memd to free out-of-window draft slots each step
@@ -136,14 +142,44 @@ class Engine:
             try:
                 kind, value = self.inbox.get_nowait()
             except queue.Empty:
-                return
+                break
             if kind == "add":
                 self.requests[value.rid] = value
-                self.scheduler.add(value)
+                if value.params.constraint is None:
+                    self.scheduler.add(value)
+                else:
+                    self._compile(value)
             elif value in self.requests:
                 req = self.requests[value]
                 req.finish = Finish("abort")
                 self._complete(req)
+        self._collect_compiled()
+
+    def _compile(self, req: Request) -> None:
+        """Starts compiling a request's constraint; the request waits for it outside the scheduler, holding nothing
+        in memd, so a constraint that fails to compile is refused before any KV is allocated."""
+        if self.grammars is None:
+            req.finish = Finish("abort", error_code="INVALID_ARGUMENT", error="this model has no tokenizer: no grammar")
+            self._complete(req)
+            return
+        future = self.grammars.submit(req.params.constraint)
+        future.add_done_callback(lambda _: self.wake.set())
+        self.compiling[req.rid] = (req, future)
+
+    def _collect_compiled(self) -> None:
+        """Requests whose constraint has compiled join the scheduler; those whose constraint is bad end with
+        INVALID_ARGUMENT, saying what is wrong."""
+        for rid, (req, future) in list(self.compiling.items()):
+            if not future.done():
+                continue
+            del self.compiling[rid]
+            try:
+                req.grammar = RequestGrammar(future.result())
+            except InvalidRequest as exc:
+                req.finish = Finish("abort", error_code="INVALID_ARGUMENT", error=str(exc))
+                self._complete(req)
+                continue
+            self.scheduler.add(req)
 
     def _step(self) -> bool:
         """One pass: False when there was nothing to run."""
@@ -231,7 +267,7 @@ class Engine:
         for result in results:
             item, tokens = result.item, result.tokens
             before = len(item.req.output_ids)
-            finished = bool(tokens) and self.output.append(item.req, tokens)
+            finished = bool(tokens) and self.output.append(item.req, tokens, result.logprobs)
             if tokens and item.req.stream:
                 self.delivered.append(item.req)
             if item.verify:
@@ -255,6 +291,7 @@ class Engine:
             self.verifies_by_accepted[n - 1] += 1
 
     def _complete(self, req: Request) -> None:
+        self.compiling.pop(req.rid, None)
         self.output.flush(req)  # an aborted request's tokens held back by the stream interval
         metrics.request_done(req)
         self.scheduler.remove(req)

@@ -24,7 +24,7 @@ from modeld.front.limits import (
     text_bytes_per_token,
 )
 from modeld.request import Request
-from modeld.sampling_params import DEFAULT_MAX_NEW_TOKENS, InvalidRequest, SamplingParams
+from modeld.sampling_params import DEFAULT_MAX_NEW_TOKENS, Constraint, InvalidRequest, SamplingParams
 from protos import memd_pb2, memd_pb2_grpc, modeld_pb2, modeld_pb2_grpc
 
 CHAT_ROLES = ("system", "user", "assistant")
@@ -72,13 +72,14 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             req.wakeup.clear()
             chunk, complete = take_events(req.events)
             if chunk is not None:
-                ids, text, finished = chunk
+                ids, text, finished, logprobs = chunk
                 if own_text is not None:
                     text = own_text.add(ids, finished)
                 else:
                     engine_text += text
                 yield modeld_pb2.GenerateResponse(
-                    request_id=req.rid, chunk=modeld_pb2.GenerateChunk(token_ids=ids, text=text)
+                    request_id=req.rid,
+                    chunk=modeld_pb2.GenerateChunk(token_ids=ids, text=text, logprobs=self._logprobs(ids, logprobs)),
                 )
             if not complete:
                 continue
@@ -112,7 +113,28 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             cached_tokens=req.cached_tokens,
             spec_verify_ct=req.spec_verify_ct,
             spec_accept_length=req.accept_length(),
+            logprobs=self._logprobs(req.output_ids, req.output_logprobs if req.params.logprobs else None),
         )
+
+    def _logprobs(self, ids: list[int], logprobs) -> list[modeld_pb2.TokenLogprob]:
+        """TokenLogprob messages for the ids, each token's text beside its id (none without logprobs asked)."""
+        if logprobs is None:
+            return []
+        text = self._token_text
+        return [
+            modeld_pb2.TokenLogprob(
+                token_id=token,
+                logprob=entry.logprob,
+                token=text(token),
+                top_ids=[t for t, _ in entry.top],
+                top_logprobs=[lp for _, lp in entry.top],
+                top_tokens=[text(t) for t, _ in entry.top],
+            )
+            for token, entry in zip(ids, logprobs)
+        ]
+
+    def _token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token]) if self.tokenizer is not None else ""
 
     async def prepared(self, request: modeld_pb2.GenerateRequest) -> Request:
         """_build on the prepare thread, off the loop."""
@@ -142,6 +164,9 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             stop=tuple(s.stop),
             stop_token_ids=tuple(s.stop_token_ids),
             ignore_eos=s.ignore_eos,
+            constraint=constraint_of(request),
+            logprobs=s.logprobs,
+            top_logprobs=s.top_logprobs,
         )
         self._check_vocabulary("stop_token_ids", params.stop_token_ids)
         context_len = self.engine.context_len  # memd's, again after a re-attach
@@ -226,3 +251,15 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"memd: {exc.details()}")
         running, waiting, _ = await self.engine.counts_and_spec()
         return modeld_pb2.CapacityResponse(memd=memd, running_requests=running, waiting_requests=waiting)
+
+
+def constraint_of(request: modeld_pb2.GenerateRequest) -> Constraint | None:
+    """The request's constraint (its form and size checked here; the engine compiles it)."""
+    kind = request.constraint.WhichOneof("kind") if request.HasField("constraint") else None
+    if kind is None:
+        return None
+    if kind == "json_object":
+        if not request.constraint.json_object:
+            raise InvalidRequest("constraint.json_object must be true when given")
+        return Constraint("json_object")
+    return Constraint(kind, getattr(request.constraint, kind))

@@ -19,7 +19,9 @@ import torch
 from modeld.engine.hooks import EngineHooks
 from modeld.engine.step_items import StepItem
 from modeld.model.causal_lm import CausalLM, ForwardBatch
+from modeld.request import TokenLogprob
 from modeld.runner.graphs import GraphRunner
+from modeld.runner.host_rules import HostRules
 from modeld.runner.inputs import (
     DRAFT_AT,
     FIELDS,
@@ -62,6 +64,7 @@ class ItemResult:
 
     item: StepItem
     steps: list[list[int]]
+    logprobs: list[TokenLogprob] | None = None  # per committed token, when its request asked (one step only)
 
     @property
     def tokens(self) -> list[int]:
@@ -163,7 +166,7 @@ class ModelRunner:
         """Steps one engine step may run for this batch: 1, or more when the step replays a graph, every item steps
         on by its own output (advances_on_device) and every request holds the positions the steps can reach
         (modeld.runner.inputs' invariant). Verify steps run several only as greedy cycles."""
-        if inputs.graph is None or not advances_on_device(items):
+        if inputs.graph is None or not advances_on_device(items) or any(i.req.params.host_rules for i in items):
             return 1
         if inputs.verify and not all(item.req.params.greedy for item in items):
             return 1
@@ -181,7 +184,8 @@ class ModelRunner:
         hooks.leave("prepare")
         greedy = all(item.req.params.greedy for item in items)
         k = self.steps_ahead(items, inputs)
-        if inputs.verify and greedy and self.spec.verify_graphed(inputs):
+        ruled = any(item.req.params.host_rules for item in items)
+        if inputs.verify and greedy and not ruled and self.spec.verify_graphed(inputs):
             return self._greedy_cycles(items, inputs, k)
         if k > 1 and not inputs.verify:
             return self._decode_steps(items, inputs, k, greedy)
@@ -226,53 +230,68 @@ class ModelRunner:
     def _one_step(
         self, items: list[StepItem], inputs: StepInputs, greedy: bool, may_queue_next: Callable[[], bool]
     ) -> list[ItemResult]:
-        """The draft (verify items), one target forward, sampling, acceptance."""
+        """The draft (verify items), one target forward, sampling (under the host rules of the requests that have
+        them: modeld.runner.host_rules), acceptance."""
         verify, hooks = inputs.verify, self.hooks
-        drafts = None
-        if verify:
-            hooks.enter("draft")
-            drafts = self.spec.propose_into(inputs, max(items[i].req.computed for i in verify))
-            hooks.leave("draft")
-        hooks.enter("forward")
-        out = self.forward(inputs)
-        hooks.leave("forward")
         # Rows sampled per item: a verify block's every row; otherwise the last row, once the item's pending tokens
         # are all computed (a prompt chunk short of the end samples nothing).
         counts = [item.num_tokens if item.verify else int(item.num_tokens == item.req.pending) for item in items]
         owners = [item for item, n in zip(items, counts) for _ in range(n)]
         firsts = [0, *accumulate(counts)][:-1]  # each item's first sampled row
-        sampled = None
+        rules = HostRules.of(items, counts, firsts)
+        drafts = None
+        if verify:
+            hooks.enter("draft")
+            drafts = self.spec.propose_into(inputs, max(items[i].req.computed for i in verify))
+            if rules is not None:
+                rules.copy_drafts(drafts)
+            hooks.leave("draft")
+        hooks.enter("forward")
+        out = self.forward(inputs)
+        hooks.leave("forward")
+        sampled = logprobs = None
         hooks.enter("sample")
         if owners:
             rows = [off + item.num_tokens - n + j for item, off, n in zip(items, out.offsets, counts) for j in range(n)]
             picked = row_index(rows, len(out.hidden), out.hidden.device)
-            if out.greedy is not None and greedy:  # the decode graph took the argmax of every row
+            if out.greedy is not None and greedy and rules is None:  # the decode graph took the argmax of every row
                 sampled = out.greedy[picked]
             else:
                 logits = self.model.logits(out.hidden[picked])
+                if rules is not None:
+                    logits = rules.mask(logits)
                 sampled = sample(logits, [o.req.params for o in owners], [o.req.generator for o in owners])
+                if rules is not None:
+                    logprobs = rules.logprob_values(logits, sampled)
         hooks.leave("sample")
         lengths = None
         if self.spec is not None:
             verify_rows = [firsts[i] + j for i in verify for j in range(counts[i])]
             target = sampled[row_index(verify_rows, len(owners), sampled.device)] if verify else None
             lengths = self.spec.after_forward(inputs, out, drafts, target)
-        if lengths is None and owners and self.ahead.enabled and may_queue_next():  # the next step, then these tokens
-            copied = HostCopy.of(sampled)
+        extra = []
+        if lengths is None and owners and rules is None and self.ahead.enabled and may_queue_next():
+            copied = HostCopy.of(sampled)  # the next step, then these tokens
             hooks.enter("forward")
             self.ahead.queue_next(self, items, inputs, sampled)
             hooks.leave("forward")
             host = copied.values()
+        elif logprobs is not None:  # the tokens (exact in float64) and their log probabilities in one copy
+            payload = sampled if lengths is None else torch.cat([sampled, lengths])
+            values = torch.cat([payload.double(), logprobs.reshape(-1)]).tolist()
+            host, extra = [int(v) for v in values[: len(payload)]], values[len(payload) :]
         else:
             host = (sampled if lengths is None else torch.cat([sampled, lengths])).tolist() if owners else []
         committed_lens = iter(host[len(owners) :])
-        return results(
-            items,
-            [
-                [host[first : first + n][: next(committed_lens) if item.verify else n]]
-                for item, n, first in zip(items, counts, firsts)
-            ],
-        )
+        committed = [
+            host[first : first + n][: next(committed_lens) if item.verify else n]
+            for item, n, first in zip(items, counts, firsts)
+        ]
+        if rules is None:
+            return results(items, [[tokens] for tokens in committed])
+        rules.advance(committed)
+        per_item = rules.read_logprobs(extra, [len(tokens) for tokens in committed]) if extra else [None] * len(items)
+        return [ItemResult(item, [tokens], lps) for item, tokens, lps in zip(items, committed, per_item)]
 
     def forward(self, inputs: StepInputs) -> StepOutput:
         """Computes (and stores) the K/V of every item's new tokens; returns the taps' outputs too."""

@@ -53,7 +53,7 @@ def test_generate_stream(fake_modeld, capsys):
 def test_generate_stream_json_prints_one_line_per_chunk_then_the_result(fake_modeld, capsys):
     assert main(["--addr", fake_modeld.address, "generate", "hey", "--stream", "--json"]) == 0
     *chunks, result = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert chunks == [{"token_ids": [ord(c)], "text": c} for c in "hey"]
+    assert chunks == [{"token_ids": [ord(c)], "text": c, "logprobs": []} for c in "hey"]
     assert result["text"] == "hey" and result["completion_tokens"] == 3
 
 

@@ -7,6 +7,7 @@ import queue
 import threading
 
 from modeld.engine.output import take_events
+from modeld.request import TokenLogprob
 
 
 def events_of(*items) -> queue.SimpleQueue:
@@ -18,15 +19,18 @@ def events_of(*items) -> queue.SimpleQueue:
 
 def test_queued_chunks_go_out_as_one_with_the_complete():
     q = events_of(
-        ("chunk", [1], "a", False), ("chunk", [2, 3], "bc", False), ("chunk", [], "d", True), ("complete", "req")
+        ("chunk", [1], "a", False, None),
+        ("chunk", [2, 3], "bc", False, None),
+        ("chunk", [], "d", True, None),
+        ("complete", "req"),
     )
-    assert take_events(q) == (([1, 2, 3], "abcd", True), True)
+    assert take_events(q) == (([1, 2, 3], "abcd", True, None), True)
     assert q.empty()
 
 
 def test_chunks_without_text_merge_their_ids_and_keep_the_last_finished_flag():
-    q = events_of(("chunk", [1], None, False), ("chunk", [2, 3], None, True))
-    assert take_events(q) == (([1, 2, 3], None, True), False)
+    q = events_of(("chunk", [1], None, False, None), ("chunk", [2, 3], None, True, None))
+    assert take_events(q) == (([1, 2, 3], None, True, None), False)
 
 
 def test_a_complete_with_nothing_before_it_and_an_empty_queue():
@@ -36,17 +40,24 @@ def test_a_complete_with_nothing_before_it_and_an_empty_queue():
 
 def test_the_merged_chunk_does_not_alias_the_engines_list():
     first = [1]
-    q = events_of(("chunk", first, None, False), ("chunk", [2], None, False))
-    assert take_events(q) == (([1, 2], None, False), False)
+    q = events_of(("chunk", first, None, False, None), ("chunk", [2], None, False, None))
+    assert take_events(q) == (([1, 2], None, False, None), False)
     assert first == [1]  # the engine's own list (a request's output slice) is left as it was
+
+
+def test_log_probabilities_merge_with_their_ids():
+    first, second = [TokenLogprob(-0.5)], [TokenLogprob(-1.0, ((4, -1.0),)), TokenLogprob(-2.0)]
+    q = events_of(("chunk", [1], None, False, first), ("chunk", [2, 3], None, True, second))
+    assert take_events(q) == (([1, 2, 3], None, True, first + second), False)
+    assert len(first) == 1  # the engine's own list is left as it was
 
 
 def test_a_stream_that_keeps_up_gets_each_chunk_as_it_comes():
     q = queue.SimpleQueue()
-    q.put(("chunk", [1], "a", False))
-    assert take_events(q) == (([1], "a", False), False)  # nothing queued behind it: sent alone, at once
-    q.put(("chunk", [2], "b", True))
-    assert take_events(q) == (([2], "b", True), False)
+    q.put(("chunk", [1], "a", False, None))
+    assert take_events(q) == (([1], "a", False, None), False)  # nothing queued behind it: sent alone, at once
+    q.put(("chunk", [2], "b", True, None))
+    assert take_events(q) == (([2], "b", True, None), False)
     q.put(("complete", "req"))
     assert take_events(q) == (None, True)
 
@@ -57,7 +68,7 @@ def test_every_token_arrives_in_order_while_the_engine_keeps_producing():
 
     def engine():
         for i in range(total):
-            q.put(("chunk", [i], f"{i},", i == total - 1))
+            q.put(("chunk", [i], f"{i},", i == total - 1, None))
         q.put(("complete", "req"))
 
     producer = threading.Thread(target=engine)
@@ -68,9 +79,9 @@ def test_every_token_arrives_in_order_while_the_engine_keeps_producing():
         if chunk is not None:
             chunks.append(chunk)
     producer.join()
-    assert [t for ids, _, _ in chunks for t in ids] == list(range(total))
-    assert "".join(text for _, text, _ in chunks) == "".join(f"{i}," for i in range(total))
-    assert [finished for _, _, finished in chunks][-1] and not any(finished for _, _, finished in chunks[:-1])
+    assert [t for ids, _, _, _ in chunks for t in ids] == list(range(total))
+    assert "".join(text for _, text, _, _ in chunks) == "".join(f"{i}," for i in range(total))
+    assert [finished for _, _, finished, _ in chunks][-1] and not any(finished for _, _, finished, _ in chunks[:-1])
     assert len(chunks) <= total and q.empty()
 
 
@@ -125,17 +136,17 @@ def test_the_engine_thread_detokenizes_only_requests_with_stop_strings(tokenizer
     counting = CountingTokenizer(tokenizer)
     _, chunks = run_output(counting, ids, True, eos=frozenset(), max_new=len(ids))
     assert counting.calls == 0 and len(chunks) == len(ids)
-    assert all(text is None for _, _, text, _ in chunks)
-    assert chunks[-1][3] and not any(finished for *_, finished in chunks[:-1])
+    assert all(text is None for _, _, text, _, _ in chunks)
+    assert chunks[-1][3] and not any(finished for _, _, _, finished, _ in chunks[:-1])
     # the handler's side (modeld.front.service): a TextStream over the streamed ids hands out the whole text
     handler_text = TextStream(tokenizer, [])
     pieces = []
-    for _, new_ids, _, finished in chunks:
+    for _, new_ids, _, finished, _ in chunks:
         pieces.append(handler_text.add(new_ids, finished))
     assert "".join(pieces) == handler_text.sent == tokenizer.decode(ids, skip_special_tokens=True)
     counting = CountingTokenizer(tokenizer)  # a stop string: the engine thread must read the text
     _, chunks = run_output(counting, ids, True, stop=["zzz"], eos=frozenset(), max_new=len(ids))
-    assert counting.calls > 0 and "".join(text for _, _, text, _ in chunks) == tokenizer.decode(
+    assert counting.calls > 0 and "".join(text for _, _, text, _, _ in chunks) == tokenizer.decode(
         ids, skip_special_tokens=True
     )
 
@@ -143,16 +154,16 @@ def test_the_engine_thread_detokenizes_only_requests_with_stop_strings(tokenizer
 def test_a_stream_interval_sends_chunks_of_that_many_tokens_and_the_rest_at_the_end(tokenizer):
     ids = tokenizer("Hello, the café in 東京 serves 🙂 crème brûlée, and nothing after this.")["input_ids"]
     _, chunks = run_output(tokenizer, ids, True, eos=frozenset(), max_new=len(ids), interval=4)
-    assert [len(new_ids) for _, new_ids, _, _ in chunks] == [4] * (len(ids) // 4) + (
+    assert [len(new_ids) for _, new_ids, _, _, _ in chunks] == [4] * (len(ids) // 4) + (
         [len(ids) % 4] if len(ids) % 4 else []
     )
-    assert [t for _, new_ids, _, _ in chunks for t in new_ids] == ids
-    assert chunks[-1][3] and not any(finished for *_, finished in chunks[:-1])
+    assert [t for _, new_ids, _, _, _ in chunks for t in new_ids] == ids
+    assert chunks[-1][3] and not any(finished for _, _, _, finished, _ in chunks[:-1])
     # with a stop string the engine thread's text is held back with its tokens, and all of it reaches the stream
     req, chunks = run_output(tokenizer, ids, True, stop=["nothing"], eos=frozenset(), max_new=len(ids), interval=4)
     assert req.finish.matched_stop == "nothing"
-    assert all(len(new_ids) == 4 for _, new_ids, _, _ in chunks[:-1]) and chunks[-1][3]
-    streamed = "".join(text for _, _, text, _ in chunks)
+    assert all(len(new_ids) == 4 for _, new_ids, _, _, _ in chunks[:-1]) and chunks[-1][3]
+    streamed = "".join(text for _, _, text, _, _ in chunks)
     assert streamed == tokenizer.decode(req.output_ids, skip_special_tokens=True).split("nothing")[0]
 
 
@@ -167,6 +178,6 @@ def test_an_aborted_request_gets_the_tokens_its_stream_interval_held_back(tokeni
     assert req.events.empty(), "a chunk went before the interval filled"
     req.finish = Finish("abort")
     out.flush(req)
-    assert req.events.get_nowait() == ("chunk", [5, 6, 7], None, True)
+    assert req.events.get_nowait() == ("chunk", [5, 6, 7], None, True, None)
     out.flush(req)
     assert req.events.empty(), "the held-back tokens were sent twice"
