@@ -27,6 +27,7 @@ class HostRules:
     firsts: list[int]  # each item's first sampled row
     drafts: HostCopy | None = None  # the verify items' drafts [V, B-1], copied before the forward
     top_k: int = 0  # the width of the step's top log probabilities (its largest top_logprobs)
+    bitmask: torch.Tensor | None = None  # [sampled rows, words] on the host, once built
 
     @classmethod
     def of(cls, items: list[StepItem], counts: list[int], firsts: list[int]) -> "HostRules | None":
@@ -40,21 +41,27 @@ class HostRules:
         if drafts is not None and any(item.verify and item.req.grammar is not None for item in self.items):
             self.drafts = HostCopy.of(drafts)
 
-    def mask(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [sampled rows, V] with each grammar's mask applied at its rows (unchanged without a grammar)."""
+    def drafts_on_host(self) -> list[list[int]] | None:
+        """The drafts' host copy, once the device has made them (the target's forward goes on meanwhile)."""
+        return self.drafts.values() if self.drafts is not None else None
+
+    def build_masks(self, rows: int, vocab_size: int, drafts: list[list[int]] | None) -> None:
+        """Each grammar's masks at its sampled rows into a host bitmask (None without a grammar in the step)."""
         grammars = [i for i, item in enumerate(self.items) if item.req.grammar is not None and self.counts[i]]
         if not grammars:
-            return logits
-        bitmask = bitmask_rows(*logits.shape)
-        drafts = self.drafts.values() if self.drafts is not None else None
+            return
+        self.bitmask = bitmask_rows(rows, vocab_size)
         verify_index = {i: n for n, i in enumerate(i for i, item in enumerate(self.items) if item.verify)}
         for i in grammars:
             item = self.items[i]
             if item.verify:
-                item.req.grammar.fill_block(bitmask, self.firsts[i], drafts[verify_index[i]])
+                item.req.grammar.fill_block(self.bitmask, self.firsts[i], drafts[verify_index[i]])
             else:
-                item.req.grammar.fill(bitmask, self.firsts[i])
-        return apply_bitmask(logits, bitmask)
+                item.req.grammar.fill(self.bitmask, self.firsts[i])
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [sampled rows, V] with the built masks applied (unchanged without a grammar)."""
+        return logits if self.bitmask is None else apply_bitmask(logits, self.bitmask)
 
     def logprob_values(self, logits: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor | None:
         """[rows, 1 + 2 k] float64 on the device for the sampled rows of requests with logprobs (k: the step's

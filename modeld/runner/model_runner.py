@@ -258,7 +258,11 @@ class ModelRunner:
                 sampled = out.greedy[picked]
             else:
                 logits = self.model.logits(out.hidden[picked])
-                if rules is not None:
+                if rules is not None:  # the masks are built on the host while the device computes the logits
+                    drafts_host = rules.drafts_on_host()
+                    hooks.enter("mask")
+                    rules.build_masks(len(owners), logits.shape[1], drafts_host)
+                    hooks.leave("mask")
                     logits = rules.mask(logits)
                 sampled = sample(logits, [o.req.params for o in owners], [o.req.generator for o in owners])
                 if rules is not None:
