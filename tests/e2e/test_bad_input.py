@@ -48,6 +48,9 @@ NOT_UTF8 = b"\xff\xfe"
 GATEWAY_BODY_TIMEOUT = 1.0
 BROKEN_JSON = b'{"model": "m",, "messages": []}'
 TINY_TOP_P = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": 1e-300}'
+NO_SCHEMA = (
+    b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema"}}'
+)
 
 
 def doc_rows() -> dict[str, tuple[str, str]]:
@@ -242,6 +245,14 @@ CASES = {
     "temperature-infinite": lambda env: env.generate(gen(temperature=math.inf)),
     "top-p-zero": lambda env: env.generate(gen(top_p=0.0)),
     "top-k-negative": lambda env: env.generate(gen(top_k=-1)),
+    "top-logprobs-too-many": lambda env: env.generate(gen(logprobs=True, top_logprobs=21)),
+    "top-logprobs-without-logprobs": lambda env: env.generate(gen(top_logprobs=2)),
+    "constraint-schema-not-json": lambda env: env.generate(gen(json_schema="{not json")),
+    "constraint-schema-not-object": lambda env: env.generate(gen(json_schema="[1, 2]")),
+    "constraint-schema-unsupported": lambda env: env.generate(gen(json_schema={"type": "frobnicate"})),
+    "constraint-regex-bad": lambda env: env.generate(gen(regex="(yes|no")),
+    "constraint-too-large": lambda env: env.generate(gen(regex="a" * (65 << 10))),
+    "constraint-with-ignore-eos": lambda env: env.generate(gen(json_object=True, ignore_eos=True)),
     "generate-too-large": lambda env: env.generate(gen(prompt="x" * (65 << 20))),
     "abort-id-too-long": lambda env: env.raw(
         env.modeld_channel,
@@ -327,6 +338,9 @@ CASES = {
     ),
     "gateway-top-p-below-float32": lambda env: env.gateway([TINY_TOP_P], {"Content-Length": str(len(TINY_TOP_P))}),
     "gateway-json-syntax-error": lambda env: env.gateway([BROKEN_JSON], {"Content-Length": str(len(BROKEN_JSON))}),
+    "gateway-response-format-without-schema": lambda env: env.gateway(
+        [NO_SCHEMA], {"Content-Length": str(len(NO_SCHEMA))}
+    ),
     "gateway-body-too-slow": lambda env: env.gateway(
         chunked(b" " for _ in range(1000)), {"Transfer-Encoding": "chunked"}, pause=0.05
     ),
