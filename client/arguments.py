@@ -2,6 +2,7 @@
 (32-bit integers, an unsigned 64-bit seed). What the values mean (a temperature >= 0, a prompt that fits the context)
 is modeld's to check. Every refusal is an errors.BadArgument naming the argument."""
 
+import json
 import operator
 from collections.abc import Iterable, Mapping
 from numbers import Real
@@ -9,6 +10,7 @@ from numbers import Real
 from client.errors import BadArgument
 
 INT32 = (-(2**31), 2**31 - 1)
+MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id"}
 UINT64 = (0, 2**64 - 1)
 
 
@@ -69,18 +71,32 @@ def flag(name: str, value) -> None:
 
 
 def chat_messages(values) -> list[dict[str, str]]:
-    """A conversation: a sequence of mappings with a str "role" and "content" (other keys refused); returns it as
-    plain dicts, read once."""
+    """A conversation: a sequence of mappings with a str "role" and "content", and for function calling an
+    assistant's "tool_calls" (OpenAI's list, or its JSON) or a tool message's "tool_call_id" (other keys refused);
+    returns it as plain dicts of strings, read once."""
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
         raise BadArgument(f"messages must be a sequence of {{'role', 'content'}} mappings, got {type(values).__name__}")
     turns = []
     for i, message in enumerate(values):
-        if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
-            raise BadArgument(f"messages[{i}] must be a mapping with exactly the keys 'role' and 'content'")
-        text(f"messages[{i}].role", message["role"])
-        text(f"messages[{i}].content", message["content"])
-        turns.append({"role": message["role"], "content": message["content"]})
+        if not isinstance(message, Mapping) or not {"role", "content"} <= set(message) <= MESSAGE_KEYS:
+            raise BadArgument(
+                f"messages[{i}] must be a mapping with the keys 'role' and 'content' (and 'tool_calls' or "
+                "'tool_call_id')"
+            )
+        turn = {key: message[key] for key in message}
+        if not isinstance(turn.get("tool_calls", ""), str):
+            turn["tool_calls"] = json_text(f"messages[{i}].tool_calls", turn["tool_calls"])
+        for key, value in turn.items():
+            text(f"messages[{i}].{key}", value)
+        turns.append(turn)
     return turns
+
+
+def json_text(name: str, value) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise BadArgument(f"{name} is not JSON-serialisable: {exc}") from None
 
 
 def call_settings(timeout, connect_timeout, max_retries) -> None:

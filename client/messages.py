@@ -81,6 +81,7 @@ def build_generate_request(
     json_object: bool = False,
     logprobs: bool = False,
     top_logprobs: int | None = None,
+    tools: Sequence[Mapping] | str | None = None,
 ) -> modeld_pb2.GenerateRequest:
     """The GenerateRequest for these arguments; unset sampling values take modeld's defaults.
 
@@ -89,7 +90,9 @@ def build_generate_request(
     `max_new_tokens`. `chat` wraps a text prompt as one user turn with the model's chat template.
     `request_id` empty or None lets modeld assign one. At most one constraint on the output: `json_schema` (a
     schema as a dict or its JSON text), `regex`, or `json_object` (any JSON object). `logprobs` asks for each output
-    token's log probability, `top_logprobs` (0-20) for its position's most likely tokens too. Raises errors.BadArgument (a ValueError) for argument
+    token's log probability, `top_logprobs` (0-20) for its position's most likely tokens too. `tools` (OpenAI's
+    tools list, or its JSON) go with `messages` to the chat template; messages may then carry an assistant's
+    "tool_calls" and a tool's "tool_call_id". Raises errors.BadArgument (a ValueError) for argument
     combinations that no server could accept and for values of the wrong type or beyond what their field carries
     (client.arguments); what the values mean is checked by modeld (INVALID_ARGUMENT).
     """
@@ -99,6 +102,8 @@ def build_generate_request(
         raise errors.BadArgument("max_tokens is an alias of max_new_tokens: give at most one")
     if chat and prompt is None:
         raise errors.BadArgument("chat applies to a text prompt only")
+    if tools is not None and messages is None:
+        raise errors.BadArgument("tools go with messages")
     if sum((json_schema is not None, regex is not None, bool(json_object))) > 1:
         raise errors.BadArgument("give at most one of json_schema, regex and json_object")
     # A one-shot iterator (a generator) is read once, here: the checks and the message then see the same values.
@@ -149,7 +154,10 @@ def build_generate_request(
     if prompt is not None:
         request.text = prompt
     elif messages is not None:
-        request.messages.CopyFrom(modeld_pb2.ChatMessages(messages=[modeld_pb2.ChatMessage(**m) for m in messages]))
+        tools_text = tools if tools is None or isinstance(tools, str) else arguments.json_text("tools", list(tools))
+        request.messages.CopyFrom(
+            modeld_pb2.ChatMessages(messages=[modeld_pb2.ChatMessage(**m) for m in messages], tools=tools_text)
+        )
     else:
         request.input_ids.CopyFrom(modeld_pb2.TokenIds(ids=input_ids))
     return request

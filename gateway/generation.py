@@ -64,7 +64,8 @@ async def generate(
     body.check_supported()
     backend = choose_backend(backends, router, body)
     request_id = uuid.uuid4().hex
-    shaper = Shaper(chat, request_id, body.model, logprobs=body.top_logprobs_asked() is not None)
+    tools = body.tools if chat and body.calls_tools else None
+    shaper = Shaper(chat, request_id, body.model, logprobs=body.top_logprobs_asked() is not None, tools=tools)
     stack = AsyncExitStack()
     streaming = False  # once the SSE body runs, it closes the stack
     try:
@@ -124,7 +125,13 @@ async def drain(chunks) -> None:
 
 
 async def choice_events(shaper: Shaper, index: int, choice: Choice):
-    """One choice's events after its opening: its text as it comes, then its finish."""
+    """One choice's events after its opening: its text as it comes, then its finish (with tools: the whole answer
+    once it ended, content or call)."""
+    if shaper.tools:
+        await drain(choice.chunks)
+        for event in shaper.whole_answer(choice.handle.result, index):
+            yield event
+        return
     chunk = choice.first
     while chunk is not None:
         if chunk.text or chunk.logprobs:

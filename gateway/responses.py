@@ -4,19 +4,28 @@ import json
 import time
 
 from client.messages import GenerateResult, TokenLogprob
+from gateway.tools import read_call
 
 
 class Shaper:
     """Bodies of one request: `chat` (chat.completion) or not (text_completion), with its id, model and time, and
     whether it asked for log probabilities."""
 
-    def __init__(self, chat: bool, request_id: str, model: str, logprobs: bool = False):
+    def __init__(self, chat: bool, request_id: str, model: str, logprobs: bool = False, tools: list | None = None):
         self.chat = chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
         self.model = model
         self.created = int(time.time())
         self.logprobs = logprobs
         self.text_offsets: dict[int, int] = {}  # per choice of a streamed text completion: its text so far
+        self.tools = tools  # the functions a chat answer may call (gateway.tools), or None
+
+    def _answer(self, result: GenerateResult) -> tuple[dict, str]:
+        """A chat choice's message and finish reason: a function call when tools are on and the text is one."""
+        calls = read_call(result.text, self.tools) if self.tools else None
+        if calls is None:
+            return {"role": "assistant", "content": result.text}, result.finish_reason
+        return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
 
     def _logprobs(self, entries: tuple[TokenLogprob, ...], index: int) -> dict | None:
         """A choice's `logprobs` for these tokens in OpenAI's shape (chat's `content` list, or the legacy
@@ -53,7 +62,7 @@ class Shaper:
                 "logprobs": self._logprobs(result.logprobs, index),
             }
             if self.chat:
-                choice["message"] = {"role": "assistant", "content": result.text}
+                choice["message"], choice["finish_reason"] = self._answer(result)
             else:
                 choice["text"] = result.text
             choices.append(choice)
@@ -68,6 +77,19 @@ class Shaper:
 
     def finish(self, result: GenerateResult, index: int = 0) -> str:
         return self._event(index, {} if self.chat else "", finish_reason=result.finish_reason)
+
+    def whole_answer(self, result: GenerateResult, index: int = 0) -> list[str]:
+        """A chat choice with tools, streamed once it ended (whether it is a call is known only then): its content or
+        its call as one delta, then its finish."""
+        message, finish_reason = self._answer(result)
+        if message["content"] is not None:
+            delta = {"content": message["content"]}
+        else:
+            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]}
+        return [
+            self._event(index, delta, logprobs=self._logprobs(result.logprobs, index)),
+            self._event(index, {}, finish_reason=finish_reason),
+        ]
 
     def usage_event(self, results: list[GenerateResult]) -> str:
         """The last event when the client asked for stream_options.include_usage: no choices, the usage."""

@@ -1,14 +1,16 @@
 """The OpenAI request bodies the gateway accepts, and the modeld Generate arguments they become.
 
 Fields OpenAI defines that the gateway does not serve are refused (400) rather than ignored when ignoring them
-would change the answer (tools); other unknown fields are ignored, as OpenAI-compatible servers do."""
+would change the answer (echo, best_of); other unknown fields are ignored, as OpenAI-compatible servers do."""
 
+import json
 import struct
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.errors import ApiError
+from gateway.tools import Tool, ToolChoice, constraint_for
 
 MAX_CHOICES = 16  # n: each choice is a request of its own in modeld, sharing the prompt through memd's prefix cache
 SEED_RANGE = 2**64
@@ -72,7 +74,10 @@ class SamplingRequest(BaseModel):
         return value
 
     def check_supported(self) -> None:
-        pass
+        """Refusals that need no modeld (before one is picked)."""
+        if self.response_format is not None:
+            self.response_format.constraint()
+        self.top_logprobs_asked()
 
     def top_logprobs_asked(self) -> int | None:
         """None: no log probabilities; else how many alternatives each position lists."""
@@ -106,19 +111,28 @@ class TextPart(BaseModel):
 
 
 class Message(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # None: an assistant's message that only calls functions
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
 
     def turn(self) -> dict[str, str]:
         """The message as modeld renders it (developer is OpenAI's newer name of system)."""
-        text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        content = self.content or ""
+        text = content if isinstance(content, str) else "".join(part.text for part in content)
+        turn = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if self.tool_calls:
+            turn["tool_calls"] = json.dumps(self.tool_calls)
+        if self.tool_call_id:
+            turn["tool_call_id"] = self.tool_call_id
+        return turn
 
 
 class ChatRequest(SamplingRequest):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    tools: list | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
@@ -127,16 +141,27 @@ class ChatRequest(SamplingRequest):
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    @property
+    def calls_tools(self) -> bool:
+        """The answer may be a function call (tools given, tool_choice not "none")."""
+        return bool(self.tools) and self.tool_choice != "none"
+
     def check_supported(self) -> None:
         super().check_supported()
-        if self.tools:
-            raise ApiError(400, "tools are not supported", param="tools")
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise ApiError(400, "tool_choice needs tools", param="tool_choice")
+        if self.calls_tools and self.response_format is not None and self.response_format.type != "text":
+            raise ApiError(400, "give tools or a response_format, not both", param="response_format")
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             raise ApiError(400, "give max_tokens or max_completion_tokens, not both", param="max_tokens")
 
     def generate_arguments(self, choice: int = 0) -> dict:
         turns = [m.turn() for m in self.messages]
-        return dict(messages=turns, **self.sampling(self.max_completion_tokens or self.max_tokens, choice))
+        arguments = dict(messages=turns, **self.sampling(self.max_completion_tokens or self.max_tokens, choice))
+        if self.calls_tools:
+            arguments["tools"] = [tool.model_dump() for tool in self.tools]
+            arguments.update(constraint_for(self.tools, self.tool_choice or "auto"))
+        return arguments
 
     def affinity_key(self) -> str:
         """The conversation as text, for prefix affinity: a conversation that goes on shares its prefix."""

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from protos import memd_pb2 as protos_dot_memd__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/modeld.proto\x12\tmodeld.v1\x1a\x11protos/memd.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xcc\x02\n\x0eSamplingParams\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x10\n\x08logprobs\x18\n \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x0b \x01(\x05\x42\x11\n\x0f_max_new_tokensB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"S\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x03 \x01(\x08H\x00\x42\x06\n\x04kind\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"8\n\x0c\x43hatMessages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.modeld.v1.ChatMessage\"\x8a\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\tinput_ids\x18\x03 \x01(\x0b\x32\x13.modeld.v1.TokenIdsH\x00\x12+\n\x08messages\x18\x06 \x01(\x0b\x32\x17.modeld.v1.ChatMessagesH\x00\x12\x1b\n\x13\x61pply_chat_template\x18\x04 \x01(\x08\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.modeld.v1.SamplingParams\x12)\n\nconstraint\x18\x07 \x01(\x0b\x32\x15.modeld.v1.ConstraintB\x07\n\x05input\"{\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0f\n\x07top_ids\x18\x03 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\x12\r\n\x05token\x18\x05 \x01(\t\x12\x12\n\ntop_tokens\x18\x06 \x03(\t\"[\n\rGenerateChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.modeld.v1.TokenLogprob\"\xa2\x02\n\x10GenerateComplete\x12\x12\n\noutput_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.modeld.v1.FinishReason\x12\x14\n\x0cmatched_stop\x18\x04 \x01(\t\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x06 \x01(\x05\x12\x15\n\rcached_tokens\x18\x07 \x01(\x05\x12\x16\n\x0espec_verify_ct\x18\x08 \x01(\x05\x12\x1a\n\x12spec_accept_length\x18\t \x01(\x01\x12)\n\x08logprobs\x18\n \x03(\x0b\x32\x17.modeld.v1.TokenLogprob\"\x8e\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.modeld.v1.GenerateChunkH\x00\x12/\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\x1b.modeld.v1.GenerateCompleteH\x00\x42\n\n\x08response\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x10\n\x0eGetInfoRequest\"\xdf\x03\n\x0fGetInfoResponse\x12\x14\n\x0ctarget_model\x18\x01 \x01(\t\x12\x13\n\x0b\x64raft_model\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x1d\n\x15speculative_algorithm\x18\x05 \x01(\t\x12\x12\n\nblock_size\x18\x06 \x01(\x05\x12\x14\n\x0c\x64raft_window\x18\x07 \x01(\x05\x12\x16\n\x0e\x64raft_kv_ratio\x18\x08 \x01(\x01\x12\x11\n\tpage_size\x18\t \x01(\x05\x12\x1c\n\x14max_running_requests\x18\n \x01(\x05\x12\x13\n\x0b\x63ontext_len\x18\x0b \x01(\x05\x12\x15\n\rtarget_tokens\x18\x0c \x01(\x03\x12\x14\n\x0c\x64raft_tokens\x18\r \x01(\x03\x12\x12\n\nvocab_size\x18\x0e \x01(\x05\x12\x13\n\x0bspec_drafts\x18\x0f \x01(\x03\x12\x19\n\x11spec_draft_tokens\x18\x10 \x01(\x03\x12\x1c\n\x14spec_accepted_tokens\x18\x11 \x01(\x03\x12\x18\n\x10running_requests\x18\x12 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x13 \x01(\x05\x12\x18\n\x10max_open_streams\x18\x14 \x01(\x05\"\x11\n\x0f\x43\x61pacityRequest\"o\n\x10\x43\x61pacityResponse\x12\'\n\x04memd\x18\x01 \x01(\x0b\x32\x19.memd.v1.CapacityResponse\x12\x18\n\x10running_requests\x18\x02 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x03 \x01(\x05*N\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x08\n\x04STOP\x10\x01\x12\n\n\x06LENGTH\x10\x02\x12\t\n\x05\x41\x42ORT\x10\x03\x32\x92\x02\n\x06Modeld\x12\x45\n\x08Generate\x12\x1a.modeld.v1.GenerateRequest\x1a\x1b.modeld.v1.GenerateResponse0\x01\x12:\n\x05\x41\x62ort\x12\x17.modeld.v1.AbortRequest\x1a\x18.modeld.v1.AbortResponse\x12@\n\x07GetInfo\x12\x19.modeld.v1.GetInfoRequest\x1a\x1a.modeld.v1.GetInfoResponse\x12\x43\n\x08\x43\x61pacity\x12\x1a.modeld.v1.CapacityRequest\x1a\x1b.modeld.v1.CapacityResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/modeld.proto\x12\tmodeld.v1\x1a\x11protos/memd.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xcc\x02\n\x0eSamplingParams\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x10\n\x08logprobs\x18\n \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x0b \x01(\x05\x42\x11\n\x0f_max_new_tokensB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"S\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x02 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x03 \x01(\x08H\x00\x42\x06\n\x04kind\"V\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x12\n\ntool_calls\x18\x03 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"G\n\x0c\x43hatMessages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.modeld.v1.ChatMessage\x12\r\n\x05tools\x18\x02 \x01(\t\"\x8a\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\tinput_ids\x18\x03 \x01(\x0b\x32\x13.modeld.v1.TokenIdsH\x00\x12+\n\x08messages\x18\x06 \x01(\x0b\x32\x17.modeld.v1.ChatMessagesH\x00\x12\x1b\n\x13\x61pply_chat_template\x18\x04 \x01(\x08\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.modeld.v1.SamplingParams\x12)\n\nconstraint\x18\x07 \x01(\x0b\x32\x15.modeld.v1.ConstraintB\x07\n\x05input\"{\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0f\n\x07top_ids\x18\x03 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\x12\r\n\x05token\x18\x05 \x01(\t\x12\x12\n\ntop_tokens\x18\x06 \x03(\t\"[\n\rGenerateChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.modeld.v1.TokenLogprob\"\xa2\x02\n\x10GenerateComplete\x12\x12\n\noutput_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.modeld.v1.FinishReason\x12\x14\n\x0cmatched_stop\x18\x04 \x01(\t\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x06 \x01(\x05\x12\x15\n\rcached_tokens\x18\x07 \x01(\x05\x12\x16\n\x0espec_verify_ct\x18\x08 \x01(\x05\x12\x1a\n\x12spec_accept_length\x18\t \x01(\x01\x12)\n\x08logprobs\x18\n \x03(\x0b\x32\x17.modeld.v1.TokenLogprob\"\x8e\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.modeld.v1.GenerateChunkH\x00\x12/\n\x08\x63omplete\x18\x03 \x01(\x0b\x32\x1b.modeld.v1.GenerateCompleteH\x00\x42\n\n\x08response\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x10\n\x0eGetInfoRequest\"\xdf\x03\n\x0fGetInfoResponse\x12\x14\n\x0ctarget_model\x18\x01 \x01(\t\x12\x13\n\x0b\x64raft_model\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x1d\n\x15speculative_algorithm\x18\x05 \x01(\t\x12\x12\n\nblock_size\x18\x06 \x01(\x05\x12\x14\n\x0c\x64raft_window\x18\x07 \x01(\x05\x12\x16\n\x0e\x64raft_kv_ratio\x18\x08 \x01(\x01\x12\x11\n\tpage_size\x18\t \x01(\x05\x12\x1c\n\x14max_running_requests\x18\n \x01(\x05\x12\x13\n\x0b\x63ontext_len\x18\x0b \x01(\x05\x12\x15\n\rtarget_tokens\x18\x0c \x01(\x03\x12\x14\n\x0c\x64raft_tokens\x18\r \x01(\x03\x12\x12\n\nvocab_size\x18\x0e \x01(\x05\x12\x13\n\x0bspec_drafts\x18\x0f \x01(\x03\x12\x19\n\x11spec_draft_tokens\x18\x10 \x01(\x03\x12\x1c\n\x14spec_accepted_tokens\x18\x11 \x01(\x03\x12\x18\n\x10running_requests\x18\x12 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x13 \x01(\x05\x12\x18\n\x10max_open_streams\x18\x14 \x01(\x05\"\x11\n\x0f\x43\x61pacityRequest\"o\n\x10\x43\x61pacityResponse\x12\'\n\x04memd\x18\x01 \x01(\x0b\x32\x19.memd.v1.CapacityResponse\x12\x18\n\x10running_requests\x18\x02 \x01(\x05\x12\x18\n\x10waiting_requests\x18\x03 \x01(\x05*N\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x08\n\x04STOP\x10\x01\x12\n\n\x06LENGTH\x10\x02\x12\t\n\x05\x41\x42ORT\x10\x03\x32\x92\x02\n\x06Modeld\x12\x45\n\x08Generate\x12\x1a.modeld.v1.GenerateRequest\x1a\x1b.modeld.v1.GenerateResponse0\x01\x12:\n\x05\x41\x62ort\x12\x17.modeld.v1.AbortRequest\x1a\x18.modeld.v1.AbortResponse\x12@\n\x07GetInfo\x12\x19.modeld.v1.GetInfoRequest\x1a\x1a.modeld.v1.GetInfoResponse\x12\x43\n\x08\x43\x61pacity\x12\x1a.modeld.v1.CapacityRequest\x1a\x1b.modeld.v1.CapacityResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.modeld_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2227
-  _globals['_FINISHREASON']._serialized_end=2305
+  _globals['_FINISHREASON']._serialized_start=2284
+  _globals['_FINISHREASON']._serialized_end=2362
   _globals['_TOKENIDS']._serialized_start=53
   _globals['_TOKENIDS']._serialized_end=76
   _globals['_SAMPLINGPARAMS']._serialized_start=79
@@ -41,31 +41,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONSTRAINT']._serialized_start=413
   _globals['_CONSTRAINT']._serialized_end=496
   _globals['_CHATMESSAGE']._serialized_start=498
-  _globals['_CHATMESSAGE']._serialized_end=542
-  _globals['_CHATMESSAGES']._serialized_start=544
-  _globals['_CHATMESSAGES']._serialized_end=600
-  _globals['_GENERATEREQUEST']._serialized_start=603
-  _globals['_GENERATEREQUEST']._serialized_end=869
-  _globals['_TOKENLOGPROB']._serialized_start=871
-  _globals['_TOKENLOGPROB']._serialized_end=994
-  _globals['_GENERATECHUNK']._serialized_start=996
-  _globals['_GENERATECHUNK']._serialized_end=1087
-  _globals['_GENERATECOMPLETE']._serialized_start=1090
-  _globals['_GENERATECOMPLETE']._serialized_end=1380
-  _globals['_GENERATERESPONSE']._serialized_start=1383
-  _globals['_GENERATERESPONSE']._serialized_end=1525
-  _globals['_ABORTREQUEST']._serialized_start=1527
-  _globals['_ABORTREQUEST']._serialized_end=1561
-  _globals['_ABORTRESPONSE']._serialized_start=1563
-  _globals['_ABORTRESPONSE']._serialized_end=1593
-  _globals['_GETINFOREQUEST']._serialized_start=1595
-  _globals['_GETINFOREQUEST']._serialized_end=1611
-  _globals['_GETINFORESPONSE']._serialized_start=1614
-  _globals['_GETINFORESPONSE']._serialized_end=2093
-  _globals['_CAPACITYREQUEST']._serialized_start=2095
-  _globals['_CAPACITYREQUEST']._serialized_end=2112
-  _globals['_CAPACITYRESPONSE']._serialized_start=2114
-  _globals['_CAPACITYRESPONSE']._serialized_end=2225
-  _globals['_MODELD']._serialized_start=2308
-  _globals['_MODELD']._serialized_end=2582
+  _globals['_CHATMESSAGE']._serialized_end=584
+  _globals['_CHATMESSAGES']._serialized_start=586
+  _globals['_CHATMESSAGES']._serialized_end=657
+  _globals['_GENERATEREQUEST']._serialized_start=660
+  _globals['_GENERATEREQUEST']._serialized_end=926
+  _globals['_TOKENLOGPROB']._serialized_start=928
+  _globals['_TOKENLOGPROB']._serialized_end=1051
+  _globals['_GENERATECHUNK']._serialized_start=1053
+  _globals['_GENERATECHUNK']._serialized_end=1144
+  _globals['_GENERATECOMPLETE']._serialized_start=1147
+  _globals['_GENERATECOMPLETE']._serialized_end=1437
+  _globals['_GENERATERESPONSE']._serialized_start=1440
+  _globals['_GENERATERESPONSE']._serialized_end=1582
+  _globals['_ABORTREQUEST']._serialized_start=1584
+  _globals['_ABORTREQUEST']._serialized_end=1618
+  _globals['_ABORTRESPONSE']._serialized_start=1620
+  _globals['_ABORTRESPONSE']._serialized_end=1650
+  _globals['_GETINFOREQUEST']._serialized_start=1652
+  _globals['_GETINFOREQUEST']._serialized_end=1668
+  _globals['_GETINFORESPONSE']._serialized_start=1671
+  _globals['_GETINFORESPONSE']._serialized_end=2150
+  _globals['_CAPACITYREQUEST']._serialized_start=2152
+  _globals['_CAPACITYREQUEST']._serialized_end=2169
+  _globals['_CAPACITYRESPONSE']._serialized_start=2171
+  _globals['_CAPACITYRESPONSE']._serialized_end=2282
+  _globals['_MODELD']._serialized_start=2365
+  _globals['_MODELD']._serialized_end=2639
 # @@protoc_insertion_point(module_scope)

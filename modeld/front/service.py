@@ -23,11 +23,12 @@ from modeld.front.limits import (
     check_text_size,
     text_bytes_per_token,
 )
+from modeld.front.tool_turns import template_turns
 from modeld.request import Request
 from modeld.sampling_params import DEFAULT_MAX_NEW_TOKENS, Constraint, InvalidRequest, SamplingParams
 from protos import memd_pb2, memd_pb2_grpc, modeld_pb2, modeld_pb2_grpc
 
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 FINISH_REASONS = {"stop": modeld_pb2.STOP, "length": modeld_pb2.LENGTH, "abort": modeld_pb2.ABORT}
 
 
@@ -40,6 +41,8 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         self.tokenizer = engine.tokenizer
         self.text_bytes_per_token = text_bytes_per_token(self.tokenizer) if self.tokenizer is not None else 0
         self.turn_tokens = chat_turn_tokens(self.tokenizer) if self.tokenizer is not None else 1
+        template = getattr(self.tokenizer, "chat_template", None) or ""
+        self.template_takes_tools = "tools" in template
         # One thread: a fast tokenizer is not safe to encode with from several threads at once, and the bounds keep
         # each request's share of it short.
         self.prepare = ThreadPoolExecutor(1, thread_name_prefix="modeld-prepare")
@@ -200,15 +203,15 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
             else:
                 ids = self.tokenizer(request.text)["input_ids"]
         elif request.HasField("messages"):
-            ids = self._chat_ids(request.messages.messages, context_len)
+            ids = self._chat_ids(request.messages.messages, request.messages.tools, context_len)
         else:
             raise InvalidRequest("give the prompt as text, input_ids or messages")
         if not ids:
             raise InvalidRequest("the prompt is empty")
         return list(ids)
 
-    def _chat_ids(self, messages, context_len: int) -> list[int]:
-        """A conversation through the chat template, the assistant's turn opened."""
+    def _chat_ids(self, messages, tools: str, context_len: int) -> list[int]:
+        """A conversation (with its functions, if any) through the chat template, the assistant's turn opened."""
         if self.tokenizer is None:
             raise InvalidRequest("this model has no tokenizer: send input_ids")
         if not messages:
@@ -217,9 +220,12 @@ class ModeldService(modeld_pb2_grpc.ModeldServicer):
         bad = next((m.role for m in messages if m.role not in CHAT_ROLES), None)
         if bad is not None:
             raise InvalidRequest(f"message role {bad!r}: one of {', '.join(CHAT_ROLES)}")
-        check_text_size("".join(m.content for m in messages), context_len, self.text_bytes_per_token)
-        turns = [{"role": m.role, "content": m.content} for m in messages]
-        return self.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True, return_dict=False)
+        text = "".join(m.content + m.tool_calls for m in messages) + tools
+        check_text_size(text, context_len, self.text_bytes_per_token)
+        turns, template_tools = template_turns(messages, tools, self.template_takes_tools)
+        return self.tokenizer.apply_chat_template(
+            turns, tools=template_tools, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
 
     def _check_vocabulary(self, field: str, ids) -> None:
         bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
