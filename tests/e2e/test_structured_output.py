@@ -10,6 +10,7 @@ memd's pools are free (but for the prefix cache) after every test."""
 
 import concurrent.futures
 import json
+from collections import Counter
 
 import jsonschema
 import pytest
@@ -209,3 +210,71 @@ def test_logprobs_under_a_constraint_are_of_the_masked_distribution(modelds, hf_
     reference = hf_logprobs(hf_model, list(prompt), output, 1.0, masks)
     assert_logprobs_match(result, reference, 3)
     assert any(int(m.sum()) < 50 for m in masks), "the grammar masked nothing: the test did not exercise the mask"
+
+
+CHOICES = "(yes|no|maybe)"
+N_SAMPLES = 600  # requests per modeld
+
+
+def exact_choice_probs(hf_model, tokenizer, prompt: list[int], temperature: float) -> dict[str, float]:
+    """The masked target's exact distribution of the answer: every token path the grammar allows, each step's
+    probability from Hugging Face's logits (fp32, float64 softmax) under the grammar's mask at temperature."""
+    from modeld.grammar.compiler import GrammarCompiler
+    from modeld.grammar.mask import apply_bitmask
+    from modeld.grammar.matcher import RequestGrammar, bitmask_rows
+    from modeld.sampling_params import Constraint
+
+    vocab = hf_model.config.vocab_size
+    stop = {tokenizer.eos_token_id}
+    grammar = RequestGrammar(GrammarCompiler(tokenizer, vocab, stop).compile(Constraint("regex", CHOICES)))
+    probs: dict[str, float] = {}
+
+    def walk(path: list[int], mass: float) -> None:
+        bitmask = bitmask_rows(1, vocab)
+        grammar.fill(bitmask, 0)
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([prompt + path])).logits[0, -1:].double() / temperature
+        p = torch.softmax(apply_bitmask(logits, bitmask), dim=-1)[0]
+        for token in torch.nonzero(p > 1e-12).flatten().tolist():
+            if token in stop:
+                text = tokenizer.decode(path)
+                probs[text] = probs.get(text, 0.0) + mass * float(p[token])
+                continue
+            assert grammar.matcher.accept_token(token)
+            walk(path + [token], mass * float(p[token]))
+            grammar.matcher.rollback(1)
+
+    walk([], 1.0)
+    return probs
+
+
+def test_sampling_under_a_constraint_keeps_the_masked_distribution(modelds, hf_model, tokenizer):
+    """N_SAMPLES answers constrained to yes/no/maybe at temperature 1, with distinct seeds, with DFLASH and without:
+    chi-square tests at significance ALPHA (two-sample, and each against the exact masked distribution)."""
+    from tests.modeld.spec.test_dflash_e2e import ALPHA, goodness_of_fit, two_sample_chi2
+
+    messages = [{"role": "user", "content": "Will it rain tomorrow? Answer yes, no or maybe."}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+    def answers(c: client.Client, seeds: range) -> Counter:
+        def one(seed: int) -> str:
+            return c.generate(input_ids=prompt, regex=CHOICES, temperature=1.0, seed=seed, max_new_tokens=8).text
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            return Counter(pool.map(one, seeds))
+
+    dflash = answers(modelds[1]["dflash"], range(1000, 1000 + N_SAMPLES))
+    plain = answers(modelds[1]["plain"], range(5000, 5000 + N_SAMPLES))
+    exact = exact_choice_probs(hf_model, tokenizer, list(prompt), 1.0)
+    assert set(dflash) | set(plain) <= {"yes", "no", "maybe"} and abs(sum(exact.values()) - 1) < 1e-6, exact
+    checks = {
+        "dflash vs plain": two_sample_chi2(dflash, plain),
+        "dflash vs exact": goodness_of_fit(dflash, exact),
+        "plain vs exact": goodness_of_fit(plain, exact),
+    }
+    table = f"dflash {dict(dflash)}, plain {dict(plain)}, exact {exact}\n" + "\n".join(
+        f"{name}: chi2 {stat:.2f}, df {df}, p {p:.4g}" for name, (stat, df, p) in checks.items()
+    )
+    print(table)
+    assert all(df >= 1 for _, df, _ in checks.values()), f"one answer dominates: nothing was tested\n{table}"
+    assert all(p >= ALPHA for _, _, p in checks.values()), table
