@@ -3,7 +3,7 @@ torch here: the front imports this)."""
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_MAX_NEW_TOKENS = 128
 GREEDY_BELOW = 1e-5  # temperature: the limit of sampling as T -> 0 is the argmax, and logits / T stay finite above
@@ -54,6 +54,9 @@ class SamplingParams:
     constraint: Constraint | None = None
     logprobs: bool = False  # the chosen token's log probability at each output position
     top_logprobs: int = 0  # and the most likely tokens' (needs logprobs)
+    # The request's tokens need the host at every step (a grammar's mask, log probabilities): its steps run one at a
+    # time, never in a multi-step replay or ahead of the host. A field, not a property: read per item per step.
+    host_rules: bool = field(init=False, default=False)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -72,12 +75,7 @@ class SamplingParams:
             raise InvalidRequest("top_logprobs needs logprobs")
         if self.constraint is not None and self.ignore_eos:
             raise InvalidRequest("a constraint ends the output where its grammar does: ignore_eos does not go with it")
-
-    @property
-    def host_rules(self) -> bool:
-        """The request's tokens need the host at every step (a grammar's mask, log probabilities): its steps run one
-        at a time, never in a multi-step replay or ahead of the host."""
-        return self.constraint is not None or self.logprobs
+        object.__setattr__(self, "host_rules", self.constraint is not None or self.logprobs)
 
     @property
     def greedy(self) -> bool:

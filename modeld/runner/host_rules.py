@@ -29,13 +29,6 @@ class HostRules:
     top_k: int = 0  # the width of the step's top log probabilities (its largest top_logprobs)
     bitmask: torch.Tensor | None = None  # [sampled rows, words] on the host, once built
 
-    @classmethod
-    def of(cls, items: list[StepItem], counts: list[int], firsts: list[int]) -> "HostRules | None":
-        """The step's rules, or None when no item has any (the step's every fast path stays open)."""
-        if not any(item.req.params.host_rules for item in items):
-            return None
-        return cls(items, counts, firsts)
-
     def copy_drafts(self, drafts: torch.Tensor | None) -> None:
         """Queues the host copy of the drafts, when a verify item has a grammar (before the forward is queued)."""
         if drafts is not None and any(item.verify and item.req.grammar is not None for item in self.items):

@@ -189,7 +189,7 @@ class ModelRunner:
             return self._greedy_cycles(items, inputs, k)
         if k > 1 and not inputs.verify:
             return self._decode_steps(items, inputs, k, greedy)
-        return self._one_step(items, inputs, greedy, may_queue_next)
+        return self._one_step(items, inputs, greedy, may_queue_next, ruled)
 
     def finish_pending(
         self, pending: PendingStep, items: list[StepItem], may_queue_next: Callable[[], bool]
@@ -228,7 +228,12 @@ class ModelRunner:
         return results(items, [[[row[i]] for row in host] for i in range(len(items))])
 
     def _one_step(
-        self, items: list[StepItem], inputs: StepInputs, greedy: bool, may_queue_next: Callable[[], bool]
+        self,
+        items: list[StepItem],
+        inputs: StepInputs,
+        greedy: bool,
+        may_queue_next: Callable[[], bool],
+        ruled: bool,
     ) -> list[ItemResult]:
         """The draft (verify items), one target forward, sampling (under the host rules of the requests that have
         them: modeld.runner.host_rules), acceptance."""
@@ -238,7 +243,7 @@ class ModelRunner:
         counts = [item.num_tokens if item.verify else int(item.num_tokens == item.req.pending) for item in items]
         owners = [item for item, n in zip(items, counts) for _ in range(n)]
         firsts = [0, *accumulate(counts)][:-1]  # each item's first sampled row
-        rules = HostRules.of(items, counts, firsts)
+        rules = HostRules(items, counts, firsts) if ruled else None
         drafts = None
         if verify:
             hooks.enter("draft")
