@@ -1,5 +1,5 @@
 """Constrained generation and log probabilities end to end: memd (--strict) with the default model's DFLASH draft,
-and two modelds on it, DFLASH (verifying at every step) and plain, on the CPU in fp32.
+and two modelds on it, DFLASH (verifying at every step) and plain: on the CPU in fp32, and on CUDA in bf16 (marked gpu).
 
 - Every output of every schema of tests/modeld/grammar/schemas.py is valid JSON that its schema accepts, greedy and
   sampled, with DFLASH and without; greedy output with a constraint is the same with DFLASH as without it.
@@ -23,11 +23,13 @@ from tests.modeld.grammar.schemas import SCHEMAS
 
 MAX_NEW = 96
 TIMEOUT = 600
-LOGPROB_TOLERANCE = 2e-3  # fp32 on both sides; the batch shapes differ (a verify block against HF's one forward)
+# fp32 on the CPU, bf16 on CUDA on both sides; the batch shapes differ (a verify block against HF's one forward)
+LOGPROB_TOLERANCE = {"cpu": 2e-3, "cuda": 0.1}
 
 
-@pytest.fixture(scope="module")
-def modelds(default_model):
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def modelds(request, default_model):
+    device = request.param
     args = [
         "--page-size",
         "16",
@@ -38,17 +40,24 @@ def modelds(default_model):
         "--draft-model",
         str(default_draft_dir()),
         "--kv-cache-dtype",
-        "float32",
+        "float32" if device == "cpu" else "bfloat16",
         "--strict",
     ]
     target = ["--target-model", str(default_model)]
+    dflash = ["--draft-model", str(default_draft_dir())]
     with (
-        run_memd(default_model, *args) as memd,
-        run_modeld(memd, *target, "--draft-model", str(default_draft_dir()), tuning="adaptive_speculation=false") as a,
-        run_modeld(memd, *target, "--speculative-algorithm", "none", name="plain") as b,
+        run_memd(default_model, *args, device=device) as memd,
+        run_modeld(memd, *target, *dflash, device=device, tuning="adaptive_speculation=false") as a,
+        run_modeld(memd, *target, "--speculative-algorithm", "none", device=device, name="plain") as b,
     ):
         with client.Client(a.address, timeout=TIMEOUT) as dflash, client.Client(b.address, timeout=TIMEOUT) as plain:
-            yield memd, {"dflash": dflash, "plain": plain}
+            yield memd, {"dflash": dflash, "plain": plain}, device
+
+
+@pytest.fixture
+def reference(modelds, hf_models):
+    """The Hugging Face model in the daemons' precision (fp32 on the CPU, bf16 on CUDA)."""
+    return hf_models(modelds[2])
 
 
 @pytest.fixture(autouse=True)
@@ -143,38 +152,40 @@ def hf_logprobs(hf_model, prompt: list[int], output: list[int], temperature: flo
     """Hugging Face's log-softmax [len(output), V] (fp32 model, float64 softmax) at each output position, after
     temperature and, where masks ([len(output), V] bool) are given, the mask."""
     with torch.no_grad():
-        logits = hf_model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1].double() / temperature
+        ids = torch.tensor([prompt + output], device=hf_model.device)
+        logits = hf_model(ids).logits[0, len(prompt) - 1 : -1].double().cpu() / temperature
     if masks is not None:
         logits = logits.masked_fill(~masks, float("-inf"))
     return torch.log_softmax(logits, dim=-1)
 
 
-def assert_logprobs_match(result: client.GenerateResult, reference: torch.Tensor, top: int) -> None:
+def assert_logprobs_match(result: client.GenerateResult, reference: torch.Tensor, top: int, tolerance: float) -> None:
     assert len(result.logprobs) == len(result.output_ids) > 0
     for position, (token, entry) in enumerate(zip(result.output_ids, result.logprobs)):
         assert entry.token_id == token
-        assert abs(entry.logprob - float(reference[position, token])) < LOGPROB_TOLERANCE, (position, entry)
+        assert abs(entry.logprob - float(reference[position, token])) < tolerance, (position, entry)
         assert len(entry.top) == min(top, int(torch.isfinite(reference[position]).sum()))
         for rank, alternative in enumerate(entry.top):
-            assert abs(alternative.logprob - float(reference[position, alternative.token_id])) < LOGPROB_TOLERANCE, (
+            assert abs(alternative.logprob - float(reference[position, alternative.token_id])) < tolerance, (
                 position,
                 rank,
             )
         expected = reference[position].topk(len(entry.top)).values.tolist()
-        assert [a.logprob for a in entry.top] == pytest.approx(expected, abs=LOGPROB_TOLERANCE)
+        assert [a.logprob for a in entry.top] == pytest.approx(expected, abs=tolerance)
     assert "".join(entry.token for entry in result.logprobs).startswith(result.text)  # (then a stop token's text)
 
 
 @pytest.mark.parametrize("kind", ["dflash", "plain"])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_logprobs_equal_hf_log_softmax(modelds, hf_model, chat_ids, kind, temperature):
+def test_logprobs_equal_hf_log_softmax(modelds, reference, chat_ids, kind, temperature):
     c = modelds[1][kind]
     prompt = chat_ids[1]
     result = c.generate(
         input_ids=prompt, max_new_tokens=24, temperature=temperature, seed=3, logprobs=True, top_logprobs=5
     )
-    reference = hf_logprobs(hf_model, prompt, list(result.output_ids), temperature or 1.0)
-    assert_logprobs_match(result, reference, 5)
+    tolerance = LOGPROB_TOLERANCE[modelds[2]]
+    expected = hf_logprobs(reference, prompt, list(result.output_ids), temperature or 1.0)
+    assert_logprobs_match(result, expected, 5, tolerance)
     with c.stream(
         input_ids=prompt, max_new_tokens=24, temperature=temperature, seed=3, logprobs=True, top_logprobs=5
     ) as handle:
@@ -182,11 +193,11 @@ def test_logprobs_equal_hf_log_softmax(modelds, hf_model, chat_ids, kind, temper
     streamed = [entry for chunk in chunks for entry in chunk.logprobs]
     assert streamed == list(handle.result.logprobs)  # the chunks' entries are the complete message's
     assert [e.token_id for e in streamed] == list(result.output_ids)  # the prompt came from the cache this time
-    assert_logprobs_match(handle.result, reference, 5)
+    assert_logprobs_match(handle.result, expected, 5, tolerance)
 
 
 @pytest.mark.parametrize("kind", ["dflash", "plain"])
-def test_logprobs_under_a_constraint_are_of_the_masked_distribution(modelds, hf_model, tokenizer, kind):
+def test_logprobs_under_a_constraint_are_of_the_masked_distribution(modelds, reference, tokenizer, kind):
     from modeld.grammar.compiler import GrammarCompiler
     from modeld.grammar.mask import apply_bitmask
     from modeld.grammar.matcher import RequestGrammar, bitmask_rows
@@ -197,7 +208,7 @@ def test_logprobs_under_a_constraint_are_of_the_masked_distribution(modelds, hf_
     result = modelds[1][kind].generate(
         messages=messages, json_schema=schema, max_new_tokens=MAX_NEW, temperature=0, logprobs=True, top_logprobs=3
     )
-    vocab = hf_model.config.vocab_size
+    vocab = reference.config.vocab_size
     compiler = GrammarCompiler(tokenizer, vocab, {tokenizer.eos_token_id})
     grammar = RequestGrammar(compiler.compile(Constraint("json_schema", json.dumps(schema))))
     output = list(result.output_ids)
@@ -207,8 +218,8 @@ def test_logprobs_under_a_constraint_are_of_the_masked_distribution(modelds, hf_
         grammar.advance([token])
     masks = torch.isfinite(apply_bitmask(torch.zeros(len(output), vocab), bitmask))
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    reference = hf_logprobs(hf_model, list(prompt), output, 1.0, masks)
-    assert_logprobs_match(result, reference, 3)
+    expected = hf_logprobs(reference, list(prompt), output, 1.0, masks)
+    assert_logprobs_match(result, expected, 3, LOGPROB_TOLERANCE[modelds[2]])
     assert any(int(m.sum()) < 50 for m in masks), "the grammar masked nothing: the test did not exercise the mask"
 
 
