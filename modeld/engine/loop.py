@@ -21,7 +21,7 @@ from modeld.engine.memd_link import MemdLink
 from modeld.engine.output import OutputProcessor
 from modeld.engine.scheduler import Scheduler
 from modeld.engine.step_items import StepItem
-from modeld.grammar.matcher import RequestGrammar
+from modeld.grammar.matcher import MAX_MASK_SECONDS, RequestGrammar
 from modeld.request import Finish, Request
 from modeld.runner.model_runner import ItemResult, ModelRunner
 from modeld.sampling_params import InvalidRequest
@@ -268,6 +268,8 @@ class Engine:
             item, tokens = result.item, result.tokens
             before = len(item.req.output_ids)
             finished = bool(tokens) and self.output.append(item.req, tokens, result.logprobs)
+            if not finished and item.req.grammar is not None and item.req.grammar.too_slow:
+                finished = self._end_slow_grammar(item.req)
             if tokens and item.req.stream:
                 self.delivered.append(item.req)
             if item.verify:
@@ -276,6 +278,17 @@ class Engine:
                 item.req.unverified_tokens += len(item.req.output_ids) - before
             if finished:
                 self._complete(item.req)
+
+    @staticmethod
+    def _end_slow_grammar(req: Request) -> bool:
+        """A request whose grammar took too long to mask one step ends (its tokens so far were streamed)."""
+        req.finish = Finish(
+            "abort",
+            error_code="RESOURCE_EXHAUSTED",
+            error=f"the constraint's grammar took {1e3 * req.grammar.step_seconds:.0f} ms to mask one step, more "
+            f"than {1e3 * MAX_MASK_SECONDS:.0f} ms (a simpler schema or regex may serve)",
+        )
+        return True
 
     def _count_verifies(self, req: Request, committed: list[int], output: int) -> None:
         """Counts the verified blocks whose tokens reached the output (`output` tokens did): a block a replay ran
