@@ -179,6 +179,11 @@ class Engine:
                 req.finish = Finish("abort", error_code="INVALID_ARGUMENT", error=str(exc))
                 self._complete(req)
                 continue
+            except Exception as exc:  # the grammar engine itself failed (not installed, a bug): this request alone
+                log.exception("compiling a constraint failed")
+                req.finish = Finish("abort", error_code="INTERNAL", error=f"the grammar engine failed: {exc}")
+                self._complete(req)
+                continue
             self.scheduler.add(req)
 
     def _step(self) -> bool:

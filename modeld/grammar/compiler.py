@@ -12,8 +12,6 @@ large schema delays its own request, never a step of the others."""
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import xgrammar
-
 from modeld.sampling_params import Constraint, InvalidRequest
 
 CACHE_BYTES = 256 << 20  # compiled grammars kept for reuse (least recently used dropped first)
@@ -26,14 +24,17 @@ class GrammarCompiler:
         tokenizer's tables are made at the first constraint, on the compile thread (a modeld that is never asked for
         one never pays for them)."""
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, sorted(stop_ids)
-        self.compiler: xgrammar.GrammarCompiler | None = None  # touched by the compile thread only
+        self.compiler = None  # xgrammar's GrammarCompiler, made (and xgrammar imported) by the compile thread
         self.pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="modeld-grammar")
 
     def submit(self, constraint: Constraint) -> Future:
         """The compiled grammar, later: the future's result, or InvalidRequest saying what is wrong."""
         return self.pool.submit(self.compile, constraint)
 
-    def compile(self, constraint: Constraint) -> xgrammar.CompiledGrammar:
+    def compile(self, constraint: Constraint):
+        """The constraint's xgrammar CompiledGrammar; InvalidRequest saying what is wrong with it."""
+        import xgrammar  # imported with the first constraint: a modeld that serves none never loads it
+
         if self.compiler is None:
             info = xgrammar.TokenizerInfo.from_huggingface(
                 self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_ids

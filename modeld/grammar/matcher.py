@@ -9,7 +9,6 @@ and take no mask. The walk's drafts are rolled back, and the matcher advances by
 import time
 
 import torch
-import xgrammar
 
 ALL_ALLOWED = -1  # an int32 word of set bits
 # One step's masks of one request on the host: past this the request ends (RESOURCE_EXHAUSTED). The engine thread
@@ -24,7 +23,10 @@ def bitmask_rows(rows: int, vocab_size: int) -> torch.Tensor:
 
 
 class RequestGrammar:
-    def __init__(self, compiled: xgrammar.CompiledGrammar):
+    def __init__(self, compiled):
+        """compiled: an xgrammar CompiledGrammar (modeld.grammar.compiler)."""
+        import xgrammar  # imported with the first constraint: a modeld that serves none never loads it
+
         self.matcher = xgrammar.GrammarMatcher(compiled)
         self.step_seconds = 0.0  # the host time of its last step's masks
 
