@@ -9,7 +9,7 @@ import grpc
 
 from memd.attach import MemdSession
 from modeld.engine.hooks import EngineHooks
-from modeld.engine.step_items import PlanItem
+from modeld.engine.step_items import PlanItem, StepItem
 from modeld.request import Request
 
 log = logging.getLogger("modeld")
@@ -193,6 +193,24 @@ class MemdCalls:
                     raise
                 left_out[r.rid] = None if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else exc
         return answers, left_out
+
+    def top_up(self, items: list[StepItem], context_len: int) -> None:
+        """After a step that needed no call, once a decode's spare is under half the lookahead or releases are
+        pending (finishes, checkpoints; trims ride along): one Alloc, without waiting, with the releases and the
+        top-ups of every item of the step not at its full lookahead. Topping up all of them aligns the requests of a batch, so
+        that they come due together: one call every lookahead / 2 steps, not one a step for the few due (requests
+        admitted a few at a time come due on different steps)."""
+        if self.in_flight is not None:
+            return
+        grows, due = [], False
+        for item in items:
+            r, need = item.req, item.req.computed + item.num_tokens
+            full = min(need + self.lookahead, context_len)
+            if r.held < full:
+                grows.append((r.rid, full - r.held))
+                due = due or r.held - need < self.lookahead // 2
+        if due or self.releases or self.cache:  # trims alone wait: a grant comes every lookahead / 2 positions
+            self.send_ahead(grows)
 
     def send_ahead(self, grows: list[tuple[str, int]]) -> None:
         """One Alloc of these top-ups (rid, positions) with the releases due, without waiting: its answer is applied

@@ -114,7 +114,7 @@ class Scheduler:
                     items = self._commit(plan, admitted, answer)
                     self.alone_last = alone
                     if not answer and memd.async_top_ups:
-                        self._send_top_ups(items)
+                        memd.top_up(items, self.context_len)
                     return items, hopeless
                 self.waiting.extendleft(reversed(admitted))
             elif level == 0 or not self.running:
@@ -166,25 +166,6 @@ class Scheduler:
             self.left_out.update(left_out)
             return answers
         return {a.rid: a for a in answer.requests}
-
-    def _send_top_ups(self, items: list[StepItem]) -> None:
-        """After a step that needed no call, once a decode's spare is under half the lookahead or releases are pending
-        (finishes, checkpoints; trims ride along): one Alloc, without waiting, with the releases and the top-ups of
-        every item of the step not at its full lookahead. Topping up all of them aligns the requests of a batch, so
-        that they come due together: one call every lookahead / 2 steps, not one a step for the few due (requests
-        admitted a few at a time come due on different steps)."""
-        memd = self.memd
-        if memd.in_flight is not None:
-            return
-        grows, due = [], False
-        for item in items:
-            r, need = item.req, item.req.computed + item.num_tokens
-            full = min(need + self.lookahead, self.context_len)
-            if r.held < full:
-                grows.append((r.rid, full - r.held))
-                due = due or r.held - need < self.lookahead // 2
-        if due or memd.releases or memd.cache:  # trims alone wait: a grant comes every lookahead / 2 positions
-            memd.send_ahead(grows)
 
     def _may_call(self, spec: bool) -> bool:
         """Whether this step might wait for memd (then the call in flight must be answered first, unless it carries
