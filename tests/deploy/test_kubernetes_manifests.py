@@ -112,3 +112,23 @@ def test_each_overlay_builds(overlay):
         assert ("ResourceClaimTemplate", "dflash-gpu") in docs
     else:
         assert {c["image"] for c in pod["containers"]} == {"localhost/dflash-serve:cpu"}
+
+
+KUBERNETES_VERSION = "1.34.0"  # the first release with DRA's resource.k8s.io/v1 (the GPU overlay's claim)
+CUSTOM_KINDS = {"InferencePool"}  # the Gateway API Inference Extension's CRD: not in Kubernetes' own schemas
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) is not installed")
+@pytest.mark.parametrize("overlay", ["overlays/cpu", "overlays/gpu", "inference-pool"])
+def test_each_overlay_validates_strictly_against_the_kubernetes_schemas(overlay):
+    """Offline, with the schemas kubernetes-validate carries: every field known (strict), every required one there."""
+    import kubernetes_validate
+
+    built = subprocess.run(["kubectl", "kustomize", str(ROOT / overlay)], capture_output=True, text=True, check=True)
+    checked = []
+    for doc in yaml.safe_load_all(built.stdout):
+        if doc and doc["kind"] not in CUSTOM_KINDS:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)  # raises ValidationError with the path
+            checked.append(doc["kind"])
+    assert {"Deployment", "Service", "PodDisruptionBudget"} <= set(checked)
+    assert ("ResourceClaimTemplate" in checked) == (overlay != "overlays/cpu")
