@@ -2,7 +2,7 @@
 DFLASH_CONTAINER_TESTS=1 (.ci/run sets it): the replica pod (memd + modeld) and the gateway come up from the rendered
 manifests, memd's exec probe and modeld's gRPC health pass, a chat completion is answered through the gateway, which
 found the replica by name, and the pods go down cleanly (both daemons drain and exit 0, memd's segments and socket
-are gone).
+are gone, `podman kube down` leaves no pod and no container).
 
 podman 4.3.1 (the CI machines') is not a kubelet, and the rendered manifests are changed where it differs; nothing
 else of them is (commands, probes, security context, shared PID namespace, volumes' mount points):
@@ -96,7 +96,7 @@ def played(container_image):
     try:
         for path in files:
             podman("kube", "play", "--network", "host", str(path), timeout=300)
-        yield ports, folders
+        yield ports, folders, files
     finally:
         for path in files:
             podman("kube", "down", str(path), check=False, timeout=120)
@@ -109,7 +109,7 @@ def logs() -> str:
 
 
 def test_the_replica_serves_through_the_gateway_and_goes_down_cleanly(played):
-    ports, folders = played
+    ports, folders, played_files = played
     modeld = f"127.0.0.1:{ports[50052]}"
     try:
         wait_until(lambda: probe(modeld)[0] == 0, 300, "modeld SERVING (its gRPC health: the pod's probe)")
@@ -145,3 +145,7 @@ def test_the_replica_serves_through_the_gateway_and_goes_down_cleanly(played):
     }
     assert codes == {"modeld": "0", "memd": "0"}, f"{codes}\n{logs()}"
     assert not any(folders["shm"].iterdir()) and not any(folders["sockets"].iterdir()), "memd left its files"
+    for path in played_files:
+        podman("kube", "down", str(path), timeout=120)
+    assert podman("pod", "ps", "-q", "--filter", "name=dflash-").stdout.strip() == "", "a pod is left"
+    assert podman("ps", "-aq", "--filter", "name=dflash-").stdout.strip() == "", "a container is left"
