@@ -26,6 +26,7 @@ from gateway.errors import ApiError, error_body, from_client_error
 from gateway.responses import DONE, Shaper, sse
 from gateway.router import Router
 from gateway.schemas import ChatRequest, CompletionRequest
+from gateway.tools import CallPieces, forces_call
 
 log = logging.getLogger("gateway")
 CLIENT_CLOSED = 499  # the HTTP client went away (nginx's convention); nobody reads it
@@ -66,6 +67,7 @@ async def generate(
     request_id = uuid.uuid4().hex
     tools = body.tools if chat and body.calls_tools else None
     shaper = Shaper(chat, request_id, body.model, logprobs=body.top_logprobs_asked() is not None, tools=tools)
+    shaper.forced_call = tools is not None and forces_call(body.tool_choice)
     stack = AsyncExitStack()
     streaming = False  # once the SSE body runs, it closes the stack
     try:
@@ -127,6 +129,10 @@ async def drain(chunks) -> None:
 async def choice_events(shaper: Shaper, index: int, choice: Choice):
     """One choice's events after its opening: its text as it comes, then its finish (with tools: the whole answer
     once it ended, content or call)."""
+    if shaper.tools and shaper.forced_call:
+        async for event in call_events(shaper, index, choice):
+            yield event
+        return
     if shaper.tools:
         await drain(choice.chunks)
         for event in shaper.whole_answer(choice.handle.result, index):
@@ -138,6 +144,23 @@ async def choice_events(shaper: Shaper, index: int, choice: Choice):
             yield shaper.piece(chunk.text, index, chunk.logprobs)
         chunk = await anext(choice.chunks, None)
     yield shaper.finish(choice.handle.result, index)
+
+
+async def call_events(shaper: Shaper, index: int, choice: Choice):
+    """A forced call's events as its text comes (gateway.tools.CallPieces), then its finish."""
+    pieces, logprobs = CallPieces(), ()
+    chunk = choice.first
+    while chunk is not None:
+        logprobs += chunk.logprobs
+        for delta in pieces.feed(chunk.text):
+            yield shaper.call_piece(delta, index, logprobs)
+            logprobs = ()
+        chunk = await anext(choice.chunks, None)
+    for delta in pieces.finish():
+        yield shaper.call_piece(delta, index, logprobs)
+        logprobs = ()
+    result = choice.handle.result
+    yield shaper.finish(result, index, "tool_calls" if result.finish_reason == "stop" else result.finish_reason)
 
 
 async def merged_events(shaper: Shaper, choices: list[Choice]):

@@ -19,6 +19,7 @@ class Shaper:
         self.logprobs = logprobs
         self.text_offsets: dict[int, int] = {}  # per choice of a streamed text completion: its text so far
         self.tools = tools  # the functions a chat answer may call (gateway.tools), or None
+        self.forced_call = False  # the answer is constrained to a call (tool_choice "required" or a named one)
 
     def _answer(self, result: GenerateResult) -> tuple[dict, str]:
         """A chat choice's message and finish reason: a function call when tools are on and the text is one."""
@@ -75,8 +76,12 @@ class Shaper:
     def piece(self, text: str, index: int = 0, logprobs: tuple[TokenLogprob, ...] = ()) -> str:
         return self._event(index, {"content": text} if self.chat else text, logprobs=self._logprobs(logprobs, index))
 
-    def finish(self, result: GenerateResult, index: int = 0) -> str:
-        return self._event(index, {} if self.chat else "", finish_reason=result.finish_reason)
+    def finish(self, result: GenerateResult, index: int = 0, finish_reason: str | None = None) -> str:
+        return self._event(index, {} if self.chat else "", finish_reason=finish_reason or result.finish_reason)
+
+    def call_piece(self, delta: dict, index: int, logprobs: tuple[TokenLogprob, ...]) -> str:
+        """One delta of a forced call's stream (gateway.tools.CallPieces), with the log probabilities since the last."""
+        return self._event(index, {"tool_calls": [delta]}, logprobs=self._logprobs(logprobs, index))
 
     def whole_answer(self, result: GenerateResult, index: int = 0) -> list[str]:
         """A chat choice with tools, streamed once it ended (whether it is a call is known only then): its content or

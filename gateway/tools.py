@@ -3,10 +3,12 @@ and the call read back from the answer.
 
 A call is one JSON object {"name": ..., "arguments": {...}}, the form modeld's chat rendering asks for where the
 model's template has no tools of its own (modeld.front.tool_turns). With tool_choice "required" or a named function
-the answer is constrained to that form, the arguments to the function's parameter schema, so the call always parses
-and its arguments satisfy the schema; with "auto" the answer is free, and it is a call when it parses as one."""
+the answer is constrained to that form, the arguments to the function's parameter schema, so the call always parses,
+its arguments satisfy the schema, and it streams as it comes (CallPieces); with "auto" the answer is free, and it is
+a call when it parses as one (streamed whole once it ended)."""
 
 import json
+import re
 import uuid
 from typing import Literal
 
@@ -82,3 +84,47 @@ def read_call(text: str, tools: list[Tool]) -> list[dict] | None:
             "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])},
         }
     ]
+
+
+def forces_call(choice: ToolChoice | None) -> bool:
+    """The answer is constrained to a call (so it can stream as one before it ends)."""
+    return choice == "required" or isinstance(choice, NamedChoice)
+
+
+CALL_HEAD = re.compile(r'\{"name": ?"([^"]+)", ?"arguments": ?(?=\S)')  # complete once the arguments begin
+
+
+class CallPieces:
+    """A forced call's stream deltas as its text arrives. The answer is {"name": ..., "arguments": ...} with the name
+    first (the constraint's property order), so once that head is complete the rest, but for the wrapper's closing
+    brace, is the arguments' JSON: the first delta names the function, the next ones carry the arguments' text as
+    OpenAI streams it. The last character is held back until the end (it may be that brace)."""
+
+    def __init__(self):
+        self.text, self.sent = "", 0
+        self.named = False
+
+    def feed(self, piece: str) -> list[dict]:
+        self.text += piece
+        deltas = []
+        if not self.named:
+            head = CALL_HEAD.match(self.text)
+            if head is None:
+                return []
+            self.named, self.sent = True, head.end()
+            function = {"name": head.group(1), "arguments": ""}
+            deltas.append({"index": 0, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": function})
+        held = len(self.text) - 1
+        if held > self.sent:
+            deltas.append({"index": 0, "function": {"arguments": self.text[self.sent : held]}})
+            self.sent = held
+        return deltas
+
+    def finish(self) -> list[dict]:
+        """The arguments' last piece: what is left without the wrapper's closing brace (an answer cut at max_tokens
+        keeps what it had)."""
+        if not self.named:
+            return []
+        end = len(self.text) - 1 if self.text.endswith("}") else len(self.text)
+        rest, self.sent = self.text[self.sent : end], end
+        return [{"index": 0, "function": {"arguments": rest}}] if rest else []

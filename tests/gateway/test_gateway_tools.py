@@ -9,7 +9,7 @@ import jsonschema
 import openai
 import pytest
 
-from gateway.tools import Tool, constraint_for, read_call
+from gateway.tools import CallPieces, Tool, constraint_for, read_call
 
 WEATHER = {
     "type": "function",
@@ -57,9 +57,10 @@ def test_a_required_call_satisfies_its_schema_whole_and_streamed(openai_client, 
     assert name == "get_weather"
     jsonschema.validate(args, WEATHER["function"]["parameters"])
     events = list(openai_client.chat.completions.create(max_tokens=64, stream=True, **arguments))
-    deltas = [e.choices[0].delta for e in events if e.choices and e.choices[0].delta.tool_calls]
-    (streamed,) = deltas[0].tool_calls
-    assert streamed.index == 0 and streamed.function.name == name and json.loads(streamed.function.arguments) == args
+    calls = [e.choices[0].delta.tool_calls[0] for e in events if e.choices and e.choices[0].delta.tool_calls]
+    assert len(calls) > 2, "the call did not stream in pieces"
+    assert calls[0].index == 0 and calls[0].id.startswith("call_") and calls[0].function.name == name
+    assert json.loads("".join(call.function.arguments or "" for call in calls)) == args
     assert [e.choices[0].finish_reason for e in events if e.choices][-1] == "tool_calls"
 
 
@@ -119,3 +120,16 @@ def test_an_answer_is_a_call_only_when_it_parses_as_one():
     assert constraint_for(tools, "auto") == {} and constraint_for(tools, "none") == {}
     required = constraint_for(tools, "required")["json_schema"]
     assert required["properties"]["name"] == {"const": "get_weather"}
+
+
+def test_a_forced_call_streams_its_arguments_as_they_come():
+    answer = '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}'
+    pieces = CallPieces()
+    deltas = [delta for i in range(0, len(answer), 3) for delta in pieces.feed(answer[i : i + 3])] + pieces.finish()
+    assert deltas[0]["function"] == {"name": "get_weather", "arguments": ""} and deltas[0]["id"].startswith("call_")
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"city": "Oslo", "unit": "celsius"}'
+    assert all("id" not in d for d in deltas[1:]) and len(deltas) > 3
+    cut = CallPieces()  # an answer cut at max_tokens keeps what it had
+    assert cut.feed('{"name": "f", "arguments": {"a": 1') and cut.finish() == [
+        {"index": 0, "function": {"arguments": "1"}}
+    ]
