@@ -139,7 +139,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", BAD)
 def test_bad_constraints_are_invalid_argument(modelds, case):
-    memd, clients = modelds
+    memd, clients, _ = modelds
     arguments, message = BAD[case]
     for c in clients.values():
         with pytest.raises(client.InvalidArgument, match=message):
