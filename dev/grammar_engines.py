@@ -61,7 +61,8 @@ def main() -> None:
             rows[engine][0].append(compiled)
             rows[engine][1].append(per_token)
             print(
-                f"{name:24s} {engine:10s} compile {compiled * 1e3:7.2f} ms  mask+consume {per_token * 1e6:7.1f} us/token"
+                f"{name:24s} {engine:10s} compile {compiled * 1e3:7.2f} ms  "
+                f"mask+consume {per_token * 1e6:7.1f} us/token"
             )
     for engine, (compiles, per_tokens) in rows.items():
         print(

@@ -7,10 +7,10 @@ built on the host, along the drafts of a verify block).
 Each pair runs one request constrained by a JSON schema (a list of up to 16 records, so the answer is long), then the
 same prompt unconstrained for as many tokens as the constrained answer had (EOS ignored): the two rows decode the
 same number of tokens from the same prompt. Their texts differ (the unconstrained answer is the model's own, which
-the draft predicts differently): the accept lengths, printed beside the ratio, tell how much of the ratio is that.
-The grammar's own cost is the mask column, against the constrained step's wall time. The engine (DFLASH as served, but
-verifying at every step: the speculation policy off, so that both rows are DFLASH's wherever the policy would
-decode plainly, the CPU included) is built once, against a memd child process with the draft's bounded pool; a warm-up pair
+the draft predicts differently): the accept lengths, printed beside the ratio, tell how much of the ratio is that. The
+grammar's own cost is the mask column, against the constrained step's wall time. The engine (DFLASH as served, but
+verifying at every step: the speculation policy off, so that both rows are DFLASH's wherever the policy would decode
+plainly, the CPU included) is built once, against a memd child process with the draft's bounded pool; a warm-up pair
 runs first, unmeasured."""
 
 import argparse

@@ -197,9 +197,9 @@ class MemdCalls:
     def top_up(self, items: list[StepItem], context_len: int) -> None:
         """After a step that needed no call, once a decode's spare is under half the lookahead or releases are
         pending (finishes, checkpoints; trims ride along): one Alloc, without waiting, with the releases and the
-        top-ups of every item of the step not at its full lookahead. Topping up all of them aligns the requests of a batch, so
-        that they come due together: one call every lookahead / 2 steps, not one a step for the few due (requests
-        admitted a few at a time come due on different steps)."""
+        top-ups of every item of the step not at its full lookahead. Topping up all of them aligns the requests of a
+        batch, so that they come due together: one call every lookahead / 2 steps, not one a step for the few due
+        (requests admitted a few at a time come due on different steps)."""
         if self.in_flight is not None:
             return
         grows, due = [], False

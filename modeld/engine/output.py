@@ -1,9 +1,10 @@
 """Output processing: a step's sampled tokens join a request's output; stop rules (EOS, stop tokens, stop strings,
 max_new_tokens, the context) end it; new tokens are streamed to its gRPC handler as ("chunk", ids, text, finished,
-logprobs) events (logprobs: a TokenLogprob per id, or None when the request asked for none), which it sends, merged with the chunks queued behind them, as one message (`take_events`); with a stream
-interval above 1, a chunk waits until it holds that many new tokens (or the request ends). The engine
-thread detokenizes only requests with stop strings (their text decides when they stop; `text` is then their new
-text); for any other request `text` is None and its handler makes the text from the ids (modeld.detokenize)."""
+logprobs) events (logprobs: a TokenLogprob per id, or None when the request asked for none), which it sends, merged with
+the chunks queued behind them, as one message (`take_events`); with a stream interval above 1, a chunk waits until it
+holds that many new tokens (or the request ends). The engine thread detokenizes only requests with stop strings (their
+text decides when they stop; `text` is then their new text); for any other request `text` is None and its handler makes
+the text from the ids (modeld.detokenize)."""
 
 import queue
 

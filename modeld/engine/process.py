@@ -9,9 +9,9 @@ The two talk over one duplex pipe of pickled tuples:
                       ("health", serving)   ("limits", info, context_len)   ("reply", qid, (running, waiting, spec))
                       ("metrics", families)  with --metrics-port, every SNAPSHOT_INTERVAL_S (modeld.engine.metrics)
                       ("dead",)  the engine thread stopped unasked (the process exits within a second)
-A chunk is (ids, text or None, finished, logprobs or None), the request's events of the pass merged; `final` (its last pass) holds
-what the complete message needs. The process ignores stop signals (the front stops it with "stop", and a front that
-is gone ends the pipe: EOF stops it too); stopping fails what still runs and closes memd's session."""
+A chunk is (ids, text or None, finished, logprobs or None), the request's events of the pass merged; `final` (its last
+pass) holds what the complete message needs. The process ignores stop signals (the front stops it with "stop", and a
+front that is gone ends the pipe: EOF stops it too); stopping fails what still runs and closes memd's session."""
 
 import logging
 import os

@@ -1,8 +1,8 @@
-"""modeld's DFLASH metrics move as a speculative request runs (CPU, the shipped draft): drafts = the request's
-verify steps, draft tokens = (block - 1) per draft, accepted tokens within what was generated, one accept-length
-observation equal to the request's accept length (its verified tokens over its verify steps), and accepted drafts per position (block - 1 positions, never
-more at a later position, summing to the accepted tokens), and the speculation policy's block per step and accept
-estimate."""
+"""modeld's DFLASH metrics move as a speculative request runs (CPU, the shipped draft): drafts = the request's verify
+steps, draft tokens = (block - 1) per draft, accepted tokens within what was generated, one accept-length observation
+equal to the request's accept length (its verified tokens over its verify steps), and accepted drafts per position
+(block - 1 positions, never more at a later position, summing to the accepted tokens), and the speculation policy's
+block per step and accept estimate."""
 
 import pytest
 

@@ -7,12 +7,11 @@ grpc.RpcError carrying memd's status codes. After every call the allocator's str
 invariants are checked.
 
 The scheduler runs inside the real engine (modeld.engine.loop.Engine: each step planned, run,
-committed and emitted as modeld does it, releases flushed when idle, hopeless requests failed)
-over a fake runner in place of the model: token n of every request's output is 1000 + n, and a
-DFLASH verify block accepts a chosen number of drafts. The fake runner also keeps a fake KV
-cache: the token id written at every target slot the scheduler handed to a step. So after each step we check more than memd's
-bookkeeping. Every computed position of every running request must be backed, through memd's
-req_to_token, by the K/V of the right token. That is what makes preemption + recompute and
+committed and emitted as modeld does it, releases flushed when idle, hopeless requests failed) over a fake runner in
+place of the model: token n of every request's output is 1000 + n, and a DFLASH verify block accepts a chosen number of
+drafts. The fake runner also keeps a fake KV cache: the token id written at every target slot the scheduler handed to a
+step. So after each step we check more than memd's bookkeeping. Every computed position of every running request must be
+backed, through memd's req_to_token, by the K/V of the right token. That is what makes preemption + recompute and
 commit-after-verify observable without a model.
 """
 
