@@ -1,7 +1,6 @@
 """Request building and reply parsing shared by the sync and async clients."""
 
 import dataclasses
-import json
 from collections.abc import Iterator, Mapping, Sequence
 
 from grpc_health.v1 import health_pb2
@@ -146,7 +145,8 @@ def build_generate_request(
     )
     request = modeld_pb2.GenerateRequest(request_id=request_id or "", apply_chat_template=chat, sampling=sampling)
     if json_schema is not None:
-        request.constraint.json_schema = json_schema if isinstance(json_schema, str) else schema_text(json_schema)
+        schema = json_schema if isinstance(json_schema, str) else arguments.json_text("json_schema", json_schema)
+        request.constraint.json_schema = schema
     elif regex is not None:
         request.constraint.regex = regex
     elif json_object:
@@ -161,13 +161,6 @@ def build_generate_request(
     else:
         request.input_ids.CopyFrom(modeld_pb2.TokenIds(ids=input_ids))
     return request
-
-
-def schema_text(schema: Mapping) -> str:
-    try:
-        return json.dumps(schema)
-    except (TypeError, ValueError) as exc:
-        raise errors.BadArgument(f"json_schema is not JSON-serialisable: {exc}") from None
 
 
 def logprobs_of(messages) -> tuple[TokenLogprob, ...]:

@@ -66,8 +66,14 @@ async def generate(
     backend = choose_backend(backends, router, body)
     request_id = uuid.uuid4().hex
     tools = body.tools if chat and body.calls_tools else None
-    shaper = Shaper(chat, request_id, body.model, logprobs=body.top_logprobs_asked() is not None, tools=tools)
-    shaper.forced_call = tools is not None and forces_call(body.tool_choice)
+    shaper = Shaper(
+        chat,
+        request_id,
+        body.model,
+        logprobs=body.top_logprobs_asked() is not None,
+        tools=tools,
+        forced_call=tools is not None and forces_call(body.tool_choice),
+    )
     stack = AsyncExitStack()
     streaming = False  # once the SSE body runs, it closes the stack
     try:

@@ -11,7 +11,15 @@ class Shaper:
     """Bodies of one request: `chat` (chat.completion) or not (text_completion), with its id, model and time, and
     whether it asked for log probabilities."""
 
-    def __init__(self, chat: bool, request_id: str, model: str, logprobs: bool = False, tools: list | None = None):
+    def __init__(
+        self,
+        chat: bool,
+        request_id: str,
+        model: str,
+        logprobs: bool = False,
+        tools: list | None = None,
+        forced_call: bool = False,
+    ):
         self.chat = chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
         self.model = model
@@ -19,7 +27,7 @@ class Shaper:
         self.logprobs = logprobs
         self.text_offsets: dict[int, int] = {}  # per choice of a streamed text completion: its text so far
         self.tools = tools  # the functions a chat answer may call (gateway.tools), or None
-        self.forced_call = False  # the answer is constrained to a call (tool_choice "required" or a named one)
+        self.forced_call = forced_call  # the answer is constrained to a call (tool_choice "required" or a named one)
 
     def _answer(self, result: GenerateResult) -> tuple[dict, str]:
         """A chat choice's message and finish reason: a function call when tools are on and the text is one."""

@@ -175,16 +175,15 @@ class Engine:
             del self.compiling[rid]
             try:
                 req.grammar = RequestGrammar(future.result())
-            except InvalidRequest as exc:
-                req.finish = Finish("abort", error_code="INVALID_ARGUMENT", error=str(exc))
+            except Exception as exc:
+                if isinstance(exc, InvalidRequest):
+                    req.finish = Finish("abort", error_code="INVALID_ARGUMENT", error=str(exc))
+                else:  # the grammar engine itself failed (not installed, a bug): this request alone
+                    log.exception("compiling a constraint failed")
+                    req.finish = Finish("abort", error_code="INTERNAL", error=f"the grammar engine failed: {exc}")
                 self._complete(req)
-                continue
-            except Exception as exc:  # the grammar engine itself failed (not installed, a bug): this request alone
-                log.exception("compiling a constraint failed")
-                req.finish = Finish("abort", error_code="INTERNAL", error=f"the grammar engine failed: {exc}")
-                self._complete(req)
-                continue
-            self.scheduler.add(req)
+            else:
+                self.scheduler.add(req)
 
     def _step(self) -> bool:
         """One pass: False when there was nothing to run."""
@@ -274,7 +273,8 @@ class Engine:
             before = len(item.req.output_ids)
             finished = bool(tokens) and self.output.append(item.req, tokens, result.logprobs)
             if not finished and item.req.grammar is not None and item.req.grammar.too_slow:
-                finished = self._end_slow_grammar(item.req)
+                self._end_slow_grammar(item.req)
+                finished = True
             if tokens and item.req.stream:
                 self.delivered.append(item.req)
             if item.verify:
@@ -285,7 +285,7 @@ class Engine:
                 self._complete(item.req)
 
     @staticmethod
-    def _end_slow_grammar(req: Request) -> bool:
+    def _end_slow_grammar(req: Request) -> None:
         """A request whose grammar took too long to mask one step ends (its tokens so far were streamed)."""
         req.finish = Finish(
             "abort",
@@ -293,7 +293,6 @@ class Engine:
             error=f"the constraint's grammar took {1e3 * req.grammar.step_seconds:.0f} ms to mask one step, more "
             f"than {1e3 * MAX_MASK_SECONDS:.0f} ms (a simpler schema or regex may serve)",
         )
-        return True
 
     def _count_verifies(self, req: Request, committed: list[int], output: int) -> None:
         """Counts the verified blocks whose tokens reached the output (`output` tokens did): a block a replay ran

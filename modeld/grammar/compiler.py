@@ -51,9 +51,6 @@ class GrammarCompiler:
         except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar's errors of a bad schema or regex
             raise InvalidRequest(f"the {constraint.kind} constraint does not compile: {first_line(exc)}") from None
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
 
 LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")  # xgrammar's "[time] file.cc:line: " before its message
 

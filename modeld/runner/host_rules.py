@@ -59,20 +59,13 @@ class HostRules:
     def logprob_values(self, logits: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor | None:
         """[rows, 1 + 2 k] float64 on the device for the sampled rows of requests with logprobs (k: the step's
         largest top_logprobs): the chosen token's log probability, then the top k's ids and log probabilities."""
-        rows = [
-            self.firsts[i] + j
-            for i, item in enumerate(self.items)
-            if item.req.params.logprobs
-            for j in range(self.counts[i])
-        ]
+        rows, temperatures = [], []
+        for i, item in enumerate(self.items):
+            if item.req.params.logprobs:
+                rows += range(self.firsts[i], self.firsts[i] + self.counts[i])
+                temperatures += [self._temperature(item)] * self.counts[i]
         if not rows:
             return None
-        temperatures = [
-            self._temperature(item)
-            for i, item in enumerate(self.items)
-            if item.req.params.logprobs
-            for _ in range(self.counts[i])
-        ]
         index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
         temperature = torch.tensor(temperatures, dtype=torch.float32).to(logits.device)
         logprobs = torch.log_softmax(logits[index].float() / temperature[:, None], dim=-1)

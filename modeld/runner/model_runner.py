@@ -166,7 +166,7 @@ class ModelRunner:
         """Steps one engine step may run for this batch: 1, or more when the step replays a graph, every item steps
         on by its own output (advances_on_device) and every request holds the positions the steps can reach
         (modeld.runner.inputs' invariant). Verify steps run several only as greedy cycles."""
-        if inputs.graph is None or not advances_on_device(items) or any(i.req.params.host_rules for i in items):
+        if inputs.graph is None or not advances_on_device(items):
             return 1
         if inputs.verify and not all(item.req.params.greedy for item in items):
             return 1
@@ -183,8 +183,8 @@ class ModelRunner:
         inputs = self.prepare(items)
         hooks.leave("prepare")
         greedy = all(item.req.params.greedy for item in items)
-        k = self.steps_ahead(items, inputs)
-        ruled = any(item.req.params.host_rules for item in items)
+        ruled = any(item.req.params.host_rules for item in items)  # then one forward: each token through the host
+        k = 1 if ruled else self.steps_ahead(items, inputs)
         if inputs.verify and greedy and not ruled and self.spec.verify_graphed(inputs):
             return self._greedy_cycles(items, inputs, k)
         if k > 1 and not inputs.verify:
