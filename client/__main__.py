@@ -1,9 +1,10 @@
 """python -m client [--addr MODELD] [--memd MEMD] {generate,health,capacity,flush-cache,info} ...
 
   generate PROMPT [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
-           [--stop STR ...] [--chat] [--stream] [--json]
+           [--stop STR ...] [--chat] [--n N] [--stream] [--json]
       the text, then a line with finish reason and counts; --stream prints the text as it arrives;
-      --json prints the result as JSON (with --stream: one JSON line per chunk, then the result)
+      --json prints the result as JSON (with --stream: one JSON line per chunk, then the result);
+      --n N samples the prompt N times (seed + i for sample i) and prints each sample in order
   health      grpc.health.v1 status of modeld and memd; exit 0 only if all are SERVING
   capacity    pools and queues through modeld
   With --memd and no --addr, health and capacity ask memd alone, directly.
@@ -59,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--logprobs", type=int, metavar="K", help="each token's log probability and the K likeliest (0-20) with --json"
     )
-    gen.add_argument("--stream", action="store_true", help="print the text as it is generated")
+    gen.add_argument("--n", type=int, default=1, help="samples of the prompt, its prefill computed once (default 1)")
+    gen.add_argument("--stream", action="store_true", help="print the text as it is generated (with --n 1)")
     gen.add_argument("--json", action="store_true", help="print the result as JSON")
     sub.add_parser("health", help="grpc.health.v1 status of modeld and memd")
     cap = sub.add_parser("capacity", help="KV pools and request queues")
@@ -90,14 +92,16 @@ def run_generate(args) -> int:
         params["json_schema"] = pathlib.Path(args.json_schema).read_text()
     if args.logprobs is not None:
         params.update(logprobs=True, top_logprobs=args.logprobs)
+    if args.stream and args.n != 1:
+        raise errors.BadArgument("--stream prints one sample: give --n 1")
     with modeld_client(args) as client:
         if not args.stream:
-            result = client.generate(args.prompt, **params)
-            if args.json:
-                print_json(result)
-            else:
-                print(result.text)
-                print(meta_line(result))
+            for result in client.generate_choices(args.prompt, n=args.n, **params):
+                if args.json:
+                    print_json(result)
+                else:
+                    print(result.text)
+                    print(meta_line(result))
             return 0
         with client.stream(args.prompt, **params) as handle:
             for chunk in handle:

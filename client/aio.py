@@ -7,6 +7,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import arguments, errors
+from client.choices import choice_count, choice_params
 from client.connection import (
     CHANNEL_OPTIONS,
     CONNECTION_PROBE,
@@ -52,6 +53,23 @@ class AsyncClient:
             async for _ in handle:
                 pass
             return handle.result
+
+    async def generate_choices(
+        self, prompt: str | None = None, *, n: int, timeout: float | None = None, **params
+    ) -> list[GenerateResult]:
+        """n samples of one prompt, as Client.generate_choices: choice i with seed + i, choices 1..n-1 once choice
+        0's first chunk came (its prompt then cached); a failed choice cancels the others and raises."""
+        choice_count(n)
+        handles = [self.stream(prompt, timeout=timeout, **choice_params(params, i)) for i in range(n)]
+        first = aiter(handles[0])
+        try:
+            await anext(first, None)  # the prompt is in the prefix cache once a token came
+            await asyncio.gather(drain(first), *(drain(handle) for handle in handles[1:]))
+        except BaseException:
+            for handle in handles:  # ends the other choices' RPCs, so that modeld frees their KV
+                handle.cancel()
+            raise
+        return [handle.result for handle in handles]
 
     def stream(self, prompt: str | None = None, *, timeout: float | None = None, **params) -> "AsyncStreamHandle":
         """Start one request and return its AsyncStreamHandle: `async for` it, then read `.result`."""
@@ -117,6 +135,11 @@ class AsyncClient:
             if not probe_reached_server(exc):
                 raise errors.error_for("UNAVAILABLE", no_connection_message(self.address, wait)) from exc
         self._connected = True
+
+
+async def drain(chunks) -> None:
+    async for _ in chunks:
+        pass
 
 
 class AsyncStreamHandle(StreamState):

@@ -2,11 +2,13 @@
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import arguments, errors
+from client.choices import choice_count, choice_params
 from client.connection import (
     CHANNEL_OPTIONS,
     CONNECTION_PROBE,
@@ -58,6 +60,30 @@ class Client:
             for _ in handle:
                 pass
             return handle.result
+
+    def generate_choices(
+        self, prompt: str | None = None, *, n: int, timeout: float | None = None, **params
+    ) -> list[GenerateResult]:
+        """n samples of one prompt (OpenAI's `n`), their results in order: choice i samples with seed + i, and
+        choices 1..n-1 start once choice 0's first chunk came, so that memd's prefix cache serves them its prompt
+        (their `cached_tokens`). Arguments as for generate(); if any choice fails, the others are cancelled and its
+        error is raised."""
+        choice_count(n)
+        handles = [self.stream(prompt, timeout=timeout, **choice_params(params, i)) for i in range(n)]
+        first = iter(handles[0])
+        pool = ThreadPoolExecutor(max_workers=n)
+        try:
+            next(first, None)  # the prompt is in the prefix cache once a token came
+            ends = [pool.submit(drain, first)] + [pool.submit(drain, handle) for handle in handles[1:]]
+            for end in wait(ends, return_when=FIRST_EXCEPTION).done:
+                end.result()
+        except BaseException:
+            for handle in handles:  # ends the other choices' RPCs, so that modeld frees their KV
+                handle.cancel()
+            raise
+        finally:
+            pool.shutdown()
+        return [handle.result for handle in handles]
 
     def stream(self, prompt: str | None = None, *, timeout: float | None = None, **params) -> "StreamHandle":
         """Start one request and return its StreamHandle: iterate it for Chunk items, then read `.result`.
@@ -125,6 +151,11 @@ class Client:
             if not probe_reached_server(exc):
                 raise errors.error_for("UNAVAILABLE", no_connection_message(self.address, wait)) from exc
         self._connected = True
+
+
+def drain(chunks) -> None:
+    for _ in chunks:
+        pass
 
 
 class StreamHandle(StreamState):

@@ -9,11 +9,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from client.choices import MAX_CHOICES, SEED_RANGE
 from gateway.errors import ApiError
 from gateway.tools import Tool, ToolChoice, constraint_for
 
-MAX_CHOICES = 16  # n: each choice is a request of its own in modeld, sharing the prompt through memd's prefix cache
-SEED_RANGE = 2**64
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs
 

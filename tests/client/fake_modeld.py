@@ -26,6 +26,7 @@ class FakeModeld(modeld_pb2_grpc.ModeldServicer):
       unavailable_first  the first k attempts of each method fail with UNAVAILABLE
       fail_after_chunks  (n, code): a stream sends n chunks, then fails with code
       pause_after_chunks n: a stream sends n chunks, then waits for the client to leave (0: hang)
+      fail_request       (request_id, code): that request's stream alone fails with code after its first chunk
     Records: attempts (per method), requests (GenerateRequests), aborted (ids), stream_cut (set
     when a Generate stream ended before its complete message: cancelled, past its deadline, failed).
     """
@@ -35,6 +36,7 @@ class FakeModeld(modeld_pb2_grpc.ModeldServicer):
         self.unavailable_first = 0
         self.fail_after_chunks = None
         self.pause_after_chunks = None
+        self.fail_request = None
         self.attempts = collections.Counter()
         self.requests: list[modeld_pb2.GenerateRequest] = []
         self.aborted: list[str] = []
@@ -71,6 +73,8 @@ class FakeModeld(modeld_pb2_grpc.ModeldServicer):
         for sent, token in enumerate(output):
             if self.fail_after_chunks and sent == self.fail_after_chunks[0]:
                 context.abort(self.fail_after_chunks[1], f"failed after {sent} chunks")
+            if self.fail_request and sent == 1 and request.request_id == self.fail_request[0]:
+                context.abort(self.fail_request[1], f"request {request.request_id} failed")
             if sent == self.pause_after_chunks:
                 self._wait_for_client_to_leave(context)
                 return
