@@ -17,6 +17,9 @@ def print_capacity(cap: dict) -> None:
             f"{name:<8}{p['total']:>10}{p['free']:>10}{p['used']:>10}{p['held_by_requests']:>10}"
             f"{p['evictable']:>11}{p['protected']:>11}{p['bytes']:>14}"
         )
+    ranks = cap.get("tensor_parallel_size") or 1
+    if ranks > 1:  # the slots are the same on every rank; bytes above are every rank's together
+        print(f"tensor-parallel ranks={ranks}: each holds every slot over 1/{ranks} of the KV heads")
     print(
         f"ratio={cap['draft_kv_ratio']} window={cap['draft_window']} page_size={cap['page_size']} "
         f"request_cap={cap['request_cap']} running={cap['running_requests']}/{cap['max_running_requests']} "

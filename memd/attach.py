@@ -75,12 +75,16 @@ class MemdSession:
             pass
         self.lost.set()
 
-    def map(self) -> dict:
-        """name -> torch.Tensor for each of memd's buffers (memd.mapping: torch is imported by clients that map), and
-        on the GPU "tables_written" -> memd's event, which a stream waits on before it reads a table a reply told of."""
+    def map(self, rank: int = 0) -> dict:
+        """name -> torch.Tensor for each of memd's buffers that tensor-parallel rank `rank` uses (its own KV
+        buffers and the shared tables; memd.mapping: torch is imported by clients that map), and on the GPU
+        "tables_written" -> memd's event, which a stream waits on before it reads a table a reply told of."""
         from memd.mapping import map_buffer, open_tables_written
 
-        pools = {desc.name: map_buffer(desc) for desc in self.layout.buffers}
+        ranks = max(1, self.layout.tensor_parallel_size)
+        if not 0 <= rank < ranks:
+            raise ValueError(f"rank {rank} is not one of memd's {ranks} tensor-parallel ranks")
+        pools = {desc.name: map_buffer(desc) for desc in self.layout.buffers if desc.shared or desc.rank == rank}
         event = open_tables_written(self.layout)
         if event is not None:
             pools["tables_written"] = event

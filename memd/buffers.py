@@ -37,18 +37,19 @@ class SharedBuffers(abc.ABC):
         self.tables: dict[str, np.ndarray] = {}
         self.tables_written_event = b""  # cuda_ipc: the IPC handle clients wait on (Layout.tables_written_event)
 
-    def create_kv(self, name: str, dtype: str, shape: list[int]) -> None:
-        """A KV buffer, zero-filled. memd keeps no view of it."""
-        self._allocate(name, dtype, shape)
+    def create_kv(self, name: str, dtype: str, shape: list[int], rank: int = 0) -> None:
+        """Tensor-parallel rank `rank`'s KV buffer of that name, zero-filled. memd keeps no view of it."""
+        self._allocate(name, dtype, shape, rank)
 
     def create_table(self, name: str, shape: list[int]) -> np.ndarray:
         """An int32 table memd writes; returns the host array the allocator updates."""
-        self.tables[name] = self._allocate(name, "int32", shape)
+        self.tables[name] = self._allocate(name, "int32", shape, 0)
         return self.tables[name]
 
-    def _desc(self, name, dtype, shape, size, **backend_fields) -> memd_pb2.BufferDesc:
+    def _desc(self, name, dtype, shape, size, rank, **backend_fields) -> memd_pb2.BufferDesc:
         desc = memd_pb2.BufferDesc(
             name=name,
+            rank=rank,
             backend=self.backend,
             dtype=dtype,
             shape=shape,
@@ -61,7 +62,7 @@ class SharedBuffers(abc.ABC):
         return desc
 
     @abc.abstractmethod
-    def _allocate(self, name: str, dtype: str, shape: list[int]) -> np.ndarray | None: ...
+    def _allocate(self, name: str, dtype: str, shape: list[int], rank: int) -> np.ndarray | None: ...
 
     @abc.abstractmethod
     def write(self, name: str, flat_idx: np.ndarray, values: np.ndarray) -> None:
@@ -86,12 +87,13 @@ class ShmBuffers(SharedBuffers):
         self.prefix = prefix
         self.segments: list[Segment] = []  # the segments this memd created: the only ones it ever unlinks
 
-    def _allocate(self, name, dtype, shape):
+    def _allocate(self, name, dtype, shape, rank):
         size = int(np.prod(shape)) * ELEMENT_BYTES[dtype]
-        shm_name = f"{self.prefix}-{name}"
+        shm_name = f"{self.prefix}-{name}" + (f"_rank{rank}" if rank else "")
         segment = Segment.create(SHM_DIR / shm_name, size)
         self.segments.append(segment)
-        self._desc(name, dtype, shape, size, shm_name=shm_name)
+        # a table is one segment every rank maps: the host memory is the same for all
+        self._desc(name, dtype, shape, size, rank, shm_name=shm_name, shared=dtype == "int32")
         if dtype == "int32":
             return np.memmap(segment.path, dtype=np.int32, mode="r+", shape=tuple(shape))
         return None
@@ -141,7 +143,9 @@ class CudaBuffers(SharedBuffers):
             self.written = cupy.cuda.Event(block=False, disable_timing=True, interprocess=True)
             self.tables_written_event = bytes(cupy.cuda.runtime.ipcGetEventHandle(self.written.ptr))
 
-    def _allocate(self, name, dtype, shape):
+    def _allocate(self, name, dtype, shape, rank):
+        if rank:  # memd.plan refuses several ranks on CUDA: their pools would live on other devices
+            raise ValueError(f"{name}: CUDA buffers of rank {rank} are not supported, only one device's")
         cupy = self.cupy
         if dtype == "int32" and np.prod(shape) >= 2**31:  # sync packs a table's flat indices as int32
             raise ValueError(f"table {name} of shape {shape} has 2**31 entries or more")
@@ -151,7 +155,9 @@ class CudaBuffers(SharedBuffers):
             cupy.cuda.runtime.memset(mem.ptr, 0, max(size, 1))
             handle = cupy.cuda.runtime.ipcGetMemHandle(mem.ptr)
         self.memory[name] = mem
-        self._desc(name, dtype, shape, size, ipc_handle=bytes(handle), device_id=self.device_id, device_uuid=self.uuid)
+        self._desc(
+            name, dtype, shape, size, rank, ipc_handle=bytes(handle), device_id=self.device_id, device_uuid=self.uuid
+        )
         if dtype != "int32":
             return None
         self.device_tables[name] = cupy.ndarray(tuple(shape), cupy.int32, cupy.cuda.MemoryPointer(mem, 0))

@@ -12,6 +12,8 @@ from memd.addresses import check_address, unix_path
 @dataclass(frozen=True)
 class MemdConfig:
     device: str = "cpu"  # cpu: POSIX shared memory; cuda: CuPy + CUDA IPC
+    # ranks the KV heads are split over: one pool of kv_heads / tp heads per rank, one allocator for them all
+    tensor_parallel_size: int = 1
     target_model: str = ""
     draft_model: str | None = None  # None: plain decoding, no draft pool
     draft_kv_ratio: float = 1.0
@@ -45,6 +47,7 @@ class MemdConfig:
             raise ValueError("give at most one of --kv-budget-bytes, --mem-fraction, --max-total-tokens")
         checks = [
             (self.device in ("cpu", "cuda"), f"--device must be cpu or cuda, got {self.device!r}"),
+            (self.tensor_parallel_size >= 1, "--tensor-parallel-size must be >= 1"),
             (self.page_size >= 1, "--page-size must be >= 1"),
             (self.max_running_requests >= 1, "--max-running-requests must be >= 1"),
             (self.chunked_prefill_size >= 1, "--chunked-prefill-size must be >= 1"),
@@ -70,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memd", description="KV-memory manager daemon")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when a GPU is visible")
     p.add_argument("--target-model", help="Hugging Face folder (default: the project's SmolLM2-135M-Instruct)")
+    p.add_argument(
+        "--tensor-parallel-size",
+        "--tp-size",
+        type=int,
+        default=1,
+        help="ranks the KV heads are split over: one target (and draft) pool a rank, each of its share of the "
+        "heads, with one slot allocator; --kv-budget-bytes and --mem-fraction are per rank (default 1)",
+    )
     p.add_argument(
         "--draft-model",
         help="DFLASH draft folder, 'default' for the project's draft, or 'none' (default: "
@@ -101,8 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-length", type=int)
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--kv-budget-bytes", type=int, help="bytes for both KV pools")
-    budget.add_argument("--mem-fraction", type=float, help="fraction of the device's free memory for the KV pools")
+    budget.add_argument("--kv-budget-bytes", type=int, help="bytes for both KV pools (of each tensor-parallel rank)")
+    budget.add_argument(
+        "--mem-fraction",
+        type=float,
+        help="fraction of the device's free memory for the KV pools (on the CPU, of the shared memory each rank "
+        "may have)",
+    )
     budget.add_argument("--max-total-tokens", type=int, help="target pool size in tokens")
     p.add_argument("--listen", help="unix:///path or 127.0.0.1:PORT (default: an owner-only Unix socket)")
     p.add_argument(
@@ -187,6 +203,7 @@ def config_from_args(argv: list[str] | None = None) -> MemdConfig:
     window = args.draft_window if args.draft_window is not None or not by_default else defaults.default_draft_window()
     return MemdConfig(
         device=device,
+        tensor_parallel_size=args.tensor_parallel_size,
         target_model=args.target_model or str(defaults.default_target_dir()),
         draft_model=None if draft.lower() == "none" else draft,
         draft_kv_ratio=ratio,

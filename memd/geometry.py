@@ -1,5 +1,6 @@
 """KV geometry read from a Hugging Face style folder's config.json, never guessed."""
 
+import dataclasses
 import json
 import pathlib
 from dataclasses import dataclass
@@ -25,6 +26,15 @@ class ModelGeometry:
     def kv_bytes_per_token(self, dtype: str) -> int:
         """K and V rows over every layer, in `dtype`."""
         return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[dtype]
+
+    def shard(self, ranks: int, role: str) -> "ModelGeometry":
+        """One tensor-parallel rank's share: kv_heads / ranks heads (GeometryError when they do not split evenly)."""
+        if self.kv_heads % ranks:
+            raise GeometryError(
+                f"the {role}'s {self.kv_heads} KV heads do not split evenly over {ranks} tensor-parallel ranks "
+                f"({self.path}): use a tensor-parallel size that divides {self.kv_heads}"
+            )
+        return dataclasses.replace(self, kv_heads=self.kv_heads // ranks)
 
     @property
     def has_sliding_layers(self) -> bool:

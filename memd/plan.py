@@ -28,7 +28,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class PoolPlan:
-    target: ModelGeometry
+    target: ModelGeometry  # one tensor-parallel rank's share of the heads (all of them with one rank)
     draft: ModelGeometry | None
     kv_dtype: str
     sizes: PoolSizes
@@ -40,6 +40,7 @@ class PoolPlan:
     max_running_requests: int
     context_len: int
     chunked_prefill_size: int
+    tensor_parallel_size: int = 1
 
     @property
     def bounded_draft(self) -> bool:
@@ -70,6 +71,8 @@ def validate(cfg: MemdConfig, target: ModelGeometry, draft: ModelGeometry | None
 
 
 def device_free_bytes(cfg: MemdConfig) -> int:
+    """Free bytes one rank may take a fraction of: the device's on CUDA; on the CPU the host's shared memory, which
+    every rank's pools share (so a rank's part of it)."""
     if cfg.device == "cuda":
         import cupy
 
@@ -79,13 +82,19 @@ def device_free_bytes(cfg: MemdConfig) -> int:
     shm = os.statvfs("/dev/shm")
     with open("/proc/meminfo") as f:
         available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    return min(available, shm.f_bavail * shm.f_frsize)
+    return min(available, shm.f_bavail * shm.f_frsize) // cfg.tensor_parallel_size
 
 
 def make_plan(cfg: MemdConfig) -> PoolPlan:
+    ranks = cfg.tensor_parallel_size
+    if ranks > 1 and cfg.device == "cuda":
+        raise ConfigError(
+            "--tensor-parallel-size above 1 runs on the CPU (shared memory) only: pools on several CUDA devices "
+            "are not built yet"
+        )
     try:
-        target = read_geometry(cfg.target_model)
-        draft = read_geometry(cfg.draft_model, draft=True) if cfg.draft_model else None
+        target = read_geometry(cfg.target_model).shard(ranks, "target")
+        draft = read_geometry(cfg.draft_model, draft=True).shard(ranks, "draft") if cfg.draft_model else None
     except GeometryError as exc:
         raise ConfigError(str(exc)) from None
     block = draft.block_size if draft else 0  # modeld verifies blocks of at most the draft's own
@@ -132,11 +141,19 @@ def make_plan(cfg: MemdConfig) -> PoolPlan:
         max_running_requests=cfg.max_running_requests,
         context_len=min(context, sizes.target_tokens),
         chunked_prefill_size=cfg.chunked_prefill_size,
+        tensor_parallel_size=ranks,
     )
 
 
 def log_plan(plan: PoolPlan) -> None:
     target_bytes, draft_bytes = plan.sizes.kv_bytes()
+    if plan.tensor_parallel_size > 1:
+        log.info(
+            "%d tensor-parallel ranks: one pool each of %d target KV heads, the same slots on every rank; bytes below "
+            "are one rank's",
+            plan.tensor_parallel_size,
+            plan.target.kv_heads,
+        )
     log.info(
         "target KV pool: tokens=%d, bytes=%d (%d per token, %s, %d layers)",
         plan.sizes.target_tokens,

@@ -1,6 +1,7 @@
 """Create the shared buffers of a PoolPlan and the SlotManager that hands out their slots.
 
-Buffers (rows include the sink page 0, which is never handed out):
+Buffers (rows include the sink page 0, which is never handed out); with tensor parallelism a target_kv and a
+draft_kv per rank, each of kv_heads / tp heads, and one set of tables for all:
     target_kv        [target layers, 2 (K, V), target rows, kv_heads, head_dim]  kv dtype
     draft_kv         [draft layers, 2, draft rows, kv_heads, head_dim]           (with a draft)
     target_to_draft  [target rows] int32, 0 = no draft slot                      (with a draft)
@@ -25,13 +26,13 @@ def build_pools(plan: PoolPlan, buffers: SharedBuffers, epoch: int) -> tuple[Slo
     target_rows = sizes.target_tokens + P
     draft_rows = sizes.draft_tokens + P if plan.draft else 0
     target_bytes, draft_bytes = sizes.kv_bytes()
-    buffers.create_kv(
-        "target_kv", plan.kv_dtype, [plan.target.layers, 2, target_rows, plan.target.kv_heads, plan.target.head_dim]
-    )
+    for rank in range(plan.tensor_parallel_size):
+        t, g = plan.target, plan.draft
+        buffers.create_kv("target_kv", plan.kv_dtype, [t.layers, 2, target_rows, t.kv_heads, t.head_dim], rank)
+        if g is not None:
+            buffers.create_kv("draft_kv", plan.kv_dtype, [g.layers, 2, draft_rows, g.kv_heads, g.head_dim], rank)
     mapping = None
     if plan.draft is not None:
-        g = plan.draft
-        buffers.create_kv("draft_kv", plan.kv_dtype, [g.layers, 2, draft_rows, g.kv_heads, g.head_dim])
         mapping = buffers.create_table("target_to_draft", [target_rows])
     req_to_token = buffers.create_table("req_to_token", [plan.max_running_requests + 1, plan.context_len])
     mgr = SlotManager(
@@ -68,6 +69,7 @@ def build_pools(plan: PoolPlan, buffers: SharedBuffers, epoch: int) -> tuple[Slo
         chunked_prefill_size=plan.chunked_prefill_size,
         decode_lookahead=plan.decode_lookahead,
         tables_written_event=buffers.tables_written_event,
+        tensor_parallel_size=plan.tensor_parallel_size,
     )
     return mgr, layout
 

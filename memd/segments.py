@@ -21,7 +21,7 @@ import re
 import stat
 
 SHM_DIR = pathlib.Path("/dev/shm")
-SEGMENT_NAME = re.compile(r"^memd-\d+-[0-9a-f]+-[a-z_]+$")
+SEGMENT_NAME = re.compile(r"^memd-\d+-[0-9a-f]+-[a-z_]+(_rank\d+)?$")
 
 
 class SegmentError(RuntimeError):

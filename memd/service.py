@@ -212,15 +212,16 @@ class MemdService(memd_pb2_grpc.MemdServicer):
 
     async def Capacity(self, request, context):
         mgr, layout = self.mgr, self.layout
+        ranks = max(1, layout.tensor_parallel_size)
         target_evictable, target_protected, draft_evictable, draft_protected = mgr.cache_counts()
         target = _pool(
-            mgr.target.total_tokens, mgr.target.free_tokens, target_evictable, target_protected, layout.target.bytes
+            mgr.target.total_tokens, mgr.target.free_tokens, target_evictable, target_protected, layout.target, ranks
         )
         draft = memd_pb2.PoolCapacity()
         if layout.has_draft:
             total = mgr.draft.total_tokens if mgr.draft else mgr.target.total_tokens
             free = mgr.draft.free_tokens if mgr.draft else mgr.target.free_tokens
-            draft = _pool(total, free, draft_evictable, draft_protected, layout.draft.bytes)
+            draft = _pool(total, free, draft_evictable, draft_protected, layout.draft, ranks)
         holdings = []
         for session in self.sessions:  # by label: the secrets stay with their clients
             held_target, held_draft = mgr.held_tokens(session.label)
@@ -250,13 +251,23 @@ class MemdService(memd_pb2_grpc.MemdServicer):
             context_len=layout.context_len,
             epoch=layout.epoch,
             session_holdings=holdings,
+            tensor_parallel_size=ranks,
         )
 
 
-def _pool(total: int, free: int, evictable: int, protected: int, nbytes: int) -> memd_pb2.PoolCapacity:
-    """One side's pool; `used` counts the prefix cache too (free + evictable + protected + held == total)."""
+def _pool(
+    total: int, free: int, evictable: int, protected: int, geometry: memd_pb2.PoolGeometry, ranks: int
+) -> memd_pb2.PoolCapacity:
+    """One side's pool, its slots counted once (they are the same on every rank) and its bytes over every rank's
+    buffer; `used` counts the prefix cache too (free + evictable + protected + held == total)."""
     return memd_pb2.PoolCapacity(
-        total=total, free=free, used=total - free, evictable=evictable, protected=protected, bytes=nbytes
+        total=total,
+        free=free,
+        used=total - free,
+        evictable=evictable,
+        protected=protected,
+        bytes=geometry.bytes * ranks,
+        bytes_per_rank=geometry.bytes,
     )
 
 

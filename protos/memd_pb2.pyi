@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class BufferDesc(_message.Message):
-    __slots__ = ("name", "backend", "ipc_handle", "shm_name", "dtype", "shape", "strides", "offset_bytes", "size_bytes", "device_id", "device_uuid")
+    __slots__ = ("name", "backend", "ipc_handle", "shm_name", "dtype", "shape", "strides", "offset_bytes", "size_bytes", "device_id", "device_uuid", "rank", "shared")
     NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,8 @@ class BufferDesc(_message.Message):
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     name: str
     backend: str
     ipc_handle: bytes
@@ -30,7 +32,9 @@ class BufferDesc(_message.Message):
     size_bytes: int
     device_id: int
     device_uuid: str
-    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., ipc_handle: _Optional[bytes] = ..., shm_name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., offset_bytes: _Optional[int] = ..., size_bytes: _Optional[int] = ..., device_id: _Optional[int] = ..., device_uuid: _Optional[str] = ...) -> None: ...
+    rank: int
+    shared: bool
+    def __init__(self, name: _Optional[str] = ..., backend: _Optional[str] = ..., ipc_handle: _Optional[bytes] = ..., shm_name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., strides: _Optional[_Iterable[int]] = ..., offset_bytes: _Optional[int] = ..., size_bytes: _Optional[int] = ..., device_id: _Optional[int] = ..., device_uuid: _Optional[str] = ..., rank: _Optional[int] = ..., shared: _Optional[bool] = ...) -> None: ...
 
 class PoolGeometry(_message.Message):
     __slots__ = ("layers", "kv_heads", "head_dim", "tokens", "rows", "bytes", "bytes_per_token")
@@ -51,7 +55,7 @@ class PoolGeometry(_message.Message):
     def __init__(self, layers: _Optional[int] = ..., kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., tokens: _Optional[int] = ..., rows: _Optional[int] = ..., bytes: _Optional[int] = ..., bytes_per_token: _Optional[int] = ...) -> None: ...
 
 class Layout(_message.Message):
-    __slots__ = ("epoch", "kv_dtype", "page_size", "target", "has_draft", "draft", "draft_kv_ratio", "draft_window", "draft_block_size", "max_running_requests", "context_len", "request_cap", "buffers", "target_model", "draft_model", "chunked_prefill_size", "decode_lookahead", "tables_written_event")
+    __slots__ = ("epoch", "kv_dtype", "page_size", "target", "has_draft", "draft", "draft_kv_ratio", "draft_window", "draft_block_size", "max_running_requests", "context_len", "request_cap", "buffers", "target_model", "draft_model", "chunked_prefill_size", "decode_lookahead", "tables_written_event", "tensor_parallel_size")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +74,7 @@ class Layout(_message.Message):
     CHUNKED_PREFILL_SIZE_FIELD_NUMBER: _ClassVar[int]
     DECODE_LOOKAHEAD_FIELD_NUMBER: _ClassVar[int]
     TABLES_WRITTEN_EVENT_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     kv_dtype: str
     page_size: int
@@ -88,7 +93,8 @@ class Layout(_message.Message):
     chunked_prefill_size: int
     decode_lookahead: int
     tables_written_event: bytes
-    def __init__(self, epoch: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., page_size: _Optional[int] = ..., target: _Optional[_Union[PoolGeometry, _Mapping]] = ..., has_draft: _Optional[bool] = ..., draft: _Optional[_Union[PoolGeometry, _Mapping]] = ..., draft_kv_ratio: _Optional[float] = ..., draft_window: _Optional[int] = ..., draft_block_size: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., context_len: _Optional[int] = ..., request_cap: _Optional[int] = ..., buffers: _Optional[_Iterable[_Union[BufferDesc, _Mapping]]] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., chunked_prefill_size: _Optional[int] = ..., decode_lookahead: _Optional[int] = ..., tables_written_event: _Optional[bytes] = ...) -> None: ...
+    tensor_parallel_size: int
+    def __init__(self, epoch: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., page_size: _Optional[int] = ..., target: _Optional[_Union[PoolGeometry, _Mapping]] = ..., has_draft: _Optional[bool] = ..., draft: _Optional[_Union[PoolGeometry, _Mapping]] = ..., draft_kv_ratio: _Optional[float] = ..., draft_window: _Optional[int] = ..., draft_block_size: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., context_len: _Optional[int] = ..., request_cap: _Optional[int] = ..., buffers: _Optional[_Iterable[_Union[BufferDesc, _Mapping]]] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., chunked_prefill_size: _Optional[int] = ..., decode_lookahead: _Optional[int] = ..., tables_written_event: _Optional[bytes] = ..., tensor_parallel_size: _Optional[int] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
     __slots__ = ("client_name", "writes_draft_kv", "model_fingerprint")
@@ -301,7 +307,7 @@ class CapacityRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PoolCapacity(_message.Message):
-    __slots__ = ("total", "free", "used", "held_by_requests", "evictable", "protected", "bytes")
+    __slots__ = ("total", "free", "used", "held_by_requests", "evictable", "protected", "bytes", "bytes_per_rank")
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     FREE_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +315,7 @@ class PoolCapacity(_message.Message):
     EVICTABLE_FIELD_NUMBER: _ClassVar[int]
     PROTECTED_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_RANK_FIELD_NUMBER: _ClassVar[int]
     total: int
     free: int
     used: int
@@ -316,7 +323,8 @@ class PoolCapacity(_message.Message):
     evictable: int
     protected: int
     bytes: int
-    def __init__(self, total: _Optional[int] = ..., free: _Optional[int] = ..., used: _Optional[int] = ..., held_by_requests: _Optional[int] = ..., evictable: _Optional[int] = ..., protected: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+    bytes_per_rank: int
+    def __init__(self, total: _Optional[int] = ..., free: _Optional[int] = ..., used: _Optional[int] = ..., held_by_requests: _Optional[int] = ..., evictable: _Optional[int] = ..., protected: _Optional[int] = ..., bytes: _Optional[int] = ..., bytes_per_rank: _Optional[int] = ...) -> None: ...
 
 class SessionHolding(_message.Message):
     __slots__ = ("label", "client_name", "model_digest", "target_held", "draft_held")
@@ -333,7 +341,7 @@ class SessionHolding(_message.Message):
     def __init__(self, label: _Optional[str] = ..., client_name: _Optional[str] = ..., model_digest: _Optional[str] = ..., target_held: _Optional[int] = ..., draft_held: _Optional[int] = ...) -> None: ...
 
 class CapacityResponse(_message.Message):
-    __slots__ = ("target", "draft", "has_draft", "draft_kv_ratio", "draft_window", "page_size", "request_cap", "max_running_requests", "running_requests", "sessions", "context_len", "epoch", "session_holdings")
+    __slots__ = ("target", "draft", "has_draft", "draft_kv_ratio", "draft_window", "page_size", "request_cap", "max_running_requests", "running_requests", "sessions", "context_len", "epoch", "session_holdings", "tensor_parallel_size")
     TARGET_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FIELD_NUMBER: _ClassVar[int]
     HAS_DRAFT_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +355,7 @@ class CapacityResponse(_message.Message):
     CONTEXT_LEN_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SESSION_HOLDINGS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     target: PoolCapacity
     draft: PoolCapacity
     has_draft: bool
@@ -360,7 +369,8 @@ class CapacityResponse(_message.Message):
     context_len: int
     epoch: int
     session_holdings: _containers.RepeatedCompositeFieldContainer[SessionHolding]
-    def __init__(self, target: _Optional[_Union[PoolCapacity, _Mapping]] = ..., draft: _Optional[_Union[PoolCapacity, _Mapping]] = ..., has_draft: _Optional[bool] = ..., draft_kv_ratio: _Optional[float] = ..., draft_window: _Optional[int] = ..., page_size: _Optional[int] = ..., request_cap: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., sessions: _Optional[int] = ..., context_len: _Optional[int] = ..., epoch: _Optional[int] = ..., session_holdings: _Optional[_Iterable[_Union[SessionHolding, _Mapping]]] = ...) -> None: ...
+    tensor_parallel_size: int
+    def __init__(self, target: _Optional[_Union[PoolCapacity, _Mapping]] = ..., draft: _Optional[_Union[PoolCapacity, _Mapping]] = ..., has_draft: _Optional[bool] = ..., draft_kv_ratio: _Optional[float] = ..., draft_window: _Optional[int] = ..., page_size: _Optional[int] = ..., request_cap: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., sessions: _Optional[int] = ..., context_len: _Optional[int] = ..., epoch: _Optional[int] = ..., session_holdings: _Optional[_Iterable[_Union[SessionHolding, _Mapping]]] = ..., tensor_parallel_size: _Optional[int] = ...) -> None: ...
 
 class Call(_message.Message):
     __slots__ = ("seq", "alloc", "free", "match_prefix", "match_prefix_batch")
