@@ -152,6 +152,8 @@ class FusedMLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     fuse_norms = True  # few-row norms inside the skinny projection after them (CausalLM.use_skinny_linear's switch)
+    # a rank's layer (modeld.model.tensor_parallel): o_proj's and down_proj's partial sums are all-reduced over it
+    tensor_parallel = None
 
     def __init__(self, cfg, layer_id: int):
         super().__init__()
@@ -166,9 +168,15 @@ class DecoderLayer(nn.Module):
         norm); `entering` is the layer's input, `x + residual` of the layer before, which its input norm formed (a new
         tensor, or x itself without a residual)."""
         q, entering = self._attention_input(x, residual, cos, sin, batch, k_cache, v_cache)
-        h = self.self_attn.attend(q, batch, k_cache, v_cache)
+        h = self._all_ranks(self.self_attn.attend(q, batch, k_cache, v_cache))
         act, residual = self._norm_project(self.post_attention_layernorm, self.mlp.gate_up_proj, h, entering, silu=True)
-        return self.mlp.down_proj(act), residual, entering
+        return self._all_ranks(self.mlp.down_proj(act)), residual, entering
+
+    def _all_ranks(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel projection's output summed over the ranks (in place); itself with one rank."""
+        if self.tensor_parallel is not None:
+            torch.distributed.all_reduce(partial, group=self.tensor_parallel.group)
+        return partial
 
     def _attention_input(self, x, residual, cos, sin, batch, k_cache, v_cache):
         """(rotated q, x + residual), the new tokens' rotated k and v written to the pool: in one launch for a few

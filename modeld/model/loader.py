@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from modeld.model.causal_lm import CausalLM, fuse_checkpoint
+from modeld.model.tensor_parallel import shard_config, shard_state
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -35,8 +36,10 @@ def safetensors_state(folder: pathlib.Path) -> dict:
     return state
 
 
-def load_target(path: str, dtype: str, device: str, load_format: str = "auto"):
-    """Returns (model, tokenizer or None, hf config)."""
+def load_target(path: str, dtype: str, device: str, load_format: str = "auto", tensor_parallel=None):
+    """Returns (model, tokenizer or None, hf config). With `tensor_parallel` (modeld.model.tensor_parallel's), the
+    model is that rank's share of the target (its config the rank's heads and width; the returned config the whole
+    model's); dummy weights are then the whole model's seeded draw, split."""
     location = pathlib.Path(path)
     state = None
     tokenizer = None
@@ -58,7 +61,20 @@ def load_target(path: str, dtype: str, device: str, load_format: str = "auto"):
         _random_init(model, cfg)
     else:
         _load_state(model, state, cfg)
+    if tensor_parallel is not None:
+        model = _rank_share(model, cfg, tensor_parallel, torch_dtype, device)
     return model.eval(), tokenizer, cfg
+
+
+def _rank_share(whole: CausalLM, cfg, tensor_parallel, torch_dtype, device) -> CausalLM:
+    """The rank's CausalLM, its weights split from the whole model's."""
+    state = shard_state(whole.state_dict(), cfg, tensor_parallel)
+    with torch.device(device):
+        model = CausalLM(shard_config(cfg, tensor_parallel.size)).to(torch_dtype)
+    model.load_state_dict(state)
+    for layer in model.model.layers:
+        layer.tensor_parallel = tensor_parallel
+    return model
 
 
 def as_ids(eos) -> set[int]:
