@@ -284,9 +284,16 @@ class SlotManager:
         after = self._plan_release(held, release)
         new_rows, need = self._plan_allocs(held, after, extends, grows)
         freed_t, freed_d, freed_rows = self._freed(held, after, release)
-        # Pages the cache can give back: evictable now, plus what the finishes unlock and what trims
-        # whose window leaves a cached prefix stop protecting (requests locked before this call).
+        # Pages the cache can give back: evictable now, plus what the finishes unlock, what trims whose window
+        # leaves a cached prefix stop protecting, and the draft KV that checkpoints stop protecting (a checkpoint
+        # unlocks and locks again, its window from the request's draft start on: pages of its old lock that the
+        # window has left turn evictable). Requests locked before this call.
         finishing = {held[rid].holder for rid in release.finishes if held[rid].locked}
+        checkpoints = [
+            (rid, tokens)
+            for rid, tokens in release.inserts
+            if after.get(rid) is not None and after[rid][2] > held[rid].cached_pages
+        ]
         leaving = {
             held[rid].holder
             for rid in release.trim_lengths()
@@ -295,20 +302,19 @@ class SlotManager:
             and after[rid][1] >= after[rid][2] * self.P
             and after[rid][2] == held[rid].cached_pages
         }
+        leaving |= {held[rid].holder for rid, _ in checkpoints if held[rid].locked}
         unlocked_t, unlocked_d = self.cache.released_by(finishing, leaving)
         # ... less what checkpoints lock: cached pages that nothing else will protect after this call.
-        for rid, tokens in release.inserts:
-            state = after.get(rid)
-            if state is not None and state[2] > held[rid].cached_pages:
-                locked_t, locked_d = self.cache.newly_protected(
-                    self.models[session],
-                    tokens,
-                    state[2],
-                    held[rid].draft_start // self.P,
-                    finishing,
-                    finishing | leaving,
-                )
-                unlocked_t, unlocked_d = unlocked_t - locked_t, unlocked_d - locked_d
+        for rid, tokens in checkpoints:
+            locked_t, locked_d = self.cache.newly_protected(
+                self.models[session],
+                tokens,
+                after[rid][2],
+                held[rid].draft_start // self.P,
+                finishing,
+                finishing | leaving,
+            )
+            unlocked_t, unlocked_d = unlocked_t - locked_t, unlocked_d - locked_d
         avail_t = self.target.free_pages + freed_t + self.cache.evictable_t + unlocked_t
         short = []
         if need > avail_t:

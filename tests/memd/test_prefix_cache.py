@@ -758,6 +758,28 @@ def test_a_checkpoint_that_frees_duplicates_counts_for_the_allocation_of_its_ste
 
 
 @pages
+def test_a_checkpoint_after_a_trim_within_the_cached_prefix_counts_for_the_allocation_of_its_step(P):
+    """r2 matched A (its lock protects A's draft KV over the window [8, 16)); a trim to 12 leaves its window
+    inside A, so that protection stays. A checkpoint locks again from the window's start (12): A's draft KV
+    at [8, 12) turns evictable, and the allocation of the same step may use it, as it may after the same
+    release alone."""
+    mgr = make(P, BOUNDED, target=96, draft=24)
+    A, B = seq(1, 16), seq(2, 4)
+    run_prompt(mgr, "r1", A)
+    finish(mgr, "r1", A)
+    assert match(mgr, "r2", A + B).cached_len == 16
+    step(mgr, extends=[("r2", 16, 4)])
+    step(mgr, "s", Release(trims=("r2",)))  # window [12, 20)
+    assert mgr.cache_counts()[2:] == (8, 8) and free(mgr)[1] == 4
+    step(mgr, "s", Release(inserts=(("r2", tuple(A + B)),)), extends=[("x", 0, 16)])  # 4 free + 8 + 4 evictable
+    assert mgr.cache_counts() == (0, 20, 0, 8)
+    for rid in ("x", "r2"):
+        finish(mgr, rid)
+    mgr.flush_cache()
+    assert_all_free(mgr)
+
+
+@pages
 @pytest.mark.xfail(
     strict=True,
     reason="known conservative case: a checkpoint and a trim of the same request in "
