@@ -5,6 +5,7 @@ Capacity per rank and in total; a session's holdings freed on every rank by one 
 import pytest
 import torch
 
+from client.__main__ import main
 from memd.attach import MemdSession
 from memd.config import MemdConfig
 from memd.plan import ConfigError, make_plan
@@ -27,7 +28,7 @@ def capacity(session: MemdSession) -> memd_pb2.CapacityResponse:
     return session.stub.Capacity(memd_pb2.CapacityRequest(), timeout=5)
 
 
-def test_each_rank_gets_its_share_of_the_heads_and_the_slots_of_one_rank_alone(tmp_path):
+def test_each_rank_gets_its_share_of_the_heads_and_the_slots_of_one_rank_alone(tmp_path, capsys):
     target, args = sized(tmp_path, "tp", RANKS, target_heads=4, draft_heads=2)
     alone_target, alone_args = sized(tmp_path, "one", 1, target_heads=2, draft_heads=1)
     with run_memd(alone_target, *alone_args) as one, MemdSession(one.address, "one") as s:
@@ -44,9 +45,13 @@ def test_each_rank_gets_its_share_of_the_heads_and_the_slots_of_one_rank_alone(t
         assert all(d.shared for d in layout.buffers if not d.name.endswith("_kv"))
         cap = capacity(s)
         assert cap.tensor_parallel_size == RANKS
+        t_total = cap.target.total
         assert cap.target.bytes_per_rank == layout.target.bytes and cap.target.bytes == RANKS * layout.target.bytes
         assert cap.draft.bytes == RANKS * cap.draft.bytes_per_rank == RANKS * layout.draft.bytes
         assert "2 tensor-parallel ranks" in memd.log()
+        assert main(["--memd", memd.address, "capacity"]) == 0
+        table = capsys.readouterr().out
+        assert f"{'target':<8}{t_total:>10}" in table and "tensor-parallel ranks=2" in table
 
 
 def test_ranks_map_their_own_kv_and_the_same_tables(tmp_path):
