@@ -76,19 +76,8 @@ class MemdSession:
         self.lost.set()
 
     def map(self, rank: int = 0) -> dict:
-        """name -> torch.Tensor for each of memd's buffers that tensor-parallel rank `rank` uses (its own KV
-        buffers and the shared tables; memd.mapping: torch is imported by clients that map), and on the GPU
-        "tables_written" -> memd's event, which a stream waits on before it reads a table a reply told of."""
-        from memd.mapping import map_buffer, open_tables_written
-
-        ranks = max(1, self.layout.tensor_parallel_size)
-        if not 0 <= rank < ranks:
-            raise ValueError(f"rank {rank} is not one of memd's {ranks} tensor-parallel ranks")
-        pools = {desc.name: map_buffer(desc) for desc in self.layout.buffers if desc.shared or desc.rank == rank}
-        event = open_tables_written(self.layout)
-        if event is not None:
-            pools["tables_written"] = event
-        return pools
+        """This session's layout mapped for tensor-parallel rank `rank` (map_layout)."""
+        return map_layout(self.layout, rank)
 
     def match_prefix(
         self, rid: str, token_ids, extend_to: int = 0, timeout: float = 10.0
@@ -168,3 +157,20 @@ class MemdSession:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def map_layout(layout: memd_pb2.Layout, rank: int = 0) -> dict:
+    """name -> torch.Tensor for each of memd's buffers that tensor-parallel rank `rank` uses (its own KV buffers and
+    the shared tables; memd.mapping: torch is imported by clients that map), and on the GPU "tables_written" ->
+    memd's event, which a stream waits on before it reads a table a reply told of. A layout is all a process needs to
+    map them: modeld's other ranks map what rank 0's session was given."""
+    from memd.mapping import map_buffer, open_tables_written
+
+    ranks = max(1, layout.tensor_parallel_size)
+    if not 0 <= rank < ranks:
+        raise ValueError(f"rank {rank} is not one of memd's {ranks} tensor-parallel ranks")
+    pools = {desc.name: map_buffer(desc) for desc in layout.buffers if desc.shared or desc.rank == rank}
+    event = open_tables_written(layout)
+    if event is not None:
+        pools["tables_written"] = event
+    return pools

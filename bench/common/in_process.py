@@ -17,4 +17,4 @@ def running_engine(cfg: ModeldConfig, hooks: EngineHooks | None = None):
         yield built.engine
     finally:
         built.engine.stop()
-        built.link.close()
+        built.close()

@@ -11,6 +11,7 @@ from modeld.config import ModeldConfig
 from modeld.engine.hooks import EngineHooks
 from modeld.engine.loop import Engine
 from modeld.engine.memd_link import MemdLink, StartupError
+from modeld.engine.ranks import RankGroup
 from modeld.engine.scheduler import Scheduler
 from modeld.grammar.compiler import GrammarCompiler
 from modeld.model.fingerprint import model_fingerprint
@@ -26,12 +27,12 @@ log = logging.getLogger("modeld")
 
 
 def check_layout(layout, hf_config, dtype: str) -> None:
-    """memd's pools must have the model's KV geometry and dtype."""
+    """memd's pools must have the model's KV geometry (a rank's share of its KV heads) and dtype."""
     t = layout.target
     heads = hf_config.num_attention_heads
     want = (
         hf_config.num_hidden_layers,
-        hf_config.num_key_value_heads,
+        hf_config.num_key_value_heads // max(1, layout.tensor_parallel_size),
         getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
     )
     if (t.layers, t.kv_heads, t.head_dim) != want:
@@ -81,6 +82,13 @@ class Built:
     info: dict
     tokenizer: object
     vocab_size: int
+    ranks: RankGroup | None = None  # the other tensor-parallel ranks, when memd's layout has several
+
+    def close(self) -> None:
+        """After the engine stopped: memd's session closed, the other ranks ended."""
+        self.link.close()
+        if self.ranks is not None:
+            self.ranks.stop()
 
 
 def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None) -> Built:
@@ -89,11 +97,29 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
     link = MemdLink(cfg.memd, cfg.connect_timeout, set_health, writes_draft_kv=cfg.speculative_algorithm == "dflash")
     layout = link.layout
     dtype = layout.kv_dtype if cfg.dtype == "auto" else cfg.dtype
-    model, tokenizer, hf_config = load_target(cfg.target_model, dtype, cfg.device, cfg.load_format)
-    tuning = cfg.tuning
-    model.use_skinny_linear(tuning.skinny_linear, fuse_norms=tuning.norm_fusion)
-    link.identify(model_fingerprint(model, hf_config, dtype, layout.kv_dtype))  # memd caches prefixes per model
-    layout = link.layout
+    try:
+        ranks = start_ranks(cfg, layout, dtype)
+    except BaseException:
+        link.close()
+        raise
+    try:
+        model, tokenizer, hf_config = load_target(
+            cfg.target_model, dtype, cfg.device, cfg.load_format, ranks.tensor_parallel if ranks else None
+        )
+        tuning = cfg.tuning
+        model.use_skinny_linear(tuning.skinny_linear, fuse_norms=tuning.norm_fusion)
+        epoch = layout.epoch
+        link.identify(model_fingerprint(model, hf_config, dtype, layout.kv_dtype))  # memd caches prefixes per model
+        layout = link.layout
+        if ranks is not None:
+            if layout.epoch != epoch:  # memd made new pools meanwhile: the other ranks map them too
+                ranks.bind(layout.SerializeToString())
+            ranks.wait_ready()
+            model.ranks = ranks
+    except BaseException:
+        if ranks is not None:
+            ranks.stop()
+        raise
     draft = None
     if cfg.speculative_algorithm == "dflash":
         draft = load_draft(
@@ -156,6 +182,8 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
     )
     if worker is not None and graphs is not None:
         worker.use_graphs(graphs)
+    if ranks is not None:  # first: the other ranks map memd's new pools before any forward (graph captures included)
+        link.rebinders.append(lambda session, pools: ranks.bind(session.layout.SerializeToString()))
     link.rebinders += [lambda session, pools: scheduler.memd.rebind(session), lambda session, pools: runner.bind(pools)]
     if worker is not None:
         link.rebinders.append(lambda session, pools: worker.bind(pools))
@@ -193,7 +221,23 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
         info.update(layout_info(session.layout))
 
     link.rebinders.append(apply_limits)
-    return Built(engine, link, info, tokenizer, hf_config.vocab_size)
+    return Built(engine, link, info, tokenizer, hf_config.vocab_size, ranks)
+
+
+def start_ranks(cfg: ModeldConfig, layout, dtype: str) -> RankGroup | None:
+    """The other tensor-parallel ranks memd's layout asks for, started and joined (None for one rank)."""
+    size = max(1, layout.tensor_parallel_size)
+    if size == 1:
+        return None
+    if cfg.device != "cpu":
+        raise StartupError(f"memd has {size} tensor-parallel ranks: modeld runs several ranks on the CPU only so far")
+    if cfg.speculative_algorithm == "dflash":
+        raise StartupError(
+            f"memd has {size} tensor-parallel ranks: DFLASH over several ranks is not built yet (start modeld with "
+            "--speculative-algorithm none, or memd with --tensor-parallel-size 1)"
+        )
+    log.info("%d tensor-parallel ranks (memd's layout): starting ranks 1..%d", size, size - 1)
+    return RankGroup(cfg, size, dtype, layout.SerializeToString())
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from modeld.engine import metrics
 from modeld.engine.hooks import EngineHooks
 from modeld.engine.memd_link import MemdLink
 from modeld.engine.output import OutputProcessor
+from modeld.engine.ranks import RankLost
 from modeld.engine.scheduler import Scheduler
 from modeld.engine.step_items import StepItem
 from modeld.grammar.matcher import MAX_MASK_SECONDS, RequestGrammar
@@ -117,6 +118,11 @@ class Engine:
                         exc.code().name, f"memd: {exc.details()}", memd_alive=exc.code() != grpc.StatusCode.UNAVAILABLE
                     )
                     busy = False
+                except RankLost as exc:  # no forward runs without every rank: fail what runs, and stop
+                    log.critical("%s: the engine stops", exc)
+                    self._fail_all("UNAVAILABLE", f"modeld lost a rank: {exc}", memd_alive=True)
+                    self._deliver()
+                    raise
                 except Exception as exc:  # a bug outside the forward: fail what runs, keep serving
                     log.exception("engine step failed")
                     self._fail_all("INTERNAL", f"engine step failed: {exc}", memd_alive=True)
@@ -209,6 +215,8 @@ class Engine:
                 results = self.runner.run(items, lambda: self._follows(items))
             else:
                 results = self.runner.finish_pending(pending, items, lambda: self._follows(items))
+        except RankLost:
+            raise
         except Exception as exc:  # a bug or a device error: fail the batch, keep serving
             log.exception("step failed")
             self.runner.ahead.drop()

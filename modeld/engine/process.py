@@ -117,7 +117,7 @@ def run_engine(cfg: ModeldConfig, conn) -> None:
     finally:
         link.closing = True
         engine.stop()  # its last pass fails what still runs and hands it to the front
-        link.close()
+        built.close()
 
 
 def serve_front(cfg: ModeldConfig, conn, engine, send) -> None:

@@ -249,6 +249,9 @@ class CausalLM(nn.Module):
         if getattr(cfg, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope_table: torch.Tensor | None = None  # [positions, 2, head_dim]: cos and sin in the activation dtype
+        # On rank 0 of several tensor-parallel ranks, their group (modeld.engine.ranks.RankGroup): each forward is
+        # announced to the other ranks first, so that they run it too and its all-reduces pair with theirs.
+        self.ranks = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, head_dim] in `dtype` (views of one gather), from a table HF's rotary embedding fills once in
@@ -272,6 +275,12 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_pool: torch.Tensor, capture_layers=()):
         """kv_pool: memd's target_kv buffer [layers, 2, rows, kv_heads, head_dim]."""
+        if self.ranks is not None:
+            return self.ranks.forward(self.rank_forward, batch, kv_pool, capture_layers)
+        return self.rank_forward(batch, kv_pool, capture_layers)
+
+    def rank_forward(self, batch: ForwardBatch, kv_pool: torch.Tensor, capture_layers=()):
+        """This process's share of the forward (the whole of it without tensor parallelism)."""
         x = self.model.embed_tokens(batch.input_ids)
         if batch.qo_indptr is None:
             batch.qo_indptr = torch.cumsum(batch.q_lens, 0) - batch.q_lens

@@ -1,0 +1,117 @@
+"""modeld over memd's tensor-parallel ranks, on the CPU over gloo: memd with --tensor-parallel-size 2 makes a KV pool
+per rank, and modeld follows its layout with two ranks, each holding half the heads and half the MLP width. Greedy
+output equals one rank's and Hugging Face's; a prompt cached by the two ranks is served again from every rank's pool;
+a rank that dies stops the engine (open streams fail UNAVAILABLE, memd frees what it held) and the front starts every
+rank again; DFLASH over several ranks is refused at start with a clear line."""
+
+import os
+import pathlib
+import random
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import client
+from tests import tiny_models as tm
+from tests.daemons import is_idle, memd_args, run_memd, run_modeld
+from tests.e2e.test_engine_process import alive, engine_pid, wait_until
+
+NEW_TOKENS = 10
+PROMPTS = [random.Random(seed).choices(range(1, 512), k=40 + 7 * seed) for seed in range(3)]
+
+
+def memd_flags(ranks: int) -> list[str]:
+    return [*memd_args(budget=2_000_000, max_running=4, chunk=32), "--tensor-parallel-size", str(ranks)]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return tm.write_random_target(tmp_path_factory.mktemp("tp-target") / "target")
+
+
+@torch.no_grad()
+def hf_greedy(target, ids: list[int]) -> list[int]:
+    """Argmax decoding by Hugging Face over the whole sequence each step: the model's own output."""
+    model, out = tm.load_hf(target), []
+    for _ in range(NEW_TOKENS):
+        out.append(int(model(torch.tensor([ids + out])).logits[0, -1].argmax()))
+    return out
+
+
+def generate_each(address: str) -> list[tuple[int, list[int]]]:
+    """(cached tokens, output ids) of every prompt, greedy, all in flight at once."""
+    with client.Client(address, timeout=300) as c, ThreadPoolExecutor(len(PROMPTS)) as pool:
+        results = list(
+            pool.map(
+                lambda p: c.generate(input_ids=p, max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True), PROMPTS
+            )
+        )
+    return [(r.cached_tokens, list(r.output_ids)) for r in results]
+
+
+def rank_pids(engine: int) -> list[int]:
+    """The engine process's other ranks: its children named by multiprocessing's spawn, but its resource tracker."""
+    children = [
+        int(pid)
+        for task in pathlib.Path(f"/proc/{engine}/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    ]
+    return [
+        pid
+        for pid in children
+        if "resource_tracker" not in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    ]
+
+
+def test_two_ranks_generate_what_one_rank_and_hugging_face_do(target):
+    expected = [hf_greedy(target, p) for p in PROMPTS]
+    with run_memd(target, *memd_flags(1)) as memd, run_modeld(memd, "--target-model", str(target)) as modeld:
+        one_rank = generate_each(modeld.address)
+    assert [out for _, out in one_rank] == expected
+    with run_memd(target, *memd_flags(2)) as memd, run_modeld(memd, "--target-model", str(target)) as modeld:
+        assert memd.capacity().tensor_parallel_size == 2
+        assert len(rank_pids(engine_pid(modeld.pid))) == 1, "rank 1 runs beside the engine process (rank 0)"
+        first = generate_each(modeld.address)
+        again = generate_each(modeld.address)  # every prompt but its last token from memd's prefix cache
+        assert "2 tensor-parallel ranks (memd's layout)" in modeld.log_path.read_text()
+    assert [out for _, out in first] == expected
+    assert [out for _, out in again] == expected
+    assert all(cached == len(p) - 1 for (cached, _), p in zip(again, PROMPTS))
+
+
+def test_a_rank_that_dies_stops_the_engine_and_every_rank_starts_again(target):
+    with (
+        run_memd(target, *memd_flags(2)) as memd,
+        run_modeld(memd, "--target-model", str(target)) as modeld,
+        client.Client(modeld.address, timeout=60, max_retries=0) as c,
+    ):
+        engine = engine_pid(modeld.pid)
+        (rank1,) = rank_pids(engine)
+        handle = c.stream(input_ids=PROMPTS[0], max_new_tokens=3000, temperature=0, ignore_eos=True)
+        chunks = iter(handle)
+        next(chunks)  # the request runs, holding slots in memd
+        os.kill(rank1, signal.SIGKILL)
+        with pytest.raises(client.Unavailable):
+            for _ in chunks:
+                pass
+        assert wait_until(lambda: not alive(engine), 30), "the engine outlived a lost rank"
+        assert wait_until(lambda: c.health() == "SERVING", 120), "the engine was not started again"
+        assert len(rank_pids(engine_pid(modeld.pid))) == 1
+        log_text = modeld.log_path.read_text()
+        assert "tensor-parallel rank 1 exited (exit code -9)" in log_text
+        assert "the engine process serves again (restart 1)" in log_text
+        result = c.generate(input_ids=PROMPTS[1], max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+        assert list(result.output_ids) == hf_greedy(target, PROMPTS[1])
+        assert is_idle(memd.wait_idle(10))  # the dead engine's session ended: its lease freed its slots on every rank
+
+
+def test_dflash_over_several_ranks_is_refused_at_start(target, tmp_path):
+    draft = tm.write_draft(tmp_path / "draft", target, layers=1, block_size=4, target_layer_ids=(1, 2))
+    flags = memd_args(budget=2_000_000, max_running=4, chunk=32, draft=draft)
+    with run_memd(target, *flags, "--tensor-parallel-size", "2") as memd:
+        with pytest.raises(RuntimeError) as failed:
+            with run_modeld(memd, "--target-model", str(target), "--draft-model", str(draft), ready_timeout=60):
+                pass
+        assert "DFLASH over several ranks is not built yet" in str(failed.value)
