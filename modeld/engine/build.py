@@ -16,6 +16,7 @@ from modeld.engine.scheduler import Scheduler
 from modeld.grammar.compiler import GrammarCompiler
 from modeld.model.fingerprint import model_fingerprint
 from modeld.model.loader import eos_token_ids, load_target
+from modeld.model.tensor_parallel import shard_draft
 from modeld.runner.graphs import GraphRunner
 from modeld.runner.inputs import FIELDS
 from modeld.runner.model_runner import ModelRunner
@@ -130,6 +131,8 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
             cfg.num_draft_tokens,
             dummy=cfg.load_format == "dummy",
         )
+        if ranks is not None:  # every rank runs its share of the draft over its heads of the draft pool
+            draft = shard_draft(draft, ranks.tensor_parallel)
 
     def check(new_layout) -> None:
         check_layout(new_layout, hf_config, dtype)
@@ -138,9 +141,12 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
 
     link.check = check
     check(layout)
-    worker = DflashWorker(draft, model, link.pools) if draft is not None else None
-    if worker is not None:
+    worker = None
+    if draft is not None:
+        worker = DflashWorker(draft, model, link.pools)
         worker.draft.use_skinny_linear(tuning.skinny_linear, fuse_norms=tuning.norm_fusion)
+        if ranks is not None:
+            worker.draft.tensor_parallel, worker.ranks = ranks.tensor_parallel, ranks
     limits = step_limits(layout, worker is not None)
     log.info("from memd's layout: prefill chunk %d tokens, decode lookahead %d", limits.chunk, limits.lookahead)
     graphed = cfg.device == "cuda" and not cfg.disable_cuda_graph
@@ -231,11 +237,6 @@ def start_ranks(cfg: ModeldConfig, layout, dtype: str) -> RankGroup | None:
         return None
     if cfg.device != "cpu":
         raise StartupError(f"memd has {size} tensor-parallel ranks: modeld runs several ranks on the CPU only so far")
-    if cfg.speculative_algorithm == "dflash":
-        raise StartupError(
-            f"memd has {size} tensor-parallel ranks: DFLASH over several ranks is not built yet (start modeld with "
-            "--speculative-algorithm none, or memd with --tensor-parallel-size 1)"
-        )
     log.info("%d tensor-parallel ranks (memd's layout): starting ranks 1..%d", size, size - 1)
     return RankGroup(cfg, size, dtype, layout.SerializeToString())
 

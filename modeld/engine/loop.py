@@ -19,10 +19,10 @@ from modeld.engine import metrics
 from modeld.engine.hooks import EngineHooks
 from modeld.engine.memd_link import MemdLink
 from modeld.engine.output import OutputProcessor
-from modeld.engine.ranks import RankLost
 from modeld.engine.scheduler import Scheduler
 from modeld.engine.step_items import StepItem
 from modeld.grammar.matcher import MAX_MASK_SECONDS, RequestGrammar
+from modeld.model.collectives import RankLost
 from modeld.request import Finish, Request
 from modeld.runner.model_runner import ItemResult, ModelRunner
 from modeld.sampling_params import InvalidRequest

@@ -8,7 +8,14 @@ session covers every rank's holdings. Before each target forward rank 0 sends th
 over a pipe, and each runs the same forward: the all-reduces inside the forwards pair up because every rank runs the
 same forwards in the same order. The pipes carry the small host-side message; the collectives carry the activations.
 
-Messages, rank 0 -> rank r:  ("forward", fields, capture_layers)  ("bind", layout bytes)  ("stop",)
+With a DFLASH draft, every rank holds its share of the draft too (its heads and MLP width, the K/V of its heads in
+its rank's draft pool), and rank 0's DFLASH worker announces the draft's forward and its K/V writes the same way;
+each rank writes from the taps of its own last target forward (the same on every rank: the residual stream is
+all-reduced), at the rows rank 0 names.
+
+Messages, rank 0 -> rank r:  ("forward", fields, capture_layers)  ("propose", rows, starts, last tokens, max start)
+                              ("context", rows, positions, slots)  ("commit", rows, positions, slots, lengths)
+                              ("bind", layout bytes)  ("stop",)
                 rank r -> 0:  ("ready",)  ("failed", message)  once, after start-up
 
 A rank that dies ends the others: rank 0's next send or all-reduce fails and raises RankLost, which the engine loop
@@ -30,6 +37,7 @@ import torch
 from modeld.config import ModeldConfig
 from modeld.engine.memd_link import StartupError
 from modeld.model.causal_lm import ForwardBatch
+from modeld.model.collectives import RankLost
 from modeld.model.tensor_parallel import TensorParallel
 
 log = logging.getLogger("modeld")
@@ -39,10 +47,6 @@ START_TIMEOUT_S = 300.0  # the other ranks' start-up: import torch, load and spl
 STOP_TIMEOUT_S = 10.0
 # ForwardBatch's index fields, in the order a "forward" message carries them (req_to_token is each rank's own map)
 FIELDS = ("input_ids", "positions", "out_slots", "rows", "q_starts", "q_lens", "kv_lens", "qo_indptr")
-
-
-class RankLost(RuntimeError):
-    """A tensor-parallel rank is gone: no forward can run without it, so the engine stops."""
 
 
 def backend_for(device: str) -> str:
@@ -97,13 +101,17 @@ class RankGroup:
 
     def forward(self, run, batch: ForwardBatch, kv_pool: torch.Tensor, capture_layers):
         """Announces the forward to every other rank, then runs rank 0's share (`run`, CausalLM's own forward)."""
-        fields = [None if getattr(batch, name) is None else getattr(batch, name).cpu().numpy() for name in FIELDS]
-        self._send(("forward", fields, tuple(capture_layers)))
+        self._send(("forward", [_to_wire(getattr(batch, name)) for name in FIELDS], tuple(capture_layers)))
         try:
             return run(batch, kv_pool, capture_layers)
-        except RuntimeError as exc:  # a collective whose peer is gone says so by a RuntimeError
+        except RankLost as exc:
             self._raise_if_lost(exc)
             raise
+
+    def announce(self, kind: str, *args) -> None:
+        """A DFLASH worker's call every rank makes (modeld.spec.worker: "propose", "context", "commit"); tensors go as
+        host arrays, other arguments as they are."""
+        self._send((kind, *map(_to_wire, args)))
 
     def bind(self, layout_bytes: bytes) -> None:
         """memd's new pools (a re-attach): every other rank maps its own before the next forward."""
@@ -114,6 +122,7 @@ class RankGroup:
             try:
                 conn.send(message)
             except OSError as exc:
+                self._raise_if_lost(exc)
                 raise RankLost(f"tensor-parallel rank {rank} is gone ({exc})") from None
 
     def _raise_if_lost(self, exc: Exception) -> None:
@@ -155,13 +164,13 @@ def follower_main(cfg: ModeldConfig, rank: int, size: int, dtype: str, init: str
             backend_for(cfg.device), init_method=init, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT
         )
         try:
-            model, kv_pool, req_to_token = _load_share(cfg, rank, size, dtype, layout_bytes)
+            share = _Share(cfg, rank, size, dtype, layout_bytes)
         except Exception as exc:
             log.exception("rank %d could not start", rank)
             conn.send(("failed", f"{type(exc).__name__}: {exc}"))
             raise
         conn.send(("ready",))
-        _serve(conn, model, kv_pool, req_to_token, rank)
+        _serve(conn, share)
     except (EOFError, OSError):
         log.info("rank 0 is gone: rank %d stops", rank)
     except BaseException:
@@ -173,35 +182,78 @@ def follower_main(cfg: ModeldConfig, rank: int, size: int, dtype: str, init: str
         os._exit(code)  # as the engine process leaves: no interpreter finalisation racing the group's threads
 
 
-def _load_share(cfg: ModeldConfig, rank: int, size: int, dtype: str, layout_bytes: bytes):
-    from memd.attach import map_layout
-    from modeld.model.loader import load_target
-    from protos import memd_pb2
+def _to_wire(value):
+    return value.cpu().numpy() if isinstance(value, torch.Tensor) else value
 
-    model, _, _ = load_target(cfg.target_model, dtype, cfg.device, cfg.load_format, TensorParallel(rank, size))
-    model.use_skinny_linear(cfg.tuning.skinny_linear, fuse_norms=cfg.tuning.norm_fusion)
-    pools = map_layout(memd_pb2.Layout.FromString(layout_bytes), rank)
-    return model, pools["target_kv"], pools["req_to_token"]
+
+def _from_wire(value, device):
+    return torch.from_numpy(np.asarray(value)).to(device) if isinstance(value, np.ndarray) else value
+
+
+class _Share:
+    """A rank's share of the model: the target's, the draft's (a DFLASH worker over the rank's draft pool), and
+    memd's pools of the rank."""
+
+    def __init__(self, cfg: ModeldConfig, rank: int, size: int, dtype: str, layout_bytes: bytes):
+        from modeld.model.loader import load_target
+        from modeld.model.tensor_parallel import shard_draft
+        from modeld.spec.draft import load_draft
+        from modeld.spec.worker import DflashWorker
+
+        self.rank = rank
+        tp = TensorParallel(rank, size)
+        self.model, _, hf_config = load_target(cfg.target_model, dtype, cfg.device, cfg.load_format, tp)
+        self.model.use_skinny_linear(cfg.tuning.skinny_linear, fuse_norms=cfg.tuning.norm_fusion)
+        self.bind(layout_bytes)
+        self.worker = None
+        if cfg.speculative_algorithm == "dflash":
+            draft = load_draft(
+                cfg.draft_model,
+                hf_config,
+                getattr(torch, dtype),
+                cfg.device,
+                cfg.num_draft_tokens,
+                dummy=cfg.load_format == "dummy",
+            )
+            self.worker = DflashWorker(shard_draft(draft, tp), self.model, self.pools)
+            self.worker.draft.tensor_parallel = tp
+            self.worker.draft.use_skinny_linear(cfg.tuning.skinny_linear, fuse_norms=cfg.tuning.norm_fusion)
+        self.captured: list[torch.Tensor] = []  # the taps of the last target forward
+
+    def bind(self, layout_bytes: bytes) -> None:
+        from memd.attach import map_layout
+        from protos import memd_pb2
+
+        self.pools = map_layout(memd_pb2.Layout.FromString(layout_bytes), self.rank)
+        if getattr(self, "worker", None) is not None:
+            self.worker.bind(self.pools)
+
+    def forward(self, fields, capture_layers) -> None:
+        kv_pool = self.pools["target_kv"]
+        tensors = {name: _from_wire(value, kv_pool.device) for name, value in zip(FIELDS, fields)}
+        batch = ForwardBatch(req_to_token=self.pools["req_to_token"], **tensors)
+        _, self.captured = self.model(batch, kv_pool, capture_layers=capture_layers)
+
+    def spec_call(self, kind: str, args) -> None:
+        args = [_from_wire(a, self.pools["target_kv"].device) for a in args]
+        if kind == "propose":
+            self.worker.draft_hidden(*args)
+        elif kind == "context":
+            self.worker.context_rows(self.captured, *args)
+        else:
+            self.worker.committed_rows(self.captured, *args)
 
 
 @torch.inference_mode()
-def _serve(conn, model, kv_pool: torch.Tensor, req_to_token: torch.Tensor, rank: int) -> None:
-    from memd.attach import map_layout
-    from protos import memd_pb2
-
-    device = kv_pool.device
+def _serve(conn, share: _Share) -> None:
     while True:
         message = conn.recv()
         kind = message[0]
         if kind == "stop":
             return
         if kind == "bind":
-            pools = map_layout(memd_pb2.Layout.FromString(message[1]), rank)
-            kv_pool, req_to_token = pools["target_kv"], pools["req_to_token"]
-            continue
-        _, fields, capture_layers = message
-        tensors = {
-            name: None if value is None else torch.from_numpy(np.asarray(value)).to(device)
-            for name, value in zip(FIELDS, fields)
-        }
-        model(ForwardBatch(req_to_token=req_to_token, **tensors), kv_pool, capture_layers=capture_layers)
+            share.bind(message[1])
+        elif kind == "forward":
+            share.forward(*message[1:])
+        else:
+            share.spec_call(kind, message[1:])

@@ -23,6 +23,7 @@ from modeld.kernels.norm_linear import norm_project
 from modeld.kernels.norm_qkv_rotary import norm_qkv_rotary
 from modeld.kernels.rotary_store import rotary_store
 from modeld.kernels.skinny_linear import linear
+from modeld.model.collectives import all_reduce
 
 SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -173,10 +174,7 @@ class DecoderLayer(nn.Module):
         return self._all_ranks(self.mlp.down_proj(act)), residual, entering
 
     def _all_ranks(self, partial: torch.Tensor) -> torch.Tensor:
-        """A row-parallel projection's output summed over the ranks (in place); itself with one rank."""
-        if self.tensor_parallel is not None:
-            torch.distributed.all_reduce(partial, group=self.tensor_parallel.group)
-        return partial
+        return all_reduce(partial, self.tensor_parallel)
 
     def _attention_input(self, x, residual, cos, sin, batch, k_cache, v_cache):
         """(rotated q, x + residual), the new tokens' rotated k and v written to the pool: in one launch for a few

@@ -2,7 +2,9 @@
 (q, k and v by head; the KV heads are memd's per-rank pool) and of the MLP's intermediate width. q|k|v and gate|up are
 split by output rows (column-parallel), o_proj and down_proj by input columns (row-parallel), so a layer needs one
 all-reduce after attention and one after the MLP; the rest (embeddings, norms, LM head) is replicated on every rank.
-A row-parallel bias is kept on rank 0 alone, so that the all-reduce adds it once."""
+A row-parallel bias is kept on rank 0 alone, so that the all-reduce adds it once. A DFLASH draft splits the same
+way (shard_draft): its layers' heads and MLP width per rank, its fc and norms replicated; each rank's draft pool then
+holds the K/V of its own heads."""
 
 import copy
 from dataclasses import dataclass
@@ -57,3 +59,36 @@ def shard_state(state: dict, cfg, tp: TensorParallel) -> dict:
 
 def _rows(t: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     return t.chunk(tp.size)[tp.rank].contiguous()
+
+
+@torch.no_grad()
+def shard_draft(draft, tp: TensorParallel):
+    """Rank tp.rank's share of a DFLASH draft (modeld.spec.draft.DFlashDraft), in place: q/k/v and gate/up by output
+    rows, o_proj and down_proj by input columns (a bias on rank 0 alone); its config the rank's heads and width
+    (ValueError if any does not split evenly). Returns the draft."""
+    cfg = draft.config
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        if getattr(cfg, name) % tp.size:
+            raise ValueError(f"the draft's {name} {getattr(cfg, name)} does not split over {tp.size} ranks")
+    for layer in draft.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for linear in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
+            _keep(linear, _rows(linear.weight, tp), None if linear.bias is None else _rows(linear.bias, tp))
+        for linear in (attn.o_proj, mlp.down_proj):
+            bias = None if linear.bias is None else linear.bias if tp.rank == 0 else torch.zeros_like(linear.bias)
+            _keep(linear, _rows(linear.weight.t(), tp).t().contiguous(), bias)
+        attn.heads //= tp.size
+        attn.kv_heads //= tp.size
+    shard = copy.deepcopy(cfg)
+    shard.num_attention_heads = cfg.num_attention_heads // tp.size
+    shard.num_key_value_heads = cfg.num_key_value_heads // tp.size
+    shard.intermediate_size = cfg.intermediate_size // tp.size
+    draft.config = shard
+    return draft
+
+
+def _keep(linear: torch.nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+    linear.out_features, linear.in_features = weight.shape
+    if bias is not None:
+        linear.bias = torch.nn.Parameter(bias, requires_grad=False)

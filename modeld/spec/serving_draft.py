@@ -30,6 +30,7 @@ from modeld.kernels.norm_linear import norm_project
 from modeld.kernels.qk_norm_rotary import qk_norm_rotary
 from modeld.kernels.skinny_linear import linear
 from modeld.model.causal_lm import hf_rope_table
+from modeld.model.collectives import all_reduce
 from modeld.spec.draft import DFlashDraft
 
 
@@ -79,6 +80,9 @@ class ServingDraft:
         # and casts per call
         self.rope_table = torch.stack((cos, sin), dim=1).to(self.fc.dtype)
         self.skinny, self.fuse_norms = True, True
+        # one rank's share of a draft split over tensor-parallel ranks (modeld.model.tensor_parallel.shard_draft): the
+        # o_proj and down_proj partial sums are all-reduced over its group
+        self.tensor_parallel = None
 
     def use_skinny_linear(self, on: bool, fuse_norms: bool = True) -> None:
         """As CausalLM.use_skinny_linear, for the block's layers; capture graphs after."""
@@ -125,7 +129,7 @@ class ServingDraft:
                 skinny=self.skinny,
                 fuse=self.fuse_norms,
             )
-            x = linear(act, *layer.down, skinny=self.skinny)
+            x = self._all_ranks(linear(act, *layer.down, skinny=self.skinny))
         return rms_norm(x, self.norm, self.eps, residual)[0].view(n, b, hidden)
 
     def _attention(self, layer: _Layer, qkv, n: int, b: int, cos, sin, context) -> torch.Tensor:
@@ -146,4 +150,7 @@ class ServingDraft:
             out = context.attend(q, k, v, self.spec.causal, hd**-0.5)
         else:
             out = draft_attention(q, k, v, *context, self.spec.causal, hd**-0.5)
-        return linear(out.reshape(n * b, self.heads * hd), layer.o, skinny=self.skinny)
+        return self._all_ranks(linear(out.reshape(n * b, self.heads * hd), layer.o, skinny=self.skinny))
+
+    def _all_ranks(self, partial: torch.Tensor) -> torch.Tensor:
+        return all_reduce(partial, self.tensor_parallel)

@@ -42,6 +42,9 @@ class DflashWorker:
         # modeld's command line or in a request reaches it.
         self.accept = accept_lengths
         self.graphs = None
+        # On rank 0 of several tensor-parallel ranks, their group (modeld.engine.ranks.RankGroup): the draft's forward
+        # and its K/V writes are announced first, so that every rank runs them over its own heads and pool.
+        self.ranks = None
         self.bind(pools)
 
     def bind(self, pools: dict[str, torch.Tensor]) -> None:
@@ -108,7 +111,7 @@ class DflashWorker:
             self.graphs.replay_context(inputs.graph[0])
         elif plain:
             rows = out.rows_of(plain)
-            self.write_context([c[rows] for c in out.captured], out.positions[rows], out.slots[rows])
+            self.context_rows(out.captured, rows, out.positions[rows], out.slots[rows])
         if not inputs.verify:
             return None
         lengths = self.accept(drafts, target.view(len(inputs.verify), -1))
@@ -117,8 +120,20 @@ class DflashWorker:
         else:
             rows = out.rows_of(inputs.verify)
             slots_2d = out.slots[rows].reshape(len(inputs.verify), -1)
-            self.write_committed([c[rows] for c in out.captured], out.positions[rows], slots_2d, lengths)
+            self.committed_rows(out.captured, rows, out.positions[rows], slots_2d, lengths)
         return lengths
+
+    def context_rows(self, captured: list[torch.Tensor], rows, positions, slots) -> None:
+        """write_context of the given rows of a forward's taps (every rank: its own forward's taps)."""
+        if self.ranks is not None:
+            self.ranks.announce("context", rows, positions, slots)
+        self.write_context([c[rows] for c in captured], positions, slots)
+
+    def committed_rows(self, captured: list[torch.Tensor], rows, positions, slots_2d, lengths) -> None:
+        """write_committed of the given rows of a forward's taps (every rank: its own forward's taps)."""
+        if self.ranks is not None:
+            self.ranks.announce("commit", rows, positions, slots_2d, lengths)
+        self.write_committed([c[rows] for c in captured], positions, slots_2d, lengths)
 
     @torch.inference_mode()
     def greedy_cycle(self, batch: ForwardBatch, kv_pool: torch.Tensor) -> torch.Tensor:
@@ -160,7 +175,17 @@ class DflashWorker:
         """Greedy drafts d_1..d_{B-1} [N, B-1] on the device for N requests (rows of req_to_token, L, t). Each draft
         layer reads its context from the draft pool (PagedContext: on the GPU in the attention kernel itself, on the
         CPU through a gather). max_start, at least the largest L (known on the host), sizes the CPU's gather for a
-        full-attention layer without a device sync; a sliding layer's is window - 1 positions (no L needs more)."""
+        full-attention layer without a device sync; a sliding layer's is window - 1 positions (no L needs more). The
+        argmax of the LM head's own logits is that of their fp32 values (exact): no fp32 copy of [N, B-1, vocab]."""
+        return argmax_rows(self.target.lm_head(self.draft_hidden(rows, starts, last_tokens, max_start)[:, 1:]))
+
+    @torch.inference_mode()
+    def draft_hidden(
+        self, rows: torch.Tensor, starts: torch.Tensor, last_tokens: torch.Tensor, max_start: int
+    ) -> torch.Tensor:
+        """The draft's final hidden states of the blocks [N, B, hidden] (propose's arguments)."""
+        if self.ranks is not None:
+            self.ranks.announce("propose", rows, starts, last_tokens, max_start)
         n, b = len(rows), self.block
         offsets = torch.arange(b, device=rows.device)
         positions = starts[:, None] + offsets  # [N, B]
@@ -180,6 +205,4 @@ class DflashWorker:
             )
             for i, window in enumerate(self.draft.spec.windows)
         ]
-        hidden = self.draft.block_hidden(embeds, positions, contexts)
-        # the argmax of the LM head's own logits is that of their fp32 values (exact): no fp32 copy of [N, B-1, vocab]
-        return argmax_rows(self.target.lm_head(hidden[:, 1:]))
+        return self.draft.block_hidden(embeds, positions, contexts)

@@ -2,7 +2,8 @@
 per rank, and modeld follows its layout with two ranks, each holding half the heads and half the MLP width. Greedy
 output equals one rank's and Hugging Face's; a prompt cached by the two ranks is served again from every rank's pool;
 a rank that dies stops the engine (open streams fail UNAVAILABLE, memd frees what it held) and the front starts every
-rank again; DFLASH over several ranks is refused at start with a clear line."""
+rank again. With a DFLASH draft split over the ranks too, greedy output equals plain decoding's and the drafts are
+accepted as over one rank."""
 
 import os
 import pathlib
@@ -107,11 +108,39 @@ def test_a_rank_that_dies_stops_the_engine_and_every_rank_starts_again(target):
         assert is_idle(memd.wait_idle(10))  # the dead engine's session ended: its lease freed its slots on every rank
 
 
-def test_dflash_over_several_ranks_is_refused_at_start(target, tmp_path):
-    draft = tm.write_draft(tmp_path / "draft", target, layers=1, block_size=4, target_layer_ids=(1, 2))
-    flags = memd_args(budget=2_000_000, max_running=4, chunk=32, draft=draft)
-    with run_memd(target, *flags, "--tensor-parallel-size", "2") as memd:
-        with pytest.raises(RuntimeError) as failed:
-            with run_modeld(memd, "--target-model", str(target), "--draft-model", str(draft), ready_timeout=60):
-                pass
-        assert "DFLASH over several ranks is not built yet" in str(failed.value)
+@pytest.fixture(scope="module")
+def friendly(tmp_path_factory):
+    """A target whose output runs into SINK and a draft that proposes SINK: greedy DFLASH accepts those runs."""
+    root = tmp_path_factory.mktemp("tp-friendly")
+    target = tm.write_friendly_target(root / "target")
+    draft = tm.write_draft(
+        root / "draft", target, layers=2, block_size=4, sliding_window=32, mask_token_id=tm.FRIENDLY_MASK
+    )
+    return target, draft
+
+
+def friendly_outputs(target, draft, ranks: int, speculate: bool) -> list[tuple[list[int], int]]:
+    """(output ids, verify steps) of greedy requests over `ranks` ranks, with the draft (every step verifying) or
+    plainly."""
+    rng = random.Random(7)
+    prompts = [[rng.randrange(tm.FRIENDLY_VOCAB) for _ in range(n)] for n in (5, 23, 48)]
+    flags = memd_args(budget=2_000_000, max_running=4, chunk=16, draft=draft, ratio=0.5, window=32)
+    modeld_flags = ["--target-model", str(target)]
+    modeld_flags += ["--draft-model", str(draft)] if speculate else ["--speculative-algorithm", "none"]
+    with (
+        run_memd(target, *flags, "--tensor-parallel-size", str(ranks)) as memd,
+        run_modeld(memd, *modeld_flags, tuning="adaptive_speculation=false") as modeld,
+        client.Client(modeld.address, timeout=300) as c,
+    ):
+        results = [c.generate(input_ids=p, max_new_tokens=40, temperature=0, ignore_eos=True) for p in prompts]
+    return [(list(r.output_ids), r.spec_verify_ct) for r in results]
+
+
+def test_dflash_over_two_ranks_equals_plain_and_accepts_as_one_rank_does(friendly):
+    target, draft = friendly
+    plain = friendly_outputs(target, draft, ranks=1, speculate=False)
+    one_rank = friendly_outputs(target, draft, ranks=1, speculate=True)
+    two_ranks = friendly_outputs(target, draft, ranks=2, speculate=True)
+    assert [out for out, _ in two_ranks] == [out for out, _ in plain]
+    assert two_ranks == one_rank, "the drafts and their acceptance are the same over two ranks"
+    assert sum(40 / steps for _, steps in two_ranks) / len(two_ranks) > 1.3, f"too little accepted: {two_ranks}"
