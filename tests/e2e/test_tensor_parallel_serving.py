@@ -16,7 +16,7 @@ import torch
 
 import client
 from tests import tiny_models as tm
-from tests.daemons import is_idle, memd_args, run_memd, run_modeld
+from tests.daemons import is_idle, memd_args, run_memd, run_modeld, shipped_draft_flags, shipped_draft_memd_args
 from tests.e2e.test_engine_process import alive, engine_pid, wait_until
 
 NEW_TOKENS = 10
@@ -144,3 +144,27 @@ def test_dflash_over_two_ranks_equals_plain_and_accepts_as_one_rank_does(friendl
     assert [out for out, _ in two_ranks] == [out for out, _ in plain]
     assert two_ranks == one_rank, "the drafts and their acceptance are the same over two ranks"
     assert sum(40 / steps for _, steps in two_ranks) / len(two_ranks) > 1.3, f"too little accepted: {two_ranks}"
+
+
+def test_the_default_model_and_its_draft_over_three_ranks_equal_one_rank(default_model, chat_ids):
+    """The default model's 9 heads and 3 KV heads split over 3 ranks (not 2), and so does the shipped draft's: DFLASH
+    over three ranks gives one rank's plain greedy output with one rank's verify steps."""
+    prompts = chat_ids[:2]
+
+    def served(ranks: int, *modeld_flags: str) -> list[tuple[list[int], int]]:
+        flags = [*shipped_draft_memd_args(600_000_000, 2, 512), "--tensor-parallel-size", str(ranks)]
+        with (
+            run_memd(default_model, *flags) as memd,
+            run_modeld(
+                memd, "--target-model", str(default_model), *modeld_flags, tuning="adaptive_speculation=false"
+            ) as modeld,
+            client.Client(modeld.address, timeout=600) as c,
+        ):
+            results = [c.generate(input_ids=ids, max_new_tokens=24, temperature=0, ignore_eos=True) for ids in prompts]
+        return [(list(r.output_ids), r.spec_verify_ct) for r in results]
+
+    plain = served(1, "--speculative-algorithm", "none")
+    one_rank = served(1, *shipped_draft_flags())
+    three_ranks = served(3, *shipped_draft_flags())
+    assert [out for out, _ in three_ranks] == [out for out, _ in plain]
+    assert three_ranks == one_rank
