@@ -5,8 +5,6 @@ front (modeld.front.server) never imports this: it needs neither torch nor the m
 import logging
 from dataclasses import dataclass
 
-import torch
-
 from modeld.config import ModeldConfig
 from modeld.engine.hooks import EngineHooks
 from modeld.engine.loop import Engine
@@ -16,11 +14,10 @@ from modeld.engine.scheduler import Scheduler
 from modeld.grammar.compiler import GrammarCompiler
 from modeld.model.fingerprint import model_fingerprint
 from modeld.model.loader import eos_token_ids, load_target
-from modeld.model.tensor_parallel import shard_draft
 from modeld.runner.graphs import GraphRunner
 from modeld.runner.inputs import FIELDS
 from modeld.runner.model_runner import ModelRunner
-from modeld.spec.draft import load_draft
+from modeld.spec.draft import load_served_draft
 from modeld.spec.policy import SpeculationPolicy
 from modeld.spec.worker import DflashWorker
 
@@ -123,16 +120,8 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
         raise
     draft = None
     if cfg.speculative_algorithm == "dflash":
-        draft = load_draft(
-            cfg.draft_model,
-            hf_config,
-            getattr(torch, dtype),
-            cfg.device,
-            cfg.num_draft_tokens,
-            dummy=cfg.load_format == "dummy",
-        )
-        if ranks is not None:  # every rank runs its share of the draft over its heads of the draft pool
-            draft = shard_draft(draft, ranks.tensor_parallel)
+        # with several ranks, every rank runs its share of the draft over its heads of the draft pool
+        draft = load_served_draft(cfg, hf_config, dtype, ranks.tensor_parallel if ranks else None)
 
     def check(new_layout) -> None:
         check_layout(new_layout, hf_config, dtype)

@@ -196,8 +196,7 @@ class _Share:
 
     def __init__(self, cfg: ModeldConfig, rank: int, size: int, dtype: str, layout_bytes: bytes):
         from modeld.model.loader import load_target
-        from modeld.model.tensor_parallel import shard_draft
-        from modeld.spec.draft import load_draft
+        from modeld.spec.draft import load_served_draft
         from modeld.spec.worker import DflashWorker
 
         self.rank = rank
@@ -207,15 +206,7 @@ class _Share:
         self.bind(layout_bytes)
         self.worker = None
         if cfg.speculative_algorithm == "dflash":
-            draft = load_draft(
-                cfg.draft_model,
-                hf_config,
-                getattr(torch, dtype),
-                cfg.device,
-                cfg.num_draft_tokens,
-                dummy=cfg.load_format == "dummy",
-            )
-            self.worker = DflashWorker(shard_draft(draft, tp), self.model, self.pools)
+            self.worker = DflashWorker(load_served_draft(cfg, hf_config, dtype, tp), self.model, self.pools)
             self.worker.draft.tensor_parallel = tp
             self.worker.draft.use_skinny_linear(cfg.tuning.skinny_linear, fuse_norms=cfg.tuning.norm_fusion)
         self.captured: list[torch.Tensor] = []  # the taps of the last target forward

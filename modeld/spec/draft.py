@@ -180,3 +180,19 @@ def load_draft(
     if missing or unexpected:
         raise DraftError(f"draft checkpoint does not fit: missing {missing[:6]}, unexpected {unexpected[:6]}")
     return model.eval()
+
+
+def load_served_draft(cfg, target_cfg, dtype: str, tensor_parallel=None) -> DFlashDraft:
+    """The draft modeld's config (a ModeldConfig) names, in `dtype`, for its target; with `tensor_parallel` (a
+    modeld.model.tensor_parallel.TensorParallel) that rank's share of it."""
+    from modeld.model.tensor_parallel import shard_draft
+
+    draft = load_draft(
+        cfg.draft_model,
+        target_cfg,
+        getattr(torch, dtype),
+        cfg.device,
+        cfg.num_draft_tokens,
+        dummy=cfg.load_format == "dummy",
+    )
+    return draft if tensor_parallel is None else shard_draft(draft, tensor_parallel)

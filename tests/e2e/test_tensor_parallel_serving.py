@@ -12,14 +12,13 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import torch
 
 import client
 from tests import tiny_models as tm
 from tests.daemons import is_idle, memd_args, run_memd, run_modeld, shipped_draft_flags, shipped_draft_memd_args
 from tests.e2e.test_engine_process import alive, engine_pid, wait_until
+from tests.e2e.test_model_identity_e2e import NEW_TOKENS, hf_greedy
 
-NEW_TOKENS = 10
 PROMPTS = [random.Random(seed).choices(range(1, 512), k=40 + 7 * seed) for seed in range(3)]
 
 
@@ -30,15 +29,6 @@ def memd_flags(ranks: int) -> list[str]:
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     return tm.write_random_target(tmp_path_factory.mktemp("tp-target") / "target")
-
-
-@torch.no_grad()
-def hf_greedy(target, ids: list[int]) -> list[int]:
-    """Argmax decoding by Hugging Face over the whole sequence each step: the model's own output."""
-    model, out = tm.load_hf(target), []
-    for _ in range(NEW_TOKENS):
-        out.append(int(model(torch.tensor([ids + out])).logits[0, -1].argmax()))
-    return out
 
 
 def generate_each(address: str) -> list[tuple[int, list[int]]]:
