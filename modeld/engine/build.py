@@ -124,6 +124,12 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
         draft = load_served_draft(cfg, hf_config, dtype, ranks.tensor_parallel if ranks else None)
 
     def check(new_layout) -> None:
+        size = ranks.size if ranks else 1
+        if max(1, new_layout.tensor_parallel_size) != size:  # the ranks are started once, with the model
+            raise StartupError(
+                f"memd has {new_layout.tensor_parallel_size} tensor-parallel ranks, this modeld runs {size}: start "
+                "modeld again to follow it"
+            )
         check_layout(new_layout, hf_config, dtype)
         if draft is not None:
             check_draft_pool(new_layout, draft)

@@ -158,3 +158,29 @@ def test_the_default_model_and_its_draft_over_three_ranks_equal_one_rank(default
     three_ranks = served(3, *shipped_draft_flags())
     assert [out for out, _ in three_ranks] == [out for out, _ in plain]
     assert three_ranks == one_rank
+
+
+def test_ranks_follow_memd_back_after_it_is_lost(target):
+    """memd killed and back at its address with new pools: every rank maps them, and the output is still the model's;
+    a memd back with another rank count is refused until it matches."""
+    expected = hf_greedy(target, PROMPTS[2])
+    with run_memd(target, *memd_flags(2), check_free=False) as memd:
+        with (
+            run_modeld(memd, "--target-model", str(target)) as modeld,
+            client.Client(modeld.address, timeout=60, connect_timeout=5) as c,
+        ):
+            memd.proc.send_signal(signal.SIGKILL)
+            memd.proc.wait(timeout=10)
+            assert wait_until(lambda: c.health() == "NOT_SERVING", 10)
+            with run_memd(target, *memd_flags(1), address=memd.address) as other:
+                assert wait_until(lambda: "this modeld runs 2" in modeld.log_path.read_text(), 30)
+                assert c.health() == "NOT_SERVING" and other.capacity().sessions == 0
+            with run_memd(target, *memd_flags(2), address=memd.address) as again:
+                assert wait_until(lambda: c.health() == "SERVING", 60), modeld.log_path.read_text()
+                result = c.generate(input_ids=PROMPTS[2], max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+                assert list(result.output_ids) == expected
+                assert again.capacity().sessions == 1
+                (rank1,) = rank_pids(engine_pid(modeld.pid))
+                mapped = pathlib.Path(f"/proc/{rank1}/maps").read_text()
+                assert f"memd-{again.proc.pid}-" in mapped, "rank 1 did not map the new memd's pools"
+                assert f"memd-{memd.proc.pid}-" not in mapped, "rank 1 still maps the lost memd's pools"
