@@ -140,8 +140,7 @@ def build_engine(cfg: ModeldConfig, set_health, hooks: EngineHooks | None = None
     if draft is not None:
         worker = DflashWorker(draft, model, link.pools)
         worker.draft.use_skinny_linear(tuning.skinny_linear, fuse_norms=tuning.norm_fusion)
-        if ranks is not None:
-            worker.draft.tensor_parallel, worker.ranks = ranks.tensor_parallel, ranks
+        worker.ranks = ranks
     limits = step_limits(layout, worker is not None)
     log.info("from memd's layout: prefill chunk %d tokens, decode lookahead %d", limits.chunk, limits.lookahead)
     graphed = cfg.device == "cuda" and not cfg.disable_cuda_graph

@@ -46,7 +46,7 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)  # a rank's wait at a rende
 START_TIMEOUT_S = 300.0  # the other ranks' start-up: import torch, load and split the target, map the pools
 STOP_TIMEOUT_S = 10.0
 # ForwardBatch's index fields, in the order a "forward" message carries them (req_to_token is each rank's own map)
-FIELDS = ("input_ids", "positions", "out_slots", "rows", "q_starts", "q_lens", "kv_lens", "qo_indptr")
+BATCH_FIELDS = ("input_ids", "positions", "out_slots", "rows", "q_starts", "q_lens", "kv_lens", "qo_indptr")
 
 
 def backend_for(device: str) -> str:
@@ -101,7 +101,7 @@ class RankGroup:
 
     def forward(self, run, batch: ForwardBatch, kv_pool: torch.Tensor, capture_layers):
         """Announces the forward to every other rank, then runs rank 0's share (`run`, CausalLM's own forward)."""
-        self._send(("forward", [_to_wire(getattr(batch, name)) for name in FIELDS], tuple(capture_layers)))
+        self._send(("forward", [_to_wire(getattr(batch, name)) for name in BATCH_FIELDS], tuple(capture_layers)))
         try:
             return run(batch, kv_pool, capture_layers)
         except RankLost as exc:
@@ -203,11 +203,10 @@ class _Share:
         tp = TensorParallel(rank, size)
         self.model, _, hf_config = load_target(cfg.target_model, dtype, cfg.device, cfg.load_format, tp)
         self.model.use_skinny_linear(cfg.tuning.skinny_linear, fuse_norms=cfg.tuning.norm_fusion)
-        self.bind(layout_bytes)
         self.worker = None
+        self.bind(layout_bytes)
         if cfg.speculative_algorithm == "dflash":
             self.worker = DflashWorker(load_served_draft(cfg, hf_config, dtype, tp), self.model, self.pools)
-            self.worker.draft.tensor_parallel = tp
             self.worker.draft.use_skinny_linear(cfg.tuning.skinny_linear, fuse_norms=cfg.tuning.norm_fusion)
         self.captured: list[torch.Tensor] = []  # the taps of the last target forward
 
@@ -216,12 +215,12 @@ class _Share:
         from protos import memd_pb2
 
         self.pools = map_layout(memd_pb2.Layout.FromString(layout_bytes), self.rank)
-        if getattr(self, "worker", None) is not None:
+        if self.worker is not None:
             self.worker.bind(self.pools)
 
     def forward(self, fields, capture_layers) -> None:
         kv_pool = self.pools["target_kv"]
-        tensors = {name: _from_wire(value, kv_pool.device) for name, value in zip(FIELDS, fields)}
+        tensors = {name: _from_wire(value, kv_pool.device) for name, value in zip(BATCH_FIELDS, fields)}
         batch = ForwardBatch(req_to_token=self.pools["req_to_token"], **tensors)
         _, self.captured = self.model(batch, kv_pool, capture_layers=capture_layers)
 

@@ -84,6 +84,7 @@ def shard_draft(draft, tp: TensorParallel):
     shard.num_key_value_heads = cfg.num_key_value_heads // tp.size
     shard.intermediate_size = cfg.intermediate_size // tp.size
     draft.config = shard
+    draft.tensor_parallel = tp  # the serving draft built from it all-reduces over tp's group
     return draft
 
 

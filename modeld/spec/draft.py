@@ -94,6 +94,8 @@ class DraftLayer(nn.Module):
 
 
 class DFlashDraft(nn.Module):
+    tensor_parallel = None  # a rank's share of the draft (modeld.model.tensor_parallel.shard_draft): its TensorParallel
+
     def __init__(self, cfg: Qwen3Config, spec: DraftSpec, target_hidden: int):
         super().__init__()
         self.config, self.spec = cfg, spec

@@ -82,7 +82,7 @@ class ServingDraft:
         self.skinny, self.fuse_norms = True, True
         # one rank's share of a draft split over tensor-parallel ranks (modeld.model.tensor_parallel.shard_draft): the
         # o_proj and down_proj partial sums are all-reduced over its group
-        self.tensor_parallel = None
+        self.tensor_parallel = draft.tensor_parallel
 
     def use_skinny_linear(self, on: bool, fuse_norms: bool = True) -> None:
         """As CausalLM.use_skinny_linear, for the block's layers; capture graphs after."""

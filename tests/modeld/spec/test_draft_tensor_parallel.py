@@ -21,9 +21,7 @@ N, B, C = 2, 4, 11  # requests, block, context positions
 
 def serving(folder: pathlib.Path, target: pathlib.Path, tp: TensorParallel | None) -> ServingDraft:
     draft = load_draft(str(folder), AutoConfig.from_pretrained(target), torch.float32, "cpu")
-    serving_draft = ServingDraft(draft if tp is None else shard_draft(draft, tp), 256)
-    serving_draft.tensor_parallel = tp
-    return serving_draft
+    return ServingDraft(draft if tp is None else shard_draft(draft, tp), 256)
 
 
 def inputs(draft: ServingDraft, taps_width: int) -> dict:
